@@ -1,0 +1,1 @@
+"""Wire definitions: the kubelet's gRPC protocols and our opaque device configuration."""

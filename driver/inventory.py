@@ -1,0 +1,55 @@
+"""What discovery found on a node: plain, immutable data shared by every layer.
+
+One ``Gpu`` travels from discovery to the ResourceSlice model, the kubelet
+plugin's device table and the CDI spec; nothing re-derives these facts.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    minor: int
+    uuid: str
+    product_name: str  # NVML's name, e.g. "NVIDIA H100 80GB HBM3"
+    brand: str  # e.g. "Nvidia", "Tesla"
+    architecture: str  # e.g. "Hopper"
+    cuda_compute_capability: tuple[int, int]
+    memory_bytes: int
+    pci_bus_id: str  # upstream form, lowercase: "0000:53:00.0"
+    pcie_root: str | None  # "pci0000:50", from the sysfs device symlink
+    numa_node: int | None
+    mig_enabled: bool
+    # Index of the NVLink clique this GPU belongs to on this node (every pair in one
+    # clique is NVLink-connected); None without active NVLinks.
+    nvlink_clique: int | None = None
+    # Multi-node NVLink fabric identity, only when NVML reports it supported,
+    # complete and with a non-zero cluster UUID.
+    fabric_cluster_uuid: str | None = None
+    fabric_clique_id: int | None = None
+
+    @property
+    def device_name(self) -> str:
+        """The DRA device name, stable across reboots: ``gpu-<minor>``."""
+        return f"gpu-{self.minor}"
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedGpu:
+    """A GPU whose queries failed; reported, not published."""
+
+    index: int
+    pci_bus_id: str | None
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    driver_version: str  # as NVML prints it: "580.95.05"
+    cuda_driver_version: tuple[int, int]  # (13, 0)
+    gpus: tuple[Gpu, ...]
+    skipped: tuple[SkippedGpu, ...] = field(default=())
+
+    def by_device_name(self) -> dict[str, Gpu]:
+        return {gpu.device_name: gpu for gpu in self.gpus}

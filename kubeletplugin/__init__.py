@@ -1,0 +1,1 @@
+"""The node process: kubelet registration, the DRA gRPC service, CDI specs and the checkpoint."""
