@@ -1,0 +1,1 @@
+"""Simulated hardware profiles (YAML data, one file per instance type)."""
