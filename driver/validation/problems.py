@@ -1,0 +1,24 @@
+"""One finding of ``gpu-dra validate``: where it is, what is wrong, and whether it blocks."""
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Severity(Enum):
+    ERROR = "error"  # the API server rejects the object, or it can never allocate
+    WARNING = "warning"  # accepted, but not what the author asked for (a gated field is dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    file: str
+    obj: str  # "<kind>/<name>", or "document <n>" when the document has neither
+    path: (
+        str  # Kubernetes field path, e.g. "spec.devices.requests[0].name"; "" for the whole object
+    )
+    message: str
+    severity: Severity = Severity.ERROR
+
+    def __str__(self) -> str:
+        path = self.path or "(object)"
+        return f"{self.file}: {self.obj}: {path}: {self.severity.value}: {self.message}"

@@ -1,0 +1,394 @@
+"""The Helm chart, rendered by the real Helm engine: structure, lint, schema, Kubernetes schemas."""
+
+import io
+import json
+import re
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests import chart_render
+from tests.chart_render import EKS_VALUES, NAMESPACE, rbac_grants, render
+
+KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+
+# Every optional template on, to validate what the defaults leave out.
+EVERYTHING_ON = (
+    "namespace.create=true",
+    "namespace.name=gpu-dra",
+    "deviceClasses.gpu.extendedResourceName.enabled=true",
+    "deviceClasses.extra[0].name=h100.gpu.nvidia.com",
+    'deviceClasses.extra[0].selectors[0]=device.attributes["gpu.nvidia.com"].productName'
+    ' == "NVIDIA H100 80GB HBM3"',
+    "nodeSelection.instanceTypes={p5.48xlarge,g6e.48xlarge}",
+    "kubeletPlugin.nvml=simulated",
+    "kubeletPlugin.profile=p5.48xlarge",
+    "imagePullSecrets[0].name=registry",
+    "kubeletPlugin.tolerations[0].operator=Exists",
+)
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = by_kind(objects, kind)
+    return found
+
+
+@pytest.fixture(scope="module")
+def default() -> list[dict[str, Any]]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def eks() -> list[dict[str, Any]]:
+    return render([EKS_VALUES])
+
+
+def plugin_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    return container
+
+
+def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
+    kinds = sorted(o["kind"] for o in default)
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "DaemonSet",
+            "DeviceClass",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+    )
+    namespaced = [o for o in default if "namespace" in o["metadata"]]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {NAMESPACE}
+
+
+@pytest.mark.parametrize(
+    ("values", "sets"),
+    [((), ()), ((EKS_VALUES,), ()), ((EKS_VALUES,), EVERYTHING_ON)],
+    ids=["default", "eks", "everything-on"],
+)
+def test_helm_lint_is_clean(values: tuple[str, ...], sets: tuple[str, ...]) -> None:
+    report = chart_render.lint(values, sets)
+    assert report["errors"] == []
+    # Severity 2 is a warning, 3 an error; 1 (info) is only "icon is recommended".
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def _all_renders() -> Iterator[tuple[str, dict[str, Any]]]:
+    for label, files, sets in (
+        ("default", (), ()),
+        ("eks", (EKS_VALUES,), ()),
+        ("everything-on", (EKS_VALUES,), EVERYTHING_ON),
+    ):
+        for obj in render(files, sets):
+            yield f"{label}:{obj['kind']}/{obj['metadata']['name']}", obj
+
+
+RENDERED = list(_all_renders())
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_passes_kubernetes_validate_strict(version: str) -> None:
+    failures = []
+    for label, obj in RENDERED:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            failures.append(f"{label}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    assert failures == []
+    assert len(RENDERED) >= 28  # the three renders really produced their objects
+
+
+def test_everything_on_renders_the_optional_objects() -> None:
+    objects = render([EKS_VALUES], EVERYTHING_ON)
+    namespace = one(objects, "Namespace")
+    assert namespace["metadata"]["name"] == "gpu-dra"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    # Helm creates the namespace before anything that lives in it.
+    assert objects[0]["kind"] == "Namespace"
+    assert {o["metadata"].get("namespace") for o in objects if o["kind"] == "DaemonSet"} == {
+        "gpu-dra"
+    }
+    classes = {c["metadata"]["name"]: c["spec"] for c in by_kind(objects, "DeviceClass")}
+    assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    h100 = [s["cel"]["expression"] for s in classes["h100.gpu.nvidia.com"]["selectors"]]
+    assert h100 == [
+        classes["gpu.nvidia.com"]["selectors"][0]["cel"]["expression"],
+        'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"',
+    ]
+
+
+def test_daemonset_runs_the_kubelet_plugin(default: list[dict[str, Any]]) -> None:
+    ds = one(default, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    container = plugin_container(default)
+    assert container["command"] == ["gpu-dra"]
+    args = container["args"]
+    assert args[args.index("kubelet-plugin") :] == [
+        "kubelet-plugin",
+        "--node-name=$(NODE_NAME)",
+        "--pod-uid=$(POD_UID)",
+        "--driver-name=gpu.nvidia.com",
+        "--kubelet-registrar-directory-path=/var/lib/kubelet/plugins_registry",
+        "--kubelet-plugins-directory-path=/var/lib/kubelet/plugins",
+        "--cdi-root=/var/run/cdi",
+        "--nvidia-driver-root=/",
+        "--container-driver-root=/driver-root",
+        "--nvml=system",
+        "--healthcheck-port=51515",
+    ]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {
+        "NODE_NAME": "spec.nodeName",
+        "POD_UID": "metadata.uid",
+        "POD_NAMESPACE": "metadata.namespace",
+    }
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["serviceAccountName"] == one(default, "ServiceAccount")["metadata"]["name"]
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["grpc"] == {"port": 51515}
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["securityContext"] == {"privileged": True}
+
+
+def test_plugin_args_parse_with_the_real_command(default: list[dict[str, Any]]) -> None:
+    """Flag names drift: the rendered command line must parse with gpu-dra's own parser."""
+    from kubeletplugin.cli import build_parser
+
+    container = plugin_container(default)
+    # The kubelet expands $(VAR) from the container's env; do the same with sample values.
+    env = {"NODE_NAME": "node-a", "POD_UID": "6a0e6d3c-uid"}
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], arg) for arg in container["args"]]
+    args = build_parser().parse_args(argv)
+    assert (args.command, args.node_name, args.pod_uid) == (
+        "kubelet-plugin",
+        "node-a",
+        "6a0e6d3c-uid",
+    )
+    assert (args.nvml, args.healthcheck_port, args.container_driver_root) == (
+        "system",
+        51515,
+        "/driver-root",
+    )
+    assert args.log_level == "INFO"
+
+
+def test_daemonset_mounts(default: list[dict[str, Any]]) -> None:
+    pod = one(default, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in plugin_container(default)["volumeMounts"]}
+    assert volumes == {
+        "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        "plugins": "/var/lib/kubelet/plugins",
+        "cdi": "/var/run/cdi",
+        "driver-root": "/",
+    }
+    # Socket and CDI paths are handed to the kubelet and runtime: same path inside and out.
+    for name in ("plugins-registry", "plugins", "cdi"):
+        assert mounts[name]["mountPath"] == volumes[name]
+    assert mounts["plugins"]["mountPropagation"] == "Bidirectional"
+    assert mounts["driver-root"]["mountPath"] == "/driver-root"
+    assert mounts["driver-root"]["readOnly"] is True
+
+
+def _match_expressions(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    affinity = one(objects, "DaemonSet")["spec"]["template"]["spec"]["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert len(terms) == 1  # one term: every expression must hold
+    expressions: list[dict[str, Any]] = terms[0]["matchExpressions"]
+    return expressions
+
+
+def test_node_affinity_defaults(default: list[dict[str, Any]]) -> None:
+    assert _match_expressions(default) == [
+        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+        {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["auto"]},
+        {"key": "karpenter.sh/nodepool", "operator": "DoesNotExist"},
+    ]
+
+
+def test_node_affinity_by_instance_type_and_karpenter_flip() -> None:
+    objects = render(
+        (),
+        (
+            "nodeSelection.instanceTypes={p5.48xlarge,p4d.24xlarge}",
+            "nodeSelection.excludeKarpenter=false",
+        ),
+    )
+    assert _match_expressions(objects) == [
+        {
+            "key": "node.kubernetes.io/instance-type",
+            "operator": "In",
+            "values": ["p5.48xlarge", "p4d.24xlarge"],
+        },
+        {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["auto"]},
+    ]
+
+
+def test_eks_values(eks: list[dict[str, Any]]) -> None:
+    args = plugin_container(eks)["args"]
+    assert "--nvidia-driver-root=/" in args
+    assert "--cdi-root=/var/run/cdi" in args
+    text = EKS_VALUES.read_text()
+    assert "nvidia.com/gpu.present" in text and "node group" in text.lower()
+
+
+def test_cluster_role_is_least_privilege(default: list[dict[str, Any]]) -> None:
+    slices = {(v, "resource.k8s.io", "resourceslices") for v in ("get", "list", "watch")} | {
+        (v, "resource.k8s.io", "resourceslices") for v in ("create", "update", "delete")
+    }
+    claims = {(v, "resource.k8s.io", "resourceclaims") for v in ("get", "list", "watch")}
+    assert rbac_grants(default) == slices | claims | {("get", "", "nodes")}
+    assert rbac_grants(default, "Role") == {
+        (v, "coordination.k8s.io", "leases") for v in ("get", "create", "update")
+    }
+    sa = one(default, "ServiceAccount")["metadata"]
+    for binding in by_kind(default, "ClusterRoleBinding") + by_kind(default, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+        ]
+
+
+def test_resourceslice_policy_binds_writes_to_own_node(default: list[dict[str, Any]]) -> None:
+    policy = one(default, "ValidatingAdmissionPolicy")
+    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    sa = one(default, "ServiceAccount")["metadata"]
+    spec = policy["spec"]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceslices"]
+    assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
+    (condition,) = spec["matchConditions"]
+    assert f'"system:serviceaccount:{sa["namespace"]}:{sa["name"]}"' in condition["expression"]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "authentication.kubernetes.io/node-name" in variables["userNodeName"]
+    assert (
+        "oldObject" in variables["slice"] and 'request.operation == "DELETE"' in variables["slice"]
+    )
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    assert 'variables.slice.spec.driver == "gpu.nvidia.com"' in checks
+    assert "variables.sliceNodeName == variables.userNodeName" in checks
+
+
+def test_policy_can_be_turned_off() -> None:
+    objects = render((), ("resourceSlicePolicy.enabled=false",))
+    assert by_kind(objects, "ValidatingAdmissionPolicy") == []
+
+
+def test_gpu_device_class(default: list[dict[str, Any]]) -> None:
+    (cls,) = by_kind(default, "DeviceClass")
+    assert cls["metadata"]["name"] == "gpu.nvidia.com"
+    assert cls["spec"] == {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": 'device.driver == "gpu.nvidia.com" && '
+                    'device.attributes["gpu.nvidia.com"].type == "gpu"'
+                }
+            }
+        ]
+    }  # extendedResourceName is off by default
+
+
+@pytest.mark.parametrize(
+    ("setting", "where"),
+    [
+        ("kubeletPlugin.healthcheckPort=not-a-port", "/kubeletPlugin/healthcheckPort"),
+        ("nodeSelection.excludeKarpenter=maybe", "/nodeSelection/excludeKarpenter"),
+        ("kubeletPlugin.nvml=cuda", "/kubeletPlugin/nvml"),
+        ("cdiRoot=relative/path", "/cdiRoot"),
+        ("kubeletPlugn.logLevel=INFO", "kubeletPlugn"),
+    ],
+)
+def test_schema_rejects_wrong_values(setting: str, where: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as info:
+        render((), (setting,))
+    assert where in str(info.value)
+
+
+def test_device_plugin_guard_fails_the_install() -> None:
+    with pytest.raises(helm_python.HelmRenderError) as info:
+        render([EKS_VALUES], ("nvidiaDevicePlugin.runsOnSelectedNodes=true",))
+    message = str(info.value)
+    assert "NVIDIA device plugin" in message and "twice" in message
+
+
+def test_simulated_nvml_needs_a_profile() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=r"kubeletPlugin\.profile"):
+        render((), ("kubeletPlugin.nvml=simulated",))
+
+
+def test_values_schema_is_valid_json_schema() -> None:
+    schema = json.loads((chart_render.CHART_DIR / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    validator = jsonschema.Draft7Validator(schema)
+    for path in (chart_render.CHART_DIR / "values.yaml", EKS_VALUES):
+        values = chart_render.user_values([chart_render.CHART_DIR / "values.yaml", path])
+        assert list(validator.iter_errors(values)) == [], path.name
+
+
+def test_chart_metadata_admits_eks_versions() -> None:
+    chart = yaml.safe_load((chart_render.CHART_DIR / "Chart.yaml").read_text())
+    # "-0" lets pre-releases such as v1.34.3-eks-... through.
+    assert chart["kubeVersion"] == ">=1.34.0-0"
+
+
+def test_every_value_is_commented() -> None:
+    """Every key down to the second level has its own comment right above it (deeper keys are
+    plain data such as resource quantities, explained by their parent's comment)."""
+    lines = (chart_render.CHART_DIR / "values.yaml").read_text().splitlines()
+    keys = 0
+    for i, line in enumerate(lines):
+        indent = len(line) - len(line.lstrip())
+        if not line.strip() or line.lstrip().startswith(("#", "- ")) or indent > 2:
+            continue
+        keys += 1
+        assert lines[i - 1].strip().startswith("#"), f"values.yaml:{i + 1}: no comment: {line!r}"
+    assert keys >= 30
+
+
+def test_make_chart_prints_the_rendered_chart() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert chart_render.main(["-f", str(EKS_VALUES)]) == 0
+    docs = [d for d in yaml.safe_load_all(out.getvalue()) if d]
+    assert docs == render([EKS_VALUES])
+    assert "# Source: gpu-dra-driver/templates/daemonset.yaml" in out.getvalue()
+
+
+def test_strict_schema_check_catches_a_misspelt_field(default: list[dict[str, Any]]) -> None:
+    """The schema test above can fail: strict mode rejects a field the API does not know."""
+    daemonset = yaml.safe_load(yaml.safe_dump(one(default, "DaemonSet")))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
+        kubernetes_validate.validate(daemonset, "1.34", strict=True)
