@@ -1,0 +1,154 @@
+"""Opaque device configuration that users put in ResourceClaims and DeviceClasses.
+
+The API group and shapes are the NVIDIA DRA driver's (``resource.nvidia.com/v1beta1``,
+kind ``GpuConfig``), so manifests written for it parse here unchanged. Parsing runs
+three explicit steps: defaults (what an absent config means), normalization (implied
+values filled in), validation (what this driver supports). Unknown fields are rejected
+at every level, and every error names the config it came from and the offending field.
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "resource.nvidia.com"
+API_VERSION = f"{API_GROUP}/v1beta1"
+GPU_CONFIG_KIND = "GpuConfig"
+
+TIME_SLICING = "TimeSlicing"
+MPS = "MPS"
+
+# A Kubernetes resource.Quantity, as its parser accepts it (sign, number, suffix).
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
+
+
+class ConfigError(ValueError):
+    """An opaque config that cannot be used; the message names the config and the field."""
+
+
+class _Model(BaseModel):
+    # Wire names are camelCase exactly as in the NVIDIA manifests; snake_case spellings
+    # are not accepted, so a typo is an unknown field, not a silent alias.
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True)
+
+
+class TimeSlicingConfig(_Model):
+    interval: Literal["Default", "Short", "Medium", "Long"] | None = None
+
+
+class MpsConfig(_Model):
+    default_active_thread_percentage: int | None = Field(default=None, ge=0, le=100)
+    default_pinned_device_memory_limit: str | None = None
+    # Keys are a GPU index or UUID, values quantities.
+    default_per_device_pinned_memory_limit: dict[str, str] | None = None
+
+    @field_validator("default_pinned_device_memory_limit")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANTITY.match(value):
+            raise ValueError(f"{value!r} is not a quantity")
+        return value
+
+    @field_validator("default_per_device_pinned_memory_limit")
+    @classmethod
+    def _quantities(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key, limit in (value or {}).items():
+            if not _QUANTITY.match(limit):
+                raise ValueError(f"{key}: {limit!r} is not a quantity")
+        return value
+
+
+class GpuSharing(_Model):
+    # Any string parses, so an unsupported strategy gets a "not supported" error that
+    # names it instead of a generic enum mismatch.
+    strategy: str
+    time_slicing_config: TimeSlicingConfig | None = None
+    mps_config: MpsConfig | None = None
+
+
+class GpuConfig(_Model):
+    api_version: Literal["resource.nvidia.com/v1beta1"]
+    kind: Literal["GpuConfig"]
+    sharing: GpuSharing | None = None
+
+    @classmethod
+    def default(cls) -> "GpuConfig":
+        """What a device gets when no config matches it: the whole GPU, not shared."""
+        return cls.model_validate({"apiVersion": API_VERSION, "kind": GPU_CONFIG_KIND})
+
+    def normalized(self) -> "GpuConfig":
+        """Fill in what a setting implies (as the NVIDIA driver does)."""
+        sharing = self.sharing
+        if sharing is None:
+            return self
+        if sharing.strategy == TIME_SLICING and sharing.time_slicing_config is None:
+            sharing = sharing.model_copy(
+                update={"time_slicing_config": TimeSlicingConfig(interval="Default")}
+            )
+        if sharing.strategy == MPS and sharing.mps_config is None:
+            sharing = sharing.model_copy(update={"mps_config": MpsConfig()})
+        return self.model_copy(update={"sharing": sharing})
+
+    def validate_supported(self) -> None:
+        """Reject what parses but this driver cannot do yet."""
+        if self.sharing is None:
+            return
+        strategy = self.sharing.strategy
+        if strategy not in (TIME_SLICING, MPS):
+            raise ConfigError(f'field "sharing.strategy": unknown GPU sharing strategy {strategy}')
+        if strategy == TIME_SLICING and self.sharing.mps_config is not None:
+            raise ConfigError(f'field "sharing.mpsConfig": not allowed with strategy {strategy}')
+        if strategy == MPS and self.sharing.time_slicing_config is not None:
+            raise ConfigError(
+                f'field "sharing.timeSlicingConfig": not allowed with strategy {strategy}'
+            )
+        raise ConfigError(f'field "sharing": sharing strategy {strategy} is not supported yet')
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        field = ".".join(str(p) for p in error["loc"]) or "(root)"
+        parts.append(f'field "{field}": {error["msg"]}')
+    return "; ".join(parts)
+
+
+def decode_gpu_config(parameters: Mapping[str, Any] | None, *, source: str) -> GpuConfig:
+    """Default and normalize one opaque config's ``parameters``; shape errors only.
+
+    ``source`` says which config this is (e.g. ``opaque config #1 (from claim, requests
+    gpu)``) and starts every error message.
+    """
+    if parameters is None:
+        return GpuConfig.default()
+    if not isinstance(parameters, Mapping):
+        raise ConfigError(
+            f"{source}: parameters must be an object, got {type(parameters).__name__}"
+        )
+    kind = parameters.get("kind")
+    if kind not in (None, GPU_CONFIG_KIND):
+        raise ConfigError(
+            f'{source}: field "kind": {kind!r} is not supported (only {GPU_CONFIG_KIND})'
+        )
+    try:
+        config = GpuConfig.model_validate(dict(parameters))
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+    return config.normalized()
+
+
+def validate_gpu_config(config: GpuConfig, *, source: str) -> GpuConfig:
+    """The validation step, for a config that applies to a device."""
+    try:
+        config.validate_supported()
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+    return config
+
+
+def parse_gpu_config(parameters: Mapping[str, Any] | None, *, source: str) -> GpuConfig:
+    """All three steps: default, normalize, validate."""
+    return validate_gpu_config(decode_gpu_config(parameters, source=source), source=source)

@@ -1,0 +1,17 @@
+"""Named points where a test can kill the plugin process mid-operation.
+
+Crash-safety is a claim about what happens when the process dies between two
+steps; the only honest test is to die there for real. A test sets
+``GPU_DRA_CRASHPOINT=<name>`` in the plugin's environment and the process
+SIGKILLs itself (no cleanup, no flush) when it reaches that point.
+"""
+
+import os
+import signal
+
+ENV_VAR = "GPU_DRA_CRASHPOINT"
+
+
+def crashpoint(name: str) -> None:
+    if os.environ.get(ENV_VAR) == name:
+        os.kill(os.getpid(), signal.SIGKILL)

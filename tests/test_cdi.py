@@ -1,0 +1,255 @@
+"""CDI claim specs: schema-valid, CDI naming rules, rebuildable, foreign specs detected."""
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.inventory import Gpu
+from kubeletplugin import cdi
+from kubeletplugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from kubeletplugin.containertoolkit import base_edits, translate_edits
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "cdi-schema"
+
+# CDI SPEC.md naming rules (the JSON schema does not check them).
+_KIND = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[a-zA-Z0-9]([a-zA-Z0-9_.:-]*[a-zA-Z0-9])?$")
+
+
+@cache
+def _validator() -> Any:
+    if not (SCHEMA_DIR / "schema.json").is_file():
+        pytest.skip(f"CDI JSON schema not found at {SCHEMA_DIR} (../shared/reference/cdi-schema)")
+    from jsonschema import Draft7Validator
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT7
+
+    schema = json.loads((SCHEMA_DIR / "schema.json").read_text())
+    defs = json.loads((SCHEMA_DIR / "defs.json").read_text())
+    registry = Registry().with_resource("defs.json", DRAFT7.create_resource(defs))
+    return Draft7Validator(schema, registry=registry)
+
+
+def assert_valid_spec(spec: dict[str, Any]) -> None:
+    """Schema-valid, and kind, device names and cdiVersion as the CDI rules want them."""
+    errors = sorted(_validator().iter_errors(spec), key=str)
+    assert not errors, [e.message for e in errors]
+    assert _KIND.match(spec["kind"]), spec["kind"]
+    assert spec["devices"], "a spec needs at least one device"
+    for device in spec["devices"]:
+        assert _DEVICE_NAME.match(device["name"]), device["name"]
+    assert spec["cdiVersion"] == cdi.min_version(spec)
+    assert tuple(int(p) for p in spec["cdiVersion"].split(".")) >= (0, 6, 0)  # annotations
+
+
+def make_gpu(minor: int) -> Gpu:
+    return Gpu(
+        index=minor,
+        minor=minor,
+        uuid=f"GPU-{minor:08d}-aaaa-bbbb-cccc-000000000000",
+        product_name="NVIDIA H100 80GB HBM3",
+        brand="Nvidia",
+        architecture="Hopper",
+        cuda_compute_capability=(9, 0),
+        memory_bytes=80 * 2**30,
+        pci_bus_id=f"0000:{minor + 16:02x}:00.0",
+        pcie_root=None,
+        numa_node=0,
+        mig_enabled=False,
+    )
+
+
+GPUS = {g.device_name: g for g in (make_gpu(i) for i in range(8))}
+UID = "0b0c1f8e-6a3b-4b8a-9d1e-3f0f5c2d7e11"
+
+
+def _record(*devices: str, admin: bool = False) -> ClaimRecord:
+    return ClaimRecord(
+        uid=UID,
+        namespace="team-a",
+        name="train",
+        state=ClaimState.PREPARE_COMPLETED,
+        devices=tuple(
+            DeviceRecord(
+                request_names=("gpus",),
+                pool_name="node-a",
+                device_name=d,
+                gpu_uuid=GPUS[d].uuid,
+                cdi_device_ids=(cdi.cdi_device_id(UID, d),),
+                admin_access=admin,
+            )
+            for d in devices
+        ),
+    )
+
+
+def test_claim_spec_contents() -> None:
+    spec = cdi.build_claim_spec(_record("gpu-3", "gpu-1"), GPUS, {})
+    assert_valid_spec(spec)
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert spec["cdiVersion"] == "0.6.0"
+    assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-1", f"{UID}-gpu-3"]
+    assert spec["devices"][0]["containerEdits"] == {"deviceNodes": [{"path": "/dev/nvidia1"}]}
+    edits = spec["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == list(cdi.CONTROL_NODES)
+    assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
+    assert f"GPU_DRA_VISIBLE_GPU_UUIDS={GPUS['gpu-1'].uuid},{GPUS['gpu-3'].uuid}" in edits["env"]
+    assert spec["annotations"][cdi.CLAIM_UID] == UID
+    assert spec["annotations"][cdi.CLAIM_NAMESPACE] == "team-a"
+    assert spec["annotations"][cdi.CLAIM_NAME] == "train"
+    assert spec["devices"][1]["annotations"][cdi.GPU_UUID] == GPUS["gpu-3"].uuid
+
+
+def test_cdi_device_id_is_fully_qualified() -> None:
+    assert cdi.cdi_device_id(UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"
+
+
+def test_base_edits_are_merged_and_version_follows_fields() -> None:
+    base = {
+        "env": ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"],
+        "mounts": [
+            {
+                "hostPath": "/usr/lib64/libcuda.so.580.95.05",
+                "containerPath": "/usr/lib64/libcuda.so.580.95.05",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            }
+        ],
+        "hooks": [
+            {
+                "hookName": "createContainer",
+                "path": "/usr/bin/nvidia-cdi-hook",
+                "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib64"],
+            }
+        ],
+    }
+    spec = cdi.build_claim_spec(_record("gpu-0"), GPUS, base)
+    assert_valid_spec(spec)
+    assert spec["containerEdits"]["env"][0] == "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"
+    assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"]
+    assert spec["containerEdits"]["mounts"] == base["mounts"]
+    assert spec["containerEdits"]["hooks"] == base["hooks"]
+    assert base["env"] == ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"]  # input not mutated
+    with_gids = cdi.build_claim_spec(_record("gpu-0"), GPUS, {"additionalGids": [44]})
+    assert_valid_spec(with_gids)
+    assert with_gids["cdiVersion"] == "0.7.0"
+
+
+def test_spec_round_trips_to_the_checkpoint_record(tmp_path: Path) -> None:
+    record = _record("gpu-2", "gpu-5", admin=True)
+    path = cdi.write_spec(tmp_path, UID, cdi.build_claim_spec(record, GPUS, {}))
+    assert path == tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+    scan = cdi.scan(tmp_path)
+    assert scan.ours == {UID: record}
+    assert not scan.foreign and not scan.unreadable
+    assert cdi.remove_spec(tmp_path, UID)
+    assert not cdi.remove_spec(tmp_path, UID)  # idempotent
+
+
+def test_nvidia_driver_specs_are_foreign_others_ignored(tmp_path: Path) -> None:
+    nvidia_claim = {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [{"name": f"{UID}-gpu-0", "containerEdits": {"env": ["X=1"]}}],
+    }
+    (tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.yaml").write_text(json.dumps(nvidia_claim))
+    # The container toolkit's own static spec is not a DRA driver's: left alone.
+    (tmp_path / "nvidia.yaml").write_text(json.dumps({**nvidia_claim, "kind": "nvidia.com/gpu"}))
+    (tmp_path / "k8s.gpu.nvidia.com-claim_broken.json").write_text("{not json")
+    scan = cdi.scan(tmp_path)
+    assert [p.name for p in scan.foreign] == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]
+    assert [p.name for p, _ in scan.unreadable] == ["k8s.gpu.nvidia.com-claim_broken.json"]
+    assert scan.ours == {}
+
+
+def test_translate_edits_maps_container_paths_to_host_paths() -> None:
+    generated: dict[str, Any] = {
+        "deviceNodes": [
+            {"path": "/dev/nvidia0", "hostPath": "/driver-root/dev/nvidia0"},
+            {"path": "/dev/nvidiactl", "hostPath": "/driver-root/dev/nvidiactl"},
+            {
+                "path": "/dev/nvidia-caps/nvidia-cap1",
+                "hostPath": "/driver-root/dev/nvidia-caps/nvidia-cap1",
+            },
+        ],
+        "mounts": [
+            {
+                "hostPath": "/driver-root/usr/lib64/libcuda.so.1",
+                "containerPath": "/usr/lib64/libcuda.so.1",
+            },
+            {"hostPath": "/elsewhere/x", "containerPath": "/x"},
+        ],
+        "hooks": [{"hookName": "createContainer", "path": "/driver-root/usr/bin/nvidia-cdi-hook"}],
+        "env": ["A=1"],
+    }
+    out = translate_edits(
+        generated, container_root=Path("/driver-root"), host_root=Path("/run/nvidia/driver")
+    )
+    assert out["deviceNodes"] == [
+        {
+            "path": "/dev/nvidia-caps/nvidia-cap1",
+            "hostPath": "/run/nvidia/driver/dev/nvidia-caps/nvidia-cap1",
+        }
+    ]
+    assert out["mounts"][0]["hostPath"] == "/run/nvidia/driver/usr/lib64/libcuda.so.1"
+    assert out["mounts"][1]["hostPath"] == "/elsewhere/x"
+    assert out["hooks"][0]["path"] == "/run/nvidia/driver/usr/bin/nvidia-cdi-hook"
+    assert out["env"] == ["A=1"]
+    assert generated["mounts"][0]["hostPath"].startswith("/driver-root")  # input not mutated
+
+
+async def test_simulated_nodes_need_no_toolkit(tmp_path: Path) -> None:
+    assert await base_edits("simulated", container_root=tmp_path, host_root=Path("/")) == {}
+
+
+async def test_real_node_without_toolkit_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubeletplugin.containertoolkit import ToolkitError
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-ctk on PATH either
+    with pytest.raises(ToolkitError, match=r"nvidia-ctk .* not found under"):
+        await base_edits("system", container_root=tmp_path, host_root=Path("/"))
+
+
+async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
+    root = tmp_path / "driver-root"
+    ctk = root / "usr" / "bin" / "nvidia-ctk"
+    ctk.parent.mkdir(parents=True)
+    generated = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+        "containerEdits": {
+            "mounts": [
+                {
+                    "hostPath": f"{root}/usr/lib64/libcuda.so.1",
+                    "containerPath": "/usr/lib64/libcuda.so.1",
+                }
+            ],
+        },
+    }
+    # A stand-in for the host's nvidia-ctk: records its arguments, prints a spec.
+    ctk.write_text(
+        f"#!/bin/sh\necho \"$@\" > {tmp_path}/argv\ncat <<'JSON'\n{json.dumps(generated)}\nJSON\n"
+    )
+    ctk.chmod(0o755)
+    edits = await base_edits("system", container_root=root, host_root=Path("/"))
+    assert edits == {
+        "mounts": [
+            {"hostPath": "/usr/lib64/libcuda.so.1", "containerPath": "/usr/lib64/libcuda.so.1"}
+        ]
+    }
+    argv = (tmp_path / "argv").read_text()
+    assert f"--driver-root={root}" in argv and "--format=json" in argv
+    assert "--nvidia-ctk-path=/usr/bin/nvidia-ctk" in argv
+
+
+def test_schema_check_is_not_vacuous() -> None:
+    spec = cdi.build_claim_spec(_record("gpu-0"), GPUS, {})
+    spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"hostPath": "/dev/nvidia0"}]
+    assert list(_validator().iter_errors(spec)), "a device node without path must fail"

@@ -1,0 +1,81 @@
+"""plan_claim, pure: which results are ours, which opaque config applies to each."""
+
+from typing import Any
+
+import pytest
+
+from kubeletplugin.claims import ClaimError, ClaimRef, plan_claim
+
+DRIVER = "gpu.nvidia.com"
+POOL = "node-a"
+REF = ClaimRef(uid="u-1", namespace="ns", name="c")
+PLAIN = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+SHARED = {**PLAIN, "sharing": {"strategy": "TimeSlicing"}}
+
+
+def _claim(results: list[dict[str, Any]], config: list[dict[str, Any]] | None = None) -> Any:
+    devices: dict[str, Any] = {"results": results}
+    if config is not None:
+        devices["config"] = config
+    return {"metadata": {"uid": "u-1"}, "status": {"allocation": {"devices": devices}}}
+
+
+def _result(request: str, device: str, **extra: Any) -> dict[str, Any]:
+    return {"request": request, "driver": DRIVER, "pool": POOL, "device": device, **extra}
+
+
+def _opaque(params: Any, source: str = "FromClaim", requests: list[str] | None = None) -> Any:
+    entry: dict[str, Any] = {"source": source, "opaque": {"driver": DRIVER, "parameters": params}}
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def _plan(claim: Any) -> Any:
+    return plan_claim(claim, REF, driver_name=DRIVER, pool_name=POOL)
+
+
+def test_claim_config_overrides_class_config_for_matching_requests() -> None:
+    # Listed claim-first on purpose: class configs still come first, whatever the order.
+    config = [_opaque(PLAIN, requests=["gpu"]), _opaque(SHARED, source="FromClass")]
+    plan = _plan(_claim([_result("gpu", "gpu-0")], config))
+    assert plan.devices[0].config.sharing is None
+    # The class config alone applies, and its sharing setting is refused, naming it.
+    with pytest.raises(ClaimError, match=r"opaque config #1 \(from class, all requests\)"):
+        _plan(_claim([_result("other", "gpu-1"), _result("gpu", "gpu-0")], config))
+
+
+def test_subrequests_match_by_full_or_base_name() -> None:
+    by_base = [_opaque(SHARED, requests=["big"])]
+    with pytest.raises(ClaimError, match="not supported yet"):
+        _plan(_claim([_result("big/h100", "gpu-0")], by_base))
+    by_full = [_opaque(SHARED, requests=["big/a100"])]
+    plan = _plan(_claim([_result("big/h100", "gpu-0")], by_full))
+    assert plan.devices[0].request == "big/h100"
+    assert plan.devices[0].base_request == "big"
+
+
+def test_malformed_config_is_reported_even_when_overridden() -> None:
+    config = [_opaque({**PLAIN, "bogus": 1}, source="FromClass"), _opaque(PLAIN)]
+    with pytest.raises(ClaimError, match='field "bogus"'):
+        _plan(_claim([_result("gpu", "gpu-0")], config))
+
+
+def test_only_our_driver_and_pool() -> None:
+    results = [
+        _result("gpu", "gpu-0", adminAccess=True, shareID="s-1"),
+        {**_result("gpu", "gpu-1"), "driver": "other.example.com"},
+        {**_result("gpu", "gpu-2"), "pool": "node-b"},
+    ]
+    other_config = [{"source": "FromClaim", "opaque": {"driver": "x.io", "parameters": [1]}}]
+    plan = _plan(_claim(results, other_config))
+    assert [(d.device_name, d.admin_access, d.share_id) for d in plan.devices] == [
+        ("gpu-0", True, "s-1")
+    ]
+
+
+def test_unallocated_and_replaced_claims() -> None:
+    with pytest.raises(ClaimError, match="claim ns/c not allocated"):
+        _plan({"metadata": {"uid": "u-1"}, "status": {}})
+    with pytest.raises(ClaimError, match="claim ns/c got replaced"):
+        _plan({"metadata": {"uid": "u-2"}, "status": {}})
