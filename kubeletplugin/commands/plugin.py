@@ -1,0 +1,116 @@
+"""``gpu-dra kubelet-plugin``: the per-node daemon (kubelet plugin plus slice controller)."""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# flag -> (environment variable, default, help)
+_FLAGS: dict[str, tuple[str, str | None, str]] = {
+    "--node-name": ("NODE_NAME", None, "name of this Node object (required)"),
+    "--driver-name": ("DRIVER_NAME", "gpu.nvidia.com", "DRA driver name"),
+    "--kubeconfig": (
+        "KUBECONFIG",
+        None,
+        "kubeconfig file; without it, the in-cluster service account is used",
+    ),
+    "--kubelet-registrar-directory-path": (
+        "KUBELET_REGISTRAR_DIRECTORY_PATH",
+        "/var/lib/kubelet/plugins_registry",
+        "directory the kubelet watches for registration sockets",
+    ),
+    "--kubelet-plugins-directory-path": (
+        "KUBELET_PLUGINS_DIRECTORY_PATH",
+        "/var/lib/kubelet/plugins",
+        "kubelet plugins directory; the DRA socket and checkpoint go to <this>/<driver>",
+    ),
+    "--cdi-root": ("CDI_ROOT", "/var/run/cdi", "directory for the CDI specs of prepared claims"),
+    "--nvidia-driver-root": (
+        "NVIDIA_DRIVER_ROOT",
+        "/",
+        "root of the NVIDIA driver installation on the host",
+    ),
+    "--container-driver-root": (
+        "CONTAINER_DRIVER_ROOT",
+        "/driver-root",
+        "where the host's driver root is mounted in this container",
+    ),
+    "--pod-uid": (
+        "POD_UID",
+        None,
+        "UID of this plugin pod (downward API): enables side-by-side sockets for surge upgrades",
+    ),
+    "--nvml": ("GPU_DRA_NVML", "system", "NVML backend: system (libnvidia-ml) or simulated"),
+    "--profile": (
+        "GPU_DRA_PROFILE",
+        None,
+        "instance profile of the simulated NVML, e.g. p5.48xlarge (only with --nvml simulated)",
+    ),
+    "--sim-state": (
+        "GPU_DRA_SIM_STATE",
+        None,
+        "state file of the simulated NVML (only with --nvml simulated)",
+    ),
+    "--healthcheck-port": (
+        "HEALTHCHECK_PORT",
+        "51515",
+        "TCP port of the grpc.health.v1 service; 0 picks a free port",
+    ),
+}
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser(
+        "kubelet-plugin",
+        help="run the node daemon: kubelet DRA plugin and ResourceSlice publisher",
+        description=(
+            "Serve the kubelet's plugin registration and DRA (v1, v1beta1) gRPC services on "
+            "unix sockets, prepare and unprepare claims (CDI specs, checkpoint), publish this "
+            "node's ResourceSlices, and answer grpc.health.v1 probes. Every flag can also be "
+            "set through the environment variable named in its help. SIGTERM shuts down "
+            "cleanly: own sockets removed, slices left for the next instance."
+        ),
+    )
+    for flag, (env, default, text) in _FLAGS.items():
+        value = os.environ.get(env, default)
+        suffix = f" [env {env}" + (f", default {default}]" if default is not None else "]")
+        kwargs: dict[str, object] = {"default": value, "help": text + suffix}
+        if flag == "--nvml":
+            kwargs["choices"] = ("system", "simulated")
+        if flag == "--healthcheck-port":
+            kwargs["type"] = int
+        parser.add_argument(flag, **kwargs)  # type: ignore[arg-type]
+    parser.set_defaults(func=_run)
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from kubeletplugin import node
+
+    if not args.node_name:
+        print("gpu-dra kubelet-plugin: --node-name (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    if args.nvml == "simulated" and not args.profile:
+        print("gpu-dra kubelet-plugin: --nvml simulated needs --profile", file=sys.stderr)
+        return 2
+    config = node.NodeConfig(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        kubeconfig=_path(args.kubeconfig),
+        registrar_dir=Path(args.kubelet_registrar_directory_path),
+        plugins_dir=Path(args.kubelet_plugins_directory_path),
+        cdi_root=Path(args.cdi_root),
+        nvidia_driver_root=Path(args.nvidia_driver_root),
+        container_driver_root=Path(args.container_driver_root),
+        pod_uid=args.pod_uid or None,
+        nvml=args.nvml,
+        profile=args.profile,
+        sim_state=_path(args.sim_state),
+        healthcheck_port=args.healthcheck_port,
+    )
+    return asyncio.run(node.main(config))

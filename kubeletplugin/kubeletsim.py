@@ -1,0 +1,141 @@
+"""A kubelet simulator: the kubelet's side of registration and of the DRA calls.
+
+It talks to the plugin only through the generated stubs and its unix sockets,
+the way the kubelet does: GetInfo on the registration socket, pick the first
+of the plugin's versions the kubelet knows, NotifyRegistrationStatus, then
+prepare and unprepare over the endpoint GetInfo named, with a 45 s deadline.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+from api.gen import dra_v1_pb2 as v1
+from api.gen import dra_v1_pb2_grpc as v1_grpc
+from api.gen import dra_v1beta1_pb2 as v1beta1
+from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
+from api.gen import pluginregistration_v1_pb2 as reg_pb
+from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
+from driver.errors import PermanentError
+from kubeletplugin.draservice import convert
+
+# What the kubelet of Kubernetes 1.34+ speaks, in no particular order: the
+# plugin's list decides the preference.
+KUBELET_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+DEFAULT_TIMEOUT = 45.0
+
+
+class ClaimLike(Protocol):
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Registration:
+    info: reg_pb.PluginInfo
+    version: str  # the chosen entry of info.supported_versions
+
+
+def choose_version(offered: Sequence[str], known: Sequence[str] = KUBELET_VERSIONS) -> str:
+    """The kubelet walks the plugin's list in the plugin's order and takes the first it knows."""
+    for version in offered:
+        if version in known:
+            return version
+    raise PermanentError(f"no supported DRA version among {list(offered)} (kubelet knows {known})")
+
+
+def _claims(claims: Sequence[ClaimLike]) -> list[v1.Claim]:
+    return [v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+
+
+class KubeletSim:
+    """One registered plugin, as the kubelet holds it. Use :meth:`register`."""
+
+    def __init__(self, registration: Registration, channel: grpc.aio.Channel, timeout: float):
+        self.registration = registration
+        self._channel = channel
+        self._timeout = timeout
+        self._v1 = v1_grpc.DRAPluginStub(channel)
+        self._v1beta1 = v1beta1_grpc.DRAPluginStub(channel)
+
+    @classmethod
+    async def register(
+        cls,
+        registration_socket: Path,
+        *,
+        known_versions: Sequence[str] = KUBELET_VERSIONS,
+        accept: bool = True,
+        reject_reason: str = "",
+        rpc_timeout: float = DEFAULT_TIMEOUT,
+    ) -> "KubeletSim":
+        """Register the plugin behind ``registration_socket``; ``accept=False`` rejects it.
+
+        A rejected plugin is told so (``reject_reason``) and :class:`PermanentError` is raised.
+        ``known_versions`` narrows what this kubelet speaks, e.g. to an older kubelet's;
+        ``rpc_timeout`` is the deadline of every call (the kubelet's is 45 s).
+        """
+        async with grpc.aio.insecure_channel(f"unix://{registration_socket}") as channel:
+            stub = reg_grpc.RegistrationStub(channel)
+            info = await stub.GetInfo(reg_pb.InfoRequest(), timeout=rpc_timeout)
+            problem = reject_reason if not accept else _check_info(info)
+            version = ""
+            if not problem:
+                try:
+                    version = choose_version(info.supported_versions, known_versions)
+                except PermanentError as exc:
+                    problem = str(exc)
+            await stub.NotifyRegistrationStatus(
+                reg_pb.RegistrationStatus(plugin_registered=not problem, error=problem),
+                timeout=rpc_timeout,
+            )
+        if problem:
+            raise PermanentError(f"registration of {info.name!r} failed: {problem}")
+        channel = grpc.aio.insecure_channel(f"unix://{info.endpoint}")
+        return cls(Registration(info=info, version=version), channel, rpc_timeout)
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    async def __aenter__(self) -> "KubeletSim":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def prepare(self, claims: Sequence[ClaimLike]) -> v1.NodePrepareResourcesResponse:
+        """NodePrepareResources over the negotiated version; the answer in v1 form."""
+        request = v1.NodePrepareResourcesRequest(claims=_claims(claims))
+        if self.registration.version == "v1.DRAPlugin":
+            return await self._v1.NodePrepareResources(request, timeout=self._timeout)
+        beta = await self._v1beta1.NodePrepareResources(
+            convert(request, v1beta1.NodePrepareResourcesRequest), timeout=self._timeout
+        )
+        return convert(beta, v1.NodePrepareResourcesResponse)
+
+    async def unprepare(self, claims: Sequence[ClaimLike]) -> v1.NodeUnprepareResourcesResponse:
+        """NodeUnprepareResources over the negotiated version; the answer in v1 form."""
+        request = v1.NodeUnprepareResourcesRequest(claims=_claims(claims))
+        if self.registration.version == "v1.DRAPlugin":
+            return await self._v1.NodeUnprepareResources(request, timeout=self._timeout)
+        beta = await self._v1beta1.NodeUnprepareResources(
+            convert(request, v1beta1.NodeUnprepareResourcesRequest), timeout=self._timeout
+        )
+        return convert(beta, v1.NodeUnprepareResourcesResponse)
+
+
+def _check_info(info: reg_pb.PluginInfo) -> str:
+    # The kubelet's own validation of a DRA plugin's info.
+    if info.type != "DRAPlugin":
+        return f"unexpected plugin type {info.type!r}"
+    if not info.name:
+        return "empty plugin name"
+    if not Path(info.endpoint).is_absolute():
+        return f"endpoint {info.endpoint!r} is not an absolute path"
+    return ""

@@ -1,0 +1,284 @@
+"""The node process: kubelet plugin, slice controller and health service in one event loop.
+
+Order matters. The health service comes up first (NOT_SERVING), so probes get
+an answer while setup runs. Setup (device-plugin guard, NVML, discovery, claim
+state) retries instead of exiting: a crash-looping pod helps no one, a
+NOT_SERVING one with a clear log line does. Then the DRA socket, then the
+registration socket (the kubelet may call the DRA socket as soon as it sees
+the registration one), then the controller and the reconciler. SIGTERM undoes
+it in reverse, removing only this process's sockets; slices stay for the next
+instance.
+"""
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+from kubernetes.aio import client
+
+from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
+from driver.controller import SliceController
+from driver.discovery import discover
+from driver.errors import DriverError, PermanentError
+from driver.inventory import Inventory
+from driver.logs import kv
+from kubeletplugin import draservice
+from kubeletplugin.health import HealthServer
+from kubeletplugin.registration import RegistrationServicer
+from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
+from kubeletplugin.state import DeviceState, StateConfig
+
+if TYPE_CHECKING:
+    from driver.nvml import Nvml
+
+log = logging.getLogger(__name__)
+
+# The extended resource the NVIDIA device plugin advertises.
+DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_name: str
+    driver_name: str = "gpu.nvidia.com"
+    kubeconfig: Path | None = None
+    registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    cdi_root: Path = Path("/var/run/cdi")
+    nvidia_driver_root: Path = Path("/")
+    container_driver_root: Path = Path("/driver-root")
+    pod_uid: str | None = None
+    nvml: str = "system"
+    profile: str | None = None
+    sim_state: Path | None = None
+    healthcheck_port: int = 51515
+    slice_resync_period: float = 600.0
+    reconcile_period: float = 600.0
+    # How long to wait before retrying a failed setup or re-checking the guard.
+    retry_period: float = 30.0
+
+
+async def main(config: NodeConfig) -> int:
+    """Run until SIGTERM or SIGINT; the exit code of the process."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return await run(config, stop)
+
+
+async def run(config: NodeConfig, stop: asyncio.Event) -> int:
+    try:
+        paths = socket_paths(
+            registrar_dir=config.registrar_dir,
+            plugins_dir=config.plugins_dir,
+            driver_name=config.driver_name,
+            pod_uid=config.pod_uid,
+        )
+    except PermanentError as exc:
+        log.error("invalid configuration", extra=kv(error=exc))
+        return 2
+    health = HealthServer(paths, port=config.healthcheck_port)
+    try:
+        await health.start()
+    except OSError as exc:
+        log.error("cannot serve the health service", extra=kv(error=exc))
+        return 2
+    try:
+        api_client = await _api_client(config.kubeconfig)
+    except Exception as exc:
+        await health.stop()
+        log.error("cannot configure the Kubernetes client", extra=kv(error=exc))
+        return 2
+    try:
+        return await _Node(config, paths, health, api_client).run(stop)
+    finally:
+        await api_client.close()  # type: ignore[no-untyped-call]
+        await health.stop()
+
+
+async def _api_client(kubeconfig: Path | None) -> client.ApiClient:
+    from kubernetes.aio import config
+
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        await config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig), client_configuration=configuration
+        )
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to ``seconds``; True when asked to stop meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+class _Node:
+    def __init__(
+        self,
+        config: NodeConfig,
+        paths: SocketPaths,
+        health: HealthServer,
+        api_client: client.ApiClient,
+    ) -> None:
+        self._config = config
+        self._paths = paths
+        self._health = health
+        self._api = api_client
+        self._servers: list[SocketServer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sim_root: tempfile.TemporaryDirectory[str] | None = None
+        self._discover: Callable[[], Awaitable[Inventory]] | None = None
+
+    async def run(self, stop: asyncio.Event) -> int:
+        try:
+            state = await self._setup(stop)
+            if state is None:
+                return 0
+            await self._serve(state)
+            self._health.set_ready()
+            log.info(
+                "kubelet plugin ready",
+                extra=kv(node=self._config.node_name, driver=self._config.driver_name),
+            )
+            return await self._wait_for_stop(stop)
+        finally:
+            await self._shutdown()
+
+    async def _setup(self, stop: asyncio.Event) -> DeviceState | None:
+        """Guard, discovery and claim state, retried until they succeed or we are stopped."""
+        last = ""
+        while not stop.is_set():
+            try:
+                reason = await self._device_plugin_present()
+                if reason is None:
+                    return await self._open_state()
+            except (DriverError, OSError) as exc:
+                reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc}"
+            except Exception as exc:  # API errors of the kubernetes client, NVML errors
+                reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc!r}"
+            self._health.set_not_ready(reason)
+            if reason != last:  # one line per distinct problem, not one per retry
+                log.error(reason, extra=kv(node=self._config.node_name))
+                last = reason
+            if await _wait(stop, self._config.retry_period):
+                break
+        return None
+
+    async def _device_plugin_present(self) -> str | None:
+        node = await client.CoreV1Api(self._api).read_node(self._config.node_name)
+        capacity = (node.status.capacity if node.status else None) or {}
+        count = capacity.get(DEVICE_PLUGIN_RESOURCE)
+        if count is None or str(count) == "0":
+            return None
+        return (
+            f"node {self._config.node_name} already advertises {DEVICE_PLUGIN_RESOURCE}={count} "
+            "from a device plugin: not registering and not publishing ResourceSlices, since "
+            "both would hand out the same GPUs; remove the NVIDIA device plugin from this node"
+        )
+
+    async def _open_state(self) -> DeviceState:
+        cfg = self._config
+        backend, sysfs_root = await asyncio.to_thread(self._load_nvml)
+
+        async def _discover() -> Inventory:
+            return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
+
+        self._discover = _discover
+        inventory = await _discover()
+        state_config = StateConfig(
+            plugin_dir=cfg.plugins_dir / cfg.driver_name,
+            cdi_root=cfg.cdi_root,
+            driver_name=cfg.driver_name,
+            node_name=cfg.node_name,
+            nvidia_driver_root=cfg.nvidia_driver_root,
+            container_driver_root=cfg.container_driver_root,
+            pod_uid=cfg.pod_uid,
+            nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
+        )
+        return await DeviceState.open(state_config, self._api, inventory)
+
+    def _load_nvml(self) -> "tuple[Nvml, Path]":
+        from driver import nvml
+
+        cfg = self._config
+        if cfg.nvml != "simulated":
+            return nvml.load("system"), nvml.HOST_SYSFS_ROOT
+        from driver.nvml.simulated import SimulatedNode
+
+        # A simulated node brings its own sysfs tree; it lives as long as the process.
+        if self._sim_root is None:
+            self._sim_root = tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-")
+        node = SimulatedNode(
+            cfg.profile or "", cfg.node_name, Path(self._sim_root.name), state_file=cfg.sim_state
+        )
+        return node.nvml, node.sysfs_root
+
+    async def _serve(self, state: DeviceState) -> None:
+        cfg = self._config
+        assert self._discover is not None, "_open_state runs first"
+        dra = grpc.aio.server()
+        draservice.add_to_server(dra, state)
+        registration = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(
+                driver_name=cfg.driver_name,
+                endpoint=str(self._paths.dra),
+                versions=draservice.SUPPORTED_VERSIONS,
+            ),
+            registration,
+        )
+        # The DRA socket first: the kubelet calls it as soon as registration succeeds.
+        for path, server in ((self._paths.dra, dra), (self._paths.registration, registration)):
+            socket_server = SocketServer(path, server)
+            await socket_server.start()
+            self._servers.append(socket_server)
+        controller = SliceController(
+            self._api,
+            node_name=cfg.node_name,
+            driver_name=cfg.driver_name,
+            discover=self._discover,
+            resync_period=cfg.slice_resync_period,
+        )
+        self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
+        self._tasks.append(
+            asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
+        )
+
+    async def _wait_for_stop(self, stop: asyncio.Event) -> int:
+        stopping = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopping, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        if stopping in done:
+            log.info("stopping on signal")
+            return 0
+        stopping.cancel()
+        for task in done:
+            # A background loop only ends by failing: restart the whole process.
+            exc = task.exception()
+            log.error("background task ended", extra=kv(task=task.get_name(), error=repr(exc)))
+        self._health.set_not_ready("a background task failed")
+        return 1
+
+    async def _shutdown(self) -> None:
+        # Registration first, so the kubelet stops choosing this instance.
+        for server in reversed(self._servers):
+            await server.stop()
+        self._servers.clear()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._sim_root is not None:
+            await asyncio.to_thread(self._sim_root.cleanup)

@@ -1,0 +1,241 @@
+"""Run ``gpu-dra kubelet-plugin`` as a real subprocess, for process tests and the bench.
+
+Waits are conditions with deadlines (a socket answers, health says SERVING, a
+log line appears, the process exits), never fixed sleeps.
+"""
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kubeletplugin.sockets import SocketPaths, socket_paths
+from kubeletplugin.state import ClaimRef
+
+DRIVER = "gpu.nvidia.com"
+_POLL = 0.02
+
+
+@dataclass(frozen=True)
+class NodeDirs:
+    """The host directories of one simulated node; keep ``root`` short (socket paths)."""
+
+    root: Path
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "registry"
+
+    @property
+    def plugins(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def cdi(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def plugin_data(self) -> Path:
+        return self.plugins / DRIVER
+
+    def paths(self, pod_uid: str | None = None) -> SocketPaths:
+        return socket_paths(
+            registrar_dir=self.registry,
+            plugins_dir=self.plugins,
+            driver_name=DRIVER,
+            pod_uid=pod_uid,
+        )
+
+
+async def wait_for(condition: Callable[[], bool], what: str, wait_s: float = 30.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {wait_s:g}s waiting for {what}")
+        await asyncio.sleep(_POLL)
+
+
+class PluginProcess:
+    def __init__(
+        self,
+        dirs: NodeDirs,
+        *,
+        kubeconfig: Path,
+        node_name: str,
+        profile: str = "p5.48xlarge",
+        pod_uid: str | None = None,
+        crashpoint: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.dirs = dirs
+        self.paths = dirs.paths(pod_uid)
+        self.log_path = dirs.root / f"plugin-{pod_uid or 'main'}-{time.monotonic_ns()}.log"
+        args = [
+            sys.executable,
+            "-m",
+            "kubeletplugin.cli",
+            "kubelet-plugin",
+            f"--node-name={node_name}",
+            f"--kubeconfig={kubeconfig}",
+            f"--kubelet-registrar-directory-path={dirs.registry}",
+            f"--kubelet-plugins-directory-path={dirs.plugins}",
+            f"--cdi-root={dirs.cdi}",
+            f"--container-driver-root={dirs.root / 'driver-root'}",
+            "--nvml=simulated",
+            f"--profile={profile}",
+            "--healthcheck-port=0",
+        ]
+        if pod_uid:
+            args.append(f"--pod-uid={pod_uid}")
+        env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "POD_UID")}
+        env.pop("GPU_DRA_CRASHPOINT", None)
+        if crashpoint:
+            env["GPU_DRA_CRASHPOINT"] = crashpoint
+        env.update(extra_env or {})
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _alive(self, what: str) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"plugin exited ({self.proc.returncode}) before {what}:\n{self.log()}"
+            )
+        return True
+
+    async def wait_log(self, pattern: str, wait_s: float = 30.0) -> re.Match[str]:
+        found: list[re.Match[str]] = []
+
+        def seen() -> bool:
+            match = re.search(pattern, self.log())
+            if match:
+                found.append(match)
+            return bool(match) or not self._alive(f"log {pattern!r}")
+
+        await wait_for(seen, f"log line {pattern!r}", wait_s)
+        return found[0]
+
+    async def health_port(self) -> int:
+        return int((await self.wait_log(r"health service listening\"? port=(\d+)")).group(1))
+
+    async def health(self) -> int:
+        port = await self.health_port()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            response = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10
+            )
+        return int(response.status)
+
+    async def wait_ready(self, wait_s: float = 30.0) -> None:
+        await self.wait_log("kubelet plugin ready", wait_s)
+        await wait_for(self.paths.registration.is_socket, "registration socket", wait_s)
+        assert await self.health() == health_pb2.HealthCheckResponse.SERVING, self.log()
+
+    async def wait_exit(self, wait_s: float = 30.0) -> int:
+        await wait_for(lambda: self.proc.poll() is not None, "plugin exit", wait_s)
+        return self.proc.returncode
+
+    def vm_hwm_kib(self) -> int:
+        """Peak resident set size of the live process."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise RuntimeError("VmHWM not found")
+
+    async def terminate(self, wait_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await self.wait_exit(wait_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def api_client(kubeconfig: Path) -> Any:
+    """A ``kubernetes.aio`` client for the local API server; the caller closes it."""
+    from kubernetes.aio import client, config
+
+    configuration = client.Configuration()
+    await config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), client_configuration=configuration
+    )
+    return client.ApiClient(configuration)
+
+
+async def create_node(api: Any, name: str, *, capacity: dict[str, str] | None = None) -> None:
+    from kubernetes.aio import client
+
+    core: Any = client.CoreV1Api(api)  # bodies go as plain dicts
+    await core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    if capacity:
+        node = await core.read_node(name)
+        body = api.sanitize_for_serialization(node)
+        body["status"] = {"capacity": capacity, "allocatable": capacity}
+        await core.replace_node_status(name, body)
+
+
+async def create_claim(
+    api: Any,
+    name: str,
+    *,
+    node: str,
+    devices: Sequence[str],
+    namespace: str = "default",
+    driver: str = DRIVER,
+) -> ClaimRef:
+    """A ResourceClaim allocated as the scheduler writes it: ``devices`` of ``node``'s pool."""
+    from kubernetes.aio import client
+
+    resource: Any = client.ResourceV1Api(api)  # bodies go as plain dicts
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {"deviceClassName": driver, "count": len(devices)},
+                    }
+                ]
+            }
+        },
+    }
+    created = await resource.create_namespaced_resource_claim(namespace, body)
+    claim = api.sanitize_for_serialization(created)
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": driver, "pool": node, "device": device}
+                    for device in devices
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        }
+    }
+    await resource.replace_namespaced_resource_claim_status(name, namespace, claim)
+    return ClaimRef(uid=claim["metadata"]["uid"], namespace=namespace, name=name)

@@ -1,0 +1,188 @@
+"""``gpu-dra kubelet-plugin`` as a real process: SIGKILL mid-prepare, SIGTERM, surge siblings.
+
+One process start per step of a scenario; every wait is a condition with a
+deadline (socket answers, health SERVING, process exit).
+"""
+
+import asyncio
+import json
+import signal
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from kubeletplugin.kubeletsim import KubeletSim
+from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
+
+NODE = "node-p"
+
+
+@pytest.fixture
+def dirs() -> Iterator[NodeDirs]:
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
+        yield NodeDirs(Path(name))
+
+
+@pytest.fixture
+async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
+    kubeconfig = dirs.root / "kubeconfig"
+    apiserver.write_kubeconfig(kubeconfig)
+    api = await api_client(kubeconfig)
+    await create_node(api, NODE)
+    try:
+        yield api, kubeconfig
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[PluginProcess]]:
+    started: list[PluginProcess] = []
+    yield started
+    for proc in started:
+        proc.kill()  # whatever a failed test left running
+
+
+def _start(
+    started: list[PluginProcess], dirs: NodeDirs, kubeconfig: Path, **kwargs: Any
+) -> PluginProcess:
+    proc = PluginProcess(dirs, kubeconfig=kubeconfig, node_name=NODE, **kwargs)
+    started.append(proc)
+    return proc
+
+
+def _checkpoint_claims(dirs: NodeDirs) -> dict[str, Any]:
+    data = json.loads((dirs.plugin_data / "checkpoint.json").read_text())
+    claims: dict[str, Any] = data["data"]["claims"]
+    return claims
+
+
+async def _slice_count(api: Any) -> int:
+    from kubernetes.aio import client
+
+    slices = await client.ResourceV1Api(api).list_resource_slice(
+        field_selector=f"spec.nodeName={NODE}"
+    )
+    return len(slices.items)
+
+
+async def _wait_for_slices(api: Any) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    while await _slice_count(api) == 0:
+        assert asyncio.get_running_loop().time() < deadline, "no ResourceSlice published"
+        await asyncio.sleep(0.05)
+
+
+def _specs(dirs: NodeDirs) -> list[str]:
+    return sorted(p.read_text() for p in dirs.cdi.iterdir()) if dirs.cdi.exists() else []
+
+
+@pytest.mark.parametrize(
+    "crashpoint", ["after-prepare-started", "after-cdi-write", "after-prepare-completed"]
+)
+async def test_sigkill_during_prepare_then_kubelet_retry(
+    kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess], crashpoint: str
+) -> None:
+    api, kubeconfig = kube
+    claim = await create_claim(api, "victim", node=NODE, devices=["gpu-0"])
+    rival = await create_claim(api, "rival", node=NODE, devices=["gpu-0"])
+
+    doomed = _start(processes, dirs, kubeconfig, crashpoint=crashpoint)
+    await doomed.wait_ready()
+    async with await KubeletSim.register(doomed.paths.registration) as kubelet:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await kubelet.prepare([claim])
+    assert await doomed.wait_exit() == -signal.SIGKILL
+
+    plugin = _start(processes, dirs, kubeconfig)
+    await plugin.wait_ready()  # over the dead instance's stale sockets
+    async with await KubeletSim.register(plugin.paths.registration) as kubelet:
+        response = await kubelet.prepare([claim])
+        entry = response.claims[claim.uid]
+        assert entry.error == ""
+        assert [d.device_name for d in entry.devices] == ["gpu-0"]
+        assert list(entry.devices[0].cdi_device_ids) == [
+            f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0"
+        ]
+        # Exactly one spec, this claim's; the checkpoint has it completed.
+        specs = _specs(dirs)
+        assert len(specs) == 1
+        assert claim.uid in specs[0]
+        assert _checkpoint_claims(dirs)[claim.uid]["state"] == "PrepareCompleted"
+        # The reservation survived the crash: gpu-0 is not handed out twice.
+        refused = await kubelet.prepare([rival])
+        assert "gpu-0" in refused.claims[rival.uid].error
+
+        out = await kubelet.unprepare([claim])
+        assert out.claims[claim.uid].error == ""
+        assert _specs(dirs) == []
+        assert claim.uid not in _checkpoint_claims(dirs)
+        assert (await kubelet.prepare([rival])).claims[rival.uid].error == ""
+    await _wait_for_slices(api)
+    assert await plugin.terminate() == 0
+    assert not plugin.paths.registration.exists()
+    assert not plugin.paths.dra.exists()
+    # A clean stop leaves the node's slices for the next instance to take over.
+    assert await _slice_count(api) > 0
+
+
+async def test_two_pod_uids_serve_one_node(
+    kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess]
+) -> None:
+    api, kubeconfig = kube
+    first = await create_claim(api, "first", node=NODE, devices=["gpu-0"])
+    same_gpu = await create_claim(api, "same-gpu", node=NODE, devices=["gpu-0"])
+    other_gpu = await create_claim(api, "other-gpu", node=NODE, devices=["gpu-1"])
+
+    old = _start(processes, dirs, kubeconfig, pod_uid="0ld-pod")
+    new = _start(processes, dirs, kubeconfig, pod_uid="n3w-pod")
+    await old.wait_ready()
+    await new.wait_ready()
+    assert old.paths.registration != new.paths.registration
+    assert old.paths.dra != new.paths.dra
+
+    async with (
+        await KubeletSim.register(old.paths.registration) as via_old,
+        await KubeletSim.register(new.paths.registration) as via_new,
+    ):
+        assert via_old.registration.info.endpoint == str(old.paths.dra)
+        assert via_new.registration.info.endpoint == str(new.paths.dra)
+        assert (await via_old.prepare([first])).claims[first.uid].error == ""
+        # The sibling sees the shared checkpoint, not a stale copy of its own.
+        refused = await via_new.prepare([same_gpu])
+        assert "gpu-0" in refused.claims[same_gpu.uid].error
+        assert (await via_new.prepare([other_gpu])).claims[other_gpu.uid].error == ""
+        assert (await via_new.unprepare([first])).claims[first.uid].error == ""
+        assert len(_specs(dirs)) == 1
+
+        # The old pod goes away cleanly; only its own sockets go with it.
+        assert await old.terminate() == 0
+        assert not old.paths.registration.exists()
+        assert not old.paths.dra.exists()
+        assert new.paths.registration.is_socket()
+        assert (await via_new.prepare([same_gpu])).claims[same_gpu.uid].error == ""
+        assert (await via_new.unprepare([same_gpu, other_gpu])).claims[other_gpu.uid].error == ""
+    assert await new.terminate() == 0
+    assert _specs(dirs) == []
+
+
+def test_flags_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubeletplugin.cli import build_parser
+
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    monkeypatch.setenv("POD_UID", "pod-1")
+    monkeypatch.setenv("HEALTHCHECK_PORT", "6000")
+    args = build_parser().parse_args(["kubelet-plugin", "--cdi-root=/x"])
+    assert (args.node_name, args.pod_uid, args.healthcheck_port) == ("from-env", "pod-1", 6000)
+    assert args.cdi_root == "/x"
+    assert args.kubelet_registrar_directory_path == "/var/lib/kubelet/plugins_registry"
+    assert args.kubelet_plugins_directory_path == "/var/lib/kubelet/plugins"
+    assert (args.driver_name, args.nvml, args.container_driver_root) == (
+        "gpu.nvidia.com",
+        "system",
+        "/driver-root",
+    )
