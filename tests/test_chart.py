@@ -169,8 +169,10 @@ def test_daemonset_runs_the_kubelet_plugin(default: list[dict[str, Any]]) -> Non
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["grpc"] == {"port": 51515}
+    # Restarts follow the process (service "liveness"); readiness follows registration ("").
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": 51515, "service": "liveness"}
+    assert container["readinessProbe"]["grpc"] == {"port": 51515}
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert container["securityContext"] == {"privileged": True}
 
