@@ -1,1 +1,19 @@
-"""The node ResourceSlice controller."""
+"""The node ResourceSlice controller: publishes what discovery finds, nothing else.
+
+``plan`` is the pure core (upstream's pool-generation rules, semantic comparison);
+``SliceController`` is the asyncio shell that lists, watches and writes.
+"""
+
+from driver.controller.controller import ApiVersionMissingError, NodeNotFoundError, SliceController
+from driver.controller.lease import LEASE_VERBS
+from driver.controller.plan import InvalidPoolError, Plan, plan
+
+__all__ = [
+    "LEASE_VERBS",
+    "ApiVersionMissingError",
+    "InvalidPoolError",
+    "NodeNotFoundError",
+    "Plan",
+    "SliceController",
+    "plan",
+]

@@ -1,0 +1,522 @@
+"""The asyncio shell around :func:`driver.controller.plan.plan`: one per node.
+
+Three loops share one event loop and a little state:
+
+* **discovery** runs ``discover()`` at start, every ``resync_period`` and on
+  :meth:`SliceController.trigger`; a success replaces the desired slices, a failure
+  backs off and keeps the old ones (published slices are never removed because NVML
+  hiccuped);
+* **watch** keeps ``observed`` (this node's slices of this driver) current from a
+  list + watch with the field selector upstream uses; it reconnects from the last
+  resourceVersion and asks for a relist on 410 Gone;
+* **reconcile** plans and sends the writes whenever either side changed.
+
+Correctness rests on one rule: *after any failed write, relist before planning
+again.* A create whose response got lost may have committed; a fresh list (a
+quorum read, issued after the failure) shows it, so the controller never creates a
+second slice for the same index. Successful writes go into ``observed`` at once (a
+mutation cache, as upstream's), and watch events older than what is cached are
+ignored, so an echo never looks like a missing slice.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.aio.client import ApiClient
+
+from driver.controller.backoff import Backoff
+from driver.controller.client import (
+    WATCH_TIMEOUT_SECONDS,
+    ApiError,
+    Client,
+    ForbiddenError,
+    GoneError,
+    NotFoundError,
+    RejectedError,
+    ServerError,
+    UnavailableError,
+)
+from driver.controller.lease import Candidate, PublisherLease
+from driver.controller.plan import InvalidPoolError, Plan, plan
+from driver.errors import DriverError, PermanentError, RetryableError
+from driver.inventory import Inventory
+from driver.logs import kv
+
+log = logging.getLogger(__name__)
+
+_Obj = dict[str, Any]
+_GROUP = "resource.k8s.io"
+_SLICES = f"/apis/{_GROUP}/v1/resourceslices"
+_RESOURCE = f"resourceslices.{_GROUP}"
+_TOMBSTONES = 256
+
+
+class ApiVersionMissingError(PermanentError):
+    """The API server does not serve resource.k8s.io/v1."""
+
+
+class NodeNotFoundError(PermanentError):
+    """The Node this controller publishes for does not exist."""
+
+
+class SliceController:
+    """Keeps one node's ResourceSlices equal to what discovery finds.
+
+    ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
+    and closes it); ``discover`` returns the node's :class:`Inventory` and may raise
+    (``RetryableError`` for "not yet"); the slices are built from it by
+    ``driver.resourceslice.build_resource_slices``.
+
+    ``run()`` works until cancelled, which leaves the slices in place (the kubelet
+    removes a dead driver's slices itself) and releases the publisher lease. It raises
+    :class:`ApiVersionMissingError` or :class:`NodeNotFoundError` at start when
+    publishing cannot work. ``published`` is set once the node's slices match the
+    first successful discovery (or a newer instance publishes them); readiness waits
+    for it. ``trigger()`` asks for a rediscovery; ``resync()`` also waits for its result
+    to be reconciled.
+
+    ``resync_period``: seconds between rediscoveries. ``identity``: this instance's
+    name in the publisher Lease (default: host name plus a random suffix);
+    ``namespace``: the Lease's namespace (default ``$POD_NAMESPACE``, else
+    ``default``). ``request_timeout`` bounds each API call; ``backoff_cap`` the delay
+    between retries.
+    """
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        *,
+        node_name: str,
+        driver_name: str,
+        discover: Callable[[], Awaitable[Inventory]],
+        resync_period: float = 60.0,
+        identity: str | None = None,
+        namespace: str | None = None,
+        request_timeout: float = 30.0,
+        backoff_cap: float = 30.0,
+    ) -> None:
+        self._client = Client(api_client, request_timeout=request_timeout)
+        self._node = node_name
+        self._driver = driver_name
+        self._discover = discover
+        self._resync_period = resync_period
+        self._backoff_cap = backoff_cap
+        self._selector = f"spec.driver={driver_name},spec.nodeName={node_name}"
+        self._lease = PublisherLease(
+            self._client,
+            namespace=namespace or os.environ.get("POD_NAMESPACE") or "default",
+            name=f"{driver_name}-{node_name}",
+            me=Candidate(
+                identity=identity or f"{socket.gethostname()}_{uuid.uuid4()}",
+                started=datetime.now(UTC),
+            ),
+        )
+        self.published = asyncio.Event()
+        self._node_uid = ""
+        self._node_gone = False
+        self._desired: list[_Obj] | None = None
+        self._observed: dict[str, _Obj] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._stale = True  # observed must be (re)listed before planning
+        self._watcher: asyncio.Task[None] | None = None
+        self._dirty = asyncio.Event()
+        self._wake_discovery = asyncio.Event()
+        self._lease_recheck = True
+        self._standby = False
+        self._reported: set[str] = set()
+        # Resync bookkeeping: requested -> discovered -> reconciled.
+        self._requested = 0
+        self._desired_seq = 0
+        self._done_seq = 0
+        self._progress = asyncio.Condition()
+        # After a create with an unknown outcome: a request the server still holds is
+        # assumed dead after twice the client's timeout (it got one already).
+        self._settle = request_timeout
+        self._settle_until = 0.0
+
+    # -- public ---------------------------------------------------------------
+
+    def trigger(self) -> None:
+        """Rediscover now (SIGHUP, health events); returns at once."""
+        self._requested += 1
+        self._wake_discovery.set()
+
+    async def resync(self) -> None:
+        """Rediscover now and wait until the result has been reconciled."""
+        self.trigger()
+        target = self._requested
+        async with self._progress:
+            await self._progress.wait_for(lambda: self._done_seq >= target)
+
+    @property
+    def standby(self) -> bool:
+        """True while a newer instance for this node publishes instead of this one."""
+        return self._standby
+
+    async def run(self) -> None:
+        await self._check_api()
+        self._node_uid = await self._node_uid_or_fail()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._discovery_loop(), name="slice-discovery")
+                tasks.create_task(self._reconcile_loop(), name="slice-reconcile")
+        finally:
+            await self._stop_watch()
+            await self._release_lease()
+
+    # -- start-up checks --------------------------------------------------------
+
+    async def _retrying(self, call: Callable[[], Awaitable[_Obj]], what: str) -> _Obj:
+        backoff = Backoff(cap=self._backoff_cap)
+        while True:
+            try:
+                return await call()
+            except (RetryableError, ForbiddenError) as exc:
+                self._report(exc, what=what)
+                await asyncio.sleep(backoff.next_delay())
+
+    async def _check_api(self) -> None:
+        async def group() -> _Obj:
+            try:
+                return await self._client.request(
+                    "GET", f"/apis/{_GROUP}", verb="get", resource=f"/apis/{_GROUP}"
+                )
+            except NotFoundError:
+                return {}
+
+        found = await self._retrying(group, "API discovery")
+        versions = [v.get("version") for v in found.get("versions") or ()]
+        if "v1" not in versions:
+            served = ", ".join(f"{_GROUP}/{v}" for v in versions if v) or "none"
+            raise ApiVersionMissingError(
+                f"the API server does not serve {_GROUP}/v1 (Kubernetes 1.34 or later is "
+                f"required for DRA); it serves: {served}"
+            )
+
+    async def _node_uid_or_fail(self) -> str:
+        async def node() -> _Obj:
+            try:
+                return await self._client.request(
+                    "GET", f"/api/v1/nodes/{self._node}", verb="get", resource="nodes"
+                )
+            except NotFoundError as exc:
+                raise NodeNotFoundError(
+                    f"node {self._node!r} does not exist; --node-name (NODE_NAME) must name "
+                    "this node as the API server knows it"
+                ) from exc
+
+        found = await self._retrying(node, "read node")
+        uid: str = found["metadata"]["uid"]
+        return uid
+
+    # -- discovery ----------------------------------------------------------------
+
+    async def _discovery_loop(self) -> None:
+        from driver.resourceslice import build_resource_slices
+
+        backoff = Backoff(cap=min(self._backoff_cap, self._resync_period))
+        while True:
+            seq = self._requested
+            self._wake_discovery.clear()
+            try:
+                inventory = await self._discover()
+            except (DriverError, OSError) as exc:
+                log.warning(
+                    "discovery failed; keeping the published slices",
+                    extra=kv(
+                        node=self._node, error=str(exc), retryable=isinstance(exc, RetryableError)
+                    ),
+                )
+                await self._wait_discovery(backoff.next_delay())
+                continue
+            backoff.reset()
+            desired = build_resource_slices(
+                inventory, driver_name=self._driver, node_name=self._node
+            )
+            if desired != self._desired:
+                log.info(
+                    "discovered devices",
+                    extra=kv(node=self._node, gpus=len(inventory.gpus), slices=len(desired)),
+                )
+            self._desired = desired
+            self._desired_seq = max(self._desired_seq, seq)
+            self._lease_recheck = True
+            self._dirty.set()
+            await self._wait_discovery(self._resync_period)
+
+    async def _wait_discovery(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake_discovery.wait(), delay)
+
+    # -- reconcile ----------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        backoff = Backoff(cap=self._backoff_cap)
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            seq = self._desired_seq
+            try:
+                await self._reconcile()
+            except InvalidPoolError as exc:
+                # Upstream reports and does not retry: the next discovery brings a new pool.
+                log.error("not publishing an invalid pool", extra=kv(error=str(exc)))
+                await self._done(seq)
+            except RejectedError as exc:
+                self._stale = True
+                log.error("the API server rejected a slice", extra=kv(error=str(exc)))
+                await self._done(seq)
+            except (RetryableError, ForbiddenError, NotFoundError) as exc:
+                self._stale = True
+                self._report(exc, what="publish slices")
+                await asyncio.sleep(backoff.next_delay())
+                self._dirty.set()
+            else:
+                backoff.reset()
+                await self._done(seq)
+
+    async def _done(self, seq: int) -> None:
+        async with self._progress:
+            self._done_seq = max(self._done_seq, seq)
+            self._progress.notify_all()
+
+    async def _reconcile(self) -> None:
+        if self._stale:
+            settle = self._settle_until - asyncio.get_running_loop().time()
+            if settle > 0:
+                await asyncio.sleep(settle)
+            await self._relist()
+        if self._desired is None:
+            return
+        todo = plan(
+            self._desired,
+            list(self._observed.values()),
+            driver_name=self._driver,
+            node_name=self._node,
+            node_uid=self._node_uid,
+        )
+        if todo.writes:
+            if self._standby and not self._lease_recheck:
+                return  # a newer instance publishes; look again at the next resync
+            self._lease_recheck = False
+            if not await self._lease.ensure():
+                if not self._standby:
+                    log.info(
+                        "a newer instance publishes this node's slices; standing by",
+                        extra=kv(node=self._node, lease=self._lease.name),
+                    )
+                self._standby = True
+                self.published.set()
+                return
+            self._standby = False
+            if todo.creates and self.published.is_set():
+                todo = await self._recheck_node(todo)
+            await self._apply(todo)
+        self._reported.clear()
+        if not self.published.is_set():
+            log.info(
+                "slices published",
+                extra=kv(node=self._node, slices=len(self._desired), pools=todo.generations),
+            )
+        self.published.set()
+
+    async def _recheck_node(self, todo: Plan) -> Plan:
+        """Before re-creating slices, make sure their owner still exists.
+
+        Deleting the Node garbage-collects its slices; re-creating them would only feed
+        the garbage collector. A Node re-created under the same name gets a new UID,
+        which the new slices must own.
+        """
+        try:
+            node = await self._client.request(
+                "GET", f"/api/v1/nodes/{self._node}", verb="get", resource="nodes"
+            )
+        except NotFoundError:
+            if not self._node_gone:
+                log.warning("node deleted; not re-creating its slices", extra=kv(node=self._node))
+            self._node_gone = True
+            return Plan(todo.deletes, todo.updates, (), todo.generations)
+        self._node_gone = False
+        uid = str(node["metadata"]["uid"])
+        if uid == self._node_uid:
+            return todo
+        self._node_uid = uid
+        assert self._desired is not None
+        return plan(
+            self._desired,
+            list(self._observed.values()),
+            driver_name=self._driver,
+            node_name=self._node,
+            node_uid=uid,
+        )
+
+    async def _apply(self, todo: Plan) -> None:
+        for obj in todo.deletes:
+            meta = obj["metadata"]
+            with contextlib.suppress(NotFoundError):  # already gone: what we wanted
+                await self._client.request(
+                    "DELETE",
+                    f"{_SLICES}/{meta['name']}",
+                    verb="delete",
+                    resource=_RESOURCE,
+                    body={
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "preconditions": {
+                            "uid": meta["uid"],
+                            "resourceVersion": meta["resourceVersion"],
+                        },
+                    },
+                )
+            self._forget(meta["name"])
+        for body in todo.updates:
+            stored = await self._client.request(
+                "PUT",
+                f"{_SLICES}/{body['metadata']['name']}",
+                verb="update",
+                resource=_RESOURCE,
+                body=body,
+            )
+            self._remember(stored)
+        for body in todo.creates:
+            try:
+                stored = await self._client.request(
+                    "POST", _SLICES, verb="create", resource=_RESOURCE, body=body
+                )
+            except (UnavailableError, ServerError):
+                # It may still commit on the server; don't list (and re-create) too early.
+                self._settle_until = asyncio.get_running_loop().time() + self._settle
+                raise
+            self._remember(stored)
+        log.info(
+            "slices written",
+            extra=kv(
+                node=self._node,
+                # Not "created": LogRecord has that attribute.
+                slices_deleted=len(todo.deletes),
+                slices_updated=len(todo.updates),
+                slices_created=len(todo.creates),
+                generations=todo.generations,
+            ),
+        )
+
+    def _report(self, exc: Exception, *, what: str) -> None:
+        """One line per distinct problem, not one per retry."""
+        key = str(exc) if isinstance(exc, ForbiddenError) else type(exc).__name__ + what
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        if isinstance(exc, ForbiddenError):
+            log.error(str(exc))
+        else:
+            log.warning(f"{what} failed; retrying", extra=kv(node=self._node, error=str(exc)))
+
+    # -- observed state -----------------------------------------------------------
+
+    async def _relist(self) -> None:
+        await self._stop_watch()
+        listed = await self._client.request(
+            "GET",
+            _SLICES,
+            verb="list",
+            resource=_RESOURCE,
+            query=[("fieldSelector", self._selector)],
+        )
+        self._observed = {obj["metadata"]["name"]: obj for obj in listed.get("items") or ()}
+        self._stale = False
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        self._watcher = asyncio.create_task(self._watch(version), name="slice-watch")
+        self._watcher.add_done_callback(self._watch_ended)
+
+    def _watch_ended(self, watcher: "asyncio.Task[None]") -> None:
+        """A watcher that stops by itself (410, or a bug) leaves observed unknown: relist."""
+        if watcher.cancelled():
+            return  # stopped by us, on purpose
+        exc = watcher.exception()
+        if exc is not None:
+            log.error("slice watch failed; relisting", extra=kv(node=self._node, error=repr(exc)))
+        self._stale = True
+        self._dirty.set()
+
+    async def _stop_watch(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            # wait() rather than await: the watcher's cancellation is not ours to raise.
+            await asyncio.wait([watcher])
+
+    async def _watch(self, version: str) -> None:
+        backoff = Backoff(cap=self._backoff_cap)
+        while True:
+            # Like client-go: a random 5-10 minutes, so a fleet doesn't reconnect in step.
+            seconds = random.randint(WATCH_TIMEOUT_SECONDS, 2 * WATCH_TIMEOUT_SECONDS)
+            query = [
+                ("fieldSelector", self._selector),
+                ("resourceVersion", version),
+                ("timeoutSeconds", str(seconds)),
+            ]
+            try:
+                async for event in self._client.watch(
+                    _SLICES,
+                    resource=_RESOURCE,
+                    query=query,
+                    read_timeout=seconds + 30,
+                ):
+                    backoff.reset()
+                    obj = event.get("object") or {}
+                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                    if event.get("type") != "BOOKMARK" and self._apply_event(event["type"], obj):
+                        self._dirty.set()
+            except GoneError:
+                log.info("watch expired; relisting", extra=kv(node=self._node))
+                return
+            except (ApiError, RetryableError, ValueError) as exc:  # ValueError: bad JSON
+                self._report(exc, what="watch slices")
+                await asyncio.sleep(backoff.next_delay())
+
+    def _apply_event(self, kind: str, obj: _Obj) -> bool:
+        """Fold a watch event into ``observed``; True when it changed anything."""
+        name = obj.get("metadata", {}).get("name", "")
+        if kind == "DELETED":
+            self._forget(name)
+            return True
+        if name in self._gone:
+            return False  # an echo of something already deleted
+        cached = self._observed.get(name)
+        if cached is not None and _version(cached) >= _version(obj):
+            return False  # our own write, already cached, or older news
+        self._observed[name] = obj
+        return True
+
+    def _remember(self, obj: _Obj) -> None:
+        self._observed[obj["metadata"]["name"]] = obj
+
+    def _forget(self, name: str) -> None:
+        self._observed.pop(name, None)
+        self._gone[name] = None
+        while len(self._gone) > _TOMBSTONES:
+            self._gone.popitem(last=False)
+
+    async def _release_lease(self) -> None:
+        if not self._lease.held:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._lease.release()), 5.0)
+        except (DriverError, TimeoutError, asyncio.CancelledError) as exc:
+            log.warning("could not release the publisher lease", extra=kv(error=repr(exc)))
+
+
+def _version(obj: _Obj) -> int:
+    text = str(obj.get("metadata", {}).get("resourceVersion") or "")
+    # resourceVersions are opaque to clients, but etcd-backed ones are integers; upstream's
+    # mutation cache compares them the same way.
+    return int(text) if text.isdigit() else -1
