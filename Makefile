@@ -27,7 +27,7 @@ bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done
 
 demo: $(STAMP)
-	$(VENV)/bin/gpu-dra discover --nvml simulated --profile p5.48xlarge --node-name demo-node -o table
+	$(VENV)/bin/gpu-dra demo $(DEMO_ARGS)
 
 chart: $(STAMP)
 	$(PY) -m tests.chart_render
