@@ -23,6 +23,7 @@ import grpc
 from kubernetes.aio import client
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
+from driver import kubeclient
 from driver.controller import SliceController
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
@@ -93,7 +94,7 @@ async def run(config: NodeConfig, stop: asyncio.Event) -> int:
         log.error("cannot serve the health service", extra=kv(error=exc))
         return 2
     try:
-        api_client = await _api_client(config.kubeconfig)
+        api_client = await kubeclient.api_client(config.kubeconfig, component="kubelet-plugin")
     except Exception as exc:
         await health.stop()
         log.error("cannot configure the Kubernetes client", extra=kv(error=exc))
@@ -103,19 +104,6 @@ async def run(config: NodeConfig, stop: asyncio.Event) -> int:
     finally:
         await api_client.close()  # type: ignore[no-untyped-call]
         await health.stop()
-
-
-async def _api_client(kubeconfig: Path | None) -> client.ApiClient:
-    from kubernetes.aio import config
-
-    configuration = client.Configuration()
-    if kubeconfig is not None:
-        await config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig), client_configuration=configuration
-        )
-    else:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration)
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
-    from kubernetes.aio.client import ApiClient
+from driver import kubeclient
 
+if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
     from driver.controller import SliceController
     from driver.nvml import Nvml
 
@@ -121,7 +121,9 @@ async def _main(args: argparse.Namespace) -> int:
             # NVML calls block: keep them off the event loop.
             return await asyncio.to_thread(discover, nvml, sysfs_root=sysfs_root)
 
-        api_client = await _api_client(args.kubeconfig or os.environ.get("KUBECONFIG"))
+        api_client = await kubeclient.api_client(
+            args.kubeconfig or os.environ.get("KUBECONFIG"), component="controller"
+        )
         try:
             controller = SliceController(
                 api_client,
@@ -173,24 +175,3 @@ def _nvml(args: argparse.Namespace, node_name: str, sim_root: Path) -> tuple["Nv
 
     sysfs_root: Path = args.sysfs_root
     return load("system"), sysfs_root
-
-
-async def _api_client(kubeconfig: str | os.PathLike[str] | None) -> "ApiClient":
-    from kubernetes.aio import config
-    from kubernetes.aio.client import ApiClient, Configuration
-
-    from driver.errors import PermanentError
-
-    configuration = Configuration()
-    # The kubernetes package leaves these untyped.
-    load_kube_config = cast(Callable[..., Awaitable[None]], config.load_kube_config)
-    load_incluster_config = cast(Callable[..., None], config.load_incluster_config)
-    try:
-        if kubeconfig:
-            await load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-        else:
-            load_incluster_config(client_configuration=configuration)
-    except (config.ConfigException, OSError) as exc:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-        raise PermanentError(f"cannot load {where}: {exc}") from exc
-    return ApiClient(configuration=configuration)

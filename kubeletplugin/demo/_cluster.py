@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from driver import kubeclient
 from driver.errors import RetryableError
 from kubeletplugin.demo._nodes import NodePlugin, NodeSpec
 
@@ -14,13 +15,7 @@ _POLL_S = 0.1
 
 async def api_client(kubeconfig: Path) -> Any:
     """A ``kubernetes.aio`` client for the kubeconfig; the caller closes it."""
-    from kubernetes.aio import client, config
-
-    configuration = client.Configuration()
-    await config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig), client_configuration=configuration
-    )
-    return client.ApiClient(configuration)
+    return await kubeclient.api_client(kubeconfig, component="demo")
 
 
 def node_object(spec: NodeSpec) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""The one way this project builds a ``kubernetes.aio`` client.
+
+Every component names itself in the User-Agent, so the API server's audit log
+(and the local API server's request log, which the RBAC test reads) can tell
+the node daemon's requests from anyone else's.
+"""
+
+from collections.abc import Awaitable, Callable
+from os import PathLike
+from typing import TYPE_CHECKING, cast
+
+from driver.errors import PermanentError
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
+
+USER_AGENT_PREFIX = "gpu-dra"
+
+
+def user_agent(component: str) -> str:
+    """``gpu-dra/<version> (<component>)``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("gpu-dra-driver")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        release = "dev"
+    return f"{USER_AGENT_PREFIX}/{release} ({component})"
+
+
+async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) -> "ApiClient":
+    """A client from ``kubeconfig``, or the in-cluster service account when it is None.
+
+    Raises :class:`PermanentError` naming the source when the configuration
+    cannot be loaded: retrying the same file will not help.
+    """
+    from kubernetes.aio import config
+    from kubernetes.aio.client import ApiClient, Configuration
+
+    configuration = Configuration()
+    # The kubernetes package leaves these untyped.
+    load_kube_config = cast(Callable[..., Awaitable[None]], config.load_kube_config)
+    load_incluster_config = cast(Callable[..., None], config.load_incluster_config)
+    try:
+        if kubeconfig:
+            await load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        else:
+            load_incluster_config(client_configuration=configuration)
+    except (config.ConfigException, OSError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+        raise PermanentError(f"cannot load {where}: {exc}") from exc
+    client = ApiClient(configuration=configuration)
+    client.user_agent = user_agent(component)
+    return client
