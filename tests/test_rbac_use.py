@@ -1,0 +1,140 @@
+"""The chart's RBAC, held against use rather than against itself.
+
+The node process (``gpu-dra kubelet-plugin``, in-process here) runs through
+everything it does in a cluster's life: publish a pool, tidy an obsolete slice,
+restore a slice someone deleted, follow a GPU that disappears, fetch claims to
+prepare them, and notice a claim deleted behind its back. The local API server
+logs every request with its User-Agent; the set of (verb, group, resource) the
+node process sent must equal what the rendered ClusterRole and Role grant:
+nothing used without a grant, nothing granted without use.
+"""
+
+import asyncio
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.aio import client as kclient
+
+from driver.apiserver import LocalApiServer
+from driver.kubeclient import user_agent
+from driver.nvml.faults import write_state_file
+from kubeletplugin import node
+from kubeletplugin.kubeletsim import KubeletSim
+from tests.chart_render import rbac_grants, render
+from tests.pluginharness import NodeDirs, api_client, create_claim, create_node, wait_for
+
+NODE = "node-rbac"
+DRIVER = "gpu.nvidia.com"
+SLICES = "resource.k8s.io/resourceslices"
+
+
+@pytest.fixture
+def dirs() -> Iterator[NodeDirs]:
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="rb") as name:
+        yield NodeDirs(Path(name))
+
+
+def _node_slices(apiserver: LocalApiServer) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in apiserver.objects(SLICES)
+        if s["spec"].get("nodeName") == NODE and s["spec"]["driver"] == DRIVER
+    ]
+
+
+def _devices(apiserver: LocalApiServer) -> set[str]:
+    return {d["name"] for s in _node_slices(apiserver) for d in s["spec"].get("devices", [])}
+
+
+def _used(apiserver: LocalApiServer, agent: str) -> set[tuple[str, str, str]]:
+    """(verb, group, resource) of the node process's resource requests; discovery excluded."""
+    used = set()
+    for record in apiserver.requests:
+        if record.user_agent != agent or record.resource.startswith("/"):
+            continue
+        head, _, rest = record.resource.partition("/")
+        group, resource = (head, rest) if "." in head else ("", record.resource)
+        used.add((record.verb, group, resource))
+    return used
+
+
+async def test_node_process_uses_exactly_what_the_chart_grants(
+    apiserver: LocalApiServer, dirs: NodeDirs
+) -> None:
+    kubeconfig = dirs.root / "kubeconfig"
+    apiserver.write_kubeconfig(kubeconfig)
+    state_file = dirs.root / "sim-state.yaml"
+    write_state_file(state_file, {})
+    api = await api_client(kubeconfig)
+    await create_node(api, NODE)
+    # A slice an older release left under a name the controller does not recognise: obsolete.
+    apiserver.put(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{NODE}-legacy"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": NODE,
+                "pool": {"name": NODE, "generation": 0, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0"}],
+            },
+        }
+    )
+    claim = await create_claim(api, "train", node=NODE, devices=["gpu-0"])
+    config = node.NodeConfig(
+        node_name=NODE,
+        kubeconfig=kubeconfig,
+        registrar_dir=dirs.registry,
+        plugins_dir=dirs.plugins,
+        cdi_root=dirs.cdi,
+        container_driver_root=dirs.root / "driver-root",
+        nvml="simulated",
+        profile="p5.48xlarge",
+        sim_state=state_file,
+        healthcheck_port=0,
+        slice_resync_period=0.2,
+        reconcile_period=0.2,
+        retry_period=0.2,
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(node.run(config, stop))
+    try:
+        full = {f"gpu-{i}" for i in range(8)}
+        await wait_for(lambda: _devices(apiserver) == full, "the pool published")
+        await wait_for(lambda: len(_node_slices(apiserver)) == 1, "the legacy slice deleted")
+
+        # The kubelet wipes a driver's slices when it restarts: they come back.
+        (published,) = _node_slices(apiserver)
+        apiserver.delete(SLICES, published["metadata"]["name"], None)
+        await wait_for(lambda: _devices(apiserver) == full, "the pool restored")
+
+        # A GPU falls off the bus: the slice is updated in place.
+        write_state_file(state_file, {"removedGpus": [7]})
+        await wait_for(lambda: _devices(apiserver) == full - {"gpu-7"}, "gpu-7 unpublished")
+
+        # The kubelet prepares a claim (the plugin fetches it) ...
+        await wait_for(dirs.paths().registration.is_socket, "registration socket")
+        async with await KubeletSim.register(dirs.paths().registration) as kubelet:
+            response = await kubelet.prepare([claim])
+            assert response.claims[claim.uid].error == ""
+        assert len(list(dirs.cdi.iterdir())) == 1
+        # ... whose ResourceClaim is then deleted without an unprepare: the reconciler
+        # sees the 404 and cleans up.
+        claims: Any = kclient.ResourceV1Api(api)
+        await claims.delete_namespaced_resource_claim("train", "default")
+        await wait_for(lambda: not list(dirs.cdi.iterdir()), "the orphaned claim unprepared")
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0
+        await api.close()
+
+    objects = render()
+    granted = rbac_grants(objects, "ClusterRole") | rbac_grants(objects, "Role")
+    used = _used(apiserver, user_agent("kubelet-plugin"))
+    assert used, "no request carried the node process's User-Agent"
+    assert used - granted == set(), "used without a grant"
+    assert granted - used == set(), "granted without use"
