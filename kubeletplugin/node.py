@@ -13,7 +13,6 @@ instance.
 import asyncio
 import contextlib
 import logging
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +126,9 @@ class _Node:
         self._api = api_client
         self._servers: list[SocketServer] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._sim_root: tempfile.TemporaryDirectory[str] | None = None
+        # Owns the NVML backend (a simulated node's sysfs tree) for the process's life.
+        self._exit_stack = contextlib.ExitStack()
+        self._backend: tuple[Nvml, Path] | None = None
         self._discover: Callable[[], Awaitable[Inventory]] | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
@@ -202,17 +203,13 @@ class _Node:
         from driver import nvml
 
         cfg = self._config
-        if cfg.nvml != "simulated":
-            return nvml.load("system"), nvml.HOST_SYSFS_ROOT
-        from driver.nvml.simulated import SimulatedNode
-
-        # A simulated node brings its own sysfs tree; it lives as long as the process.
-        if self._sim_root is None:
-            self._sim_root = tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-")
-        node = SimulatedNode(
-            cfg.profile or "", cfg.node_name, Path(self._sim_root.name), state_file=cfg.sim_state
-        )
-        return node.nvml, node.sysfs_root
+        if self._backend is None:  # setup retries reuse the backend
+            self._backend = self._exit_stack.enter_context(
+                nvml.backend(
+                    cfg.nvml, profile=cfg.profile, node_name=cfg.node_name, state_file=cfg.sim_state
+                )
+            )
+        return self._backend
 
     async def _serve(self, state: DeviceState) -> None:
         cfg = self._config
@@ -268,5 +265,4 @@ class _Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._sim_root is not None:
-            await asyncio.to_thread(self._sim_root.cleanup)
+        await asyncio.to_thread(self._exit_stack.close)

@@ -16,7 +16,6 @@ from driver import kubeclient
 
 if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
     from driver.controller import SliceController
-    from driver.nvml import Nvml
 
 EXIT_PERMANENT = 1
 
@@ -104,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace) -> int:
     import asyncio
-    import tempfile
 
+    from driver import nvml
     from driver.controller import SliceController
     from driver.discovery import discover
     from driver.errors import PermanentError
@@ -114,12 +113,17 @@ async def _main(args: argparse.Namespace) -> int:
     node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
     if args.resync_period <= 0:
         raise PermanentError("--resync-period must be a positive number of seconds")
-    with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as sim_root:
-        nvml, sysfs_root = _nvml(args, node_name, Path(sim_root))
+    with nvml.backend(
+        args.nvml,
+        profile=args.profile,
+        node_name=node_name,
+        state_file=args.sim_state,
+        sysfs_root=args.sysfs_root,
+    ) as (backend, sysfs_root):
 
         async def discover_now() -> Inventory:
             # NVML calls block: keep them off the event loop.
-            return await asyncio.to_thread(discover, nvml, sysfs_root=sysfs_root)
+            return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
 
         api_client = await kubeclient.api_client(
             args.kubeconfig or os.environ.get("KUBECONFIG"), component="controller"
@@ -159,19 +163,3 @@ async def _run_until_signal(controller: "SliceController") -> None:
     finally:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-
-
-def _nvml(args: argparse.Namespace, node_name: str, sim_root: Path) -> tuple["Nvml", Path]:
-    from driver.errors import PermanentError
-
-    if args.nvml == "simulated":
-        if not args.profile:
-            raise PermanentError("--nvml simulated needs --profile NAME")
-        from driver.nvml.simulated import SimulatedNode
-
-        node = SimulatedNode(args.profile, node_name, sim_root, state_file=args.sim_state)
-        return node.nvml, node.sysfs_root
-    from driver.nvml import load
-
-    sysfs_root: Path = args.sysfs_root
-    return load("system"), sysfs_root

@@ -78,8 +78,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    import tempfile
-
+    from driver import nvml
     from driver.discovery import discover
 
     if args.list_profiles:
@@ -90,18 +89,14 @@ def run(args: argparse.Namespace) -> int:
     # The kubelet names its node after the lowercased host name.
     node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
     try:
-        if args.nvml == "simulated":
-            if not args.profile:
-                raise PermanentError("--nvml simulated needs --profile NAME (see --list-profiles)")
-            from driver.nvml.simulated import SimulatedNode
-
-            with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as root:
-                node = SimulatedNode(args.profile, node_name, Path(root), state_file=args.sim_state)
-                inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
-        else:
-            from driver.nvml import load
-
-            inventory = discover(load("system"), sysfs_root=args.sysfs_root)
+        with nvml.backend(
+            args.nvml,
+            profile=args.profile,
+            node_name=node_name,
+            state_file=args.sim_state,
+            sysfs_root=args.sysfs_root,
+        ) as (backend, sysfs_root):
+            inventory = discover(backend, sysfs_root=sysfs_root)
     except RetryableError as exc:
         print(f"gpu-dra discover: {exc}", file=sys.stderr)
         return EXIT_RETRYABLE

@@ -10,8 +10,13 @@ nodes write theirs under a temporary directory, see
 :class:`driver.nvml.simulated.SimulatedNode`.
 """
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+
+from driver.errors import PermanentError
 
 if TYPE_CHECKING:
     from driver.nvml.simulated import SimulatedNvml
@@ -64,6 +69,37 @@ def load(
     if kind == "simulated":
         return _simulated(profile, node_name=node_name, state_file=state_file)
     raise ValueError(f"unknown NVML kind {kind!r}: expected 'system' or 'simulated'")
+
+
+@contextmanager
+def backend(
+    kind: str,
+    *,
+    profile: str | Path | None = None,
+    node_name: str = "node",
+    state_file: Path | None = None,
+    sysfs_root: SysfsRoot = HOST_SYSFS_ROOT,
+) -> Iterator[tuple[Nvml, SysfsRoot]]:
+    """The NVML and sysfs root discovery reads, for as long as the block runs.
+
+    ``"system"`` is the host's NVML over ``sysfs_root``. ``"simulated"`` brings
+    its own generated sysfs tree in a temporary directory, removed on exit.
+    Raises :class:`PermanentError` for a simulated backend without a profile.
+    """
+    if kind == "system":
+        yield load("system"), sysfs_root
+        return
+    if kind != "simulated":
+        raise PermanentError(f"unknown NVML backend {kind!r}: expected 'system' or 'simulated'")
+    if not profile:
+        raise PermanentError(
+            "--nvml simulated needs --profile NAME (gpu-dra discover --list-profiles)"
+        )
+    from driver.nvml.simulated import SimulatedNode
+
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as root:
+        node = SimulatedNode(profile, node_name, Path(root), state_file=state_file)
+        yield node.nvml, node.sysfs_root
 
 
 def _simulated(
