@@ -112,6 +112,32 @@ def test_table_shows_devices_and_grouped_reasons(
     assert "lack attribute gpu.nvidia.com/nvlinkDomain" in out
 
 
+def test_claim_file_with_its_pods_explains_the_claim(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shipped examples keep the Pod beside its claim; explain takes them as they are."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": "ml"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    claim = write(tmp_path / "with-pod.yaml", TP4, pod)
+    code, out, err = run(
+        [
+            "-f",
+            str(claim),
+            "--slices",
+            str(files["slices"]),
+            "--deviceclass",
+            str(files["classes"]),
+        ],
+        capsys,
+    )
+    assert (code, err) == (0, "")
+    assert "ResourceClaimTemplate ml/tp4: allocatable on 1 of 2 node(s)" in out
+
+
 def test_json_is_the_documented_shape_and_exit_1_when_nowhere(
     files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -71,6 +71,10 @@ exit status:
 """
 
 
+# Kinds a claim file may carry beside the claim (the pods that use it); never explained.
+_WORKLOADS = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
+
+
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "explain",
@@ -208,7 +212,10 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                 _class_table(listing, out)
         return 0 if any(d.selected for x in listings for d in x.devices) else 1
 
-    objects = of_kinds(load_file(args.filename), (CLAIM, TEMPLATE, CLASS), str(args.filename))
+    # Examples keep the workload beside its claim: the claim is what is explained.
+    objects = of_kinds(
+        load_file(args.filename), (CLAIM, TEMPLATE, CLASS), str(args.filename), skip=_WORKLOADS
+    )
     claims = [o for o in objects if o.get("kind") in (CLAIM, TEMPLATE)]
     if len(claims) != 1:
         raise InputError(
