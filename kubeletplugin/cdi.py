@@ -144,9 +144,13 @@ def write_spec(cdi_root: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
     record of what was prepared, and a spec lost with an unsynced rename is found
     missing and rewritten on the next prepare.
     """
-    cdi_root.mkdir(parents=True, exist_ok=True)
     path = spec_path(cdi_root, claim_uid)
-    write_atomic(path, json.dumps(spec, indent=1).encode() + b"\n", fsync_dir=False)
+    content = json.dumps(spec, indent=1).encode() + b"\n"
+    try:
+        write_atomic(path, content, fsync_dir=False)
+    except FileNotFoundError:  # someone removed the CDI root: make it again, once
+        cdi_root.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, content, fsync_dir=False)
     return path
 
 

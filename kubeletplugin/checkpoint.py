@@ -2,12 +2,14 @@
 
 Two halves. The format (pure): records, ``encode``/``decode``, a checksum over the
 canonical JSON of the data, readers for older versions. The store (I/O): atomic
-writes (temp file, fsync, rename, fsync of the directory), a cross-process
-``flock`` so that two plugin pods serving one node during a surge upgrade never
-interleave a read-modify-write, and group commit: every update re-reads the file
-under the lock, concurrent updates share one write and one fsync.
+writes (temp file, fsync, rename; then an fsync of the directory where the caller
+needs the change durable before it goes on), a cross-process ``flock`` so that two
+plugin pods serving one node during a surge upgrade never interleave a
+read-modify-write, and group commit: every update re-reads the file under the
+lock (parsing it again only when its bytes differ from what this store last read
+or wrote), and concurrent updates share one write and its fsyncs.
 
-File format, version 2::
+File format, version 2 (written as compact canonical JSON, keys sorted)::
 
     {"kind": "GpuDraCheckpoint", "version": 2, "checksum": "sha256:<hex>",
      "data": {"nodeBootID": "...",
@@ -132,8 +134,12 @@ def encode(checkpoint: Checkpoint) -> bytes:
             for uid, claim in checkpoint.claims.items()
         },
     }
-    document = {"kind": KIND, "version": VERSION, "checksum": _checksum(data), "data": data}
-    return json.dumps(document, indent=1, sort_keys=True).encode() + b"\n"
+    # The document is the canonical JSON of {checksum, data, kind, version}; built around
+    # the canonical data so that it is serialized once, not twice (checksum, then file).
+    canonical = _canonical(data)
+    checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
+    head = f'{{"checksum":"{checksum}","data":'.encode()
+    return head + canonical + f',"kind":"{KIND}","version":{VERSION}}}\n'.encode()
 
 
 def _str(obj: Mapping[str, Any], key: str, *, default: str | None = None) -> str:
@@ -273,10 +279,23 @@ def write_atomic(path: Path, content: bytes, *, fsync_dir: bool) -> None:
             os.close(dir_fd)
 
 
+Apply = Callable[[Checkpoint], tuple[Checkpoint, T]]
+
+
 @dataclass
 class _Pending(Generic[T]):
-    apply: Callable[[Checkpoint], tuple[Checkpoint, T]]
+    apply: Apply[T]
     future: "asyncio.Future[T]"
+    durable: bool
+    before: Callable[[], object] | None
+    after: Callable[[T], Apply[T] | None] | None
+
+
+def _attempt(call: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    try:
+        return True, call(*args)
+    except Exception as exc:
+        return False, exc
 
 
 class CheckpointStore:
@@ -299,6 +318,9 @@ class CheckpointStore:
         self._on_corrupt = on_corrupt
         self._queue: list[_Pending[Any]] = []
         self._flusher: asyncio.Task[None] | None = None
+        # The file's bytes as we last read or wrote them, and what they decode to: under
+        # the lock, unchanged bytes (no other writer since) need no re-parse.
+        self._known: tuple[bytes, Checkpoint] | None = None
 
     # -- sync parts (worker threads) --
 
@@ -318,7 +340,12 @@ class CheckpointStore:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
-        return decode(raw, path=self.path)
+        known = self._known
+        if known is not None and known[0] == raw:
+            return known[1]
+        checkpoint = decode(raw, path=self.path)
+        self._known = (raw, checkpoint)
+        return checkpoint
 
     def load(self) -> Checkpoint:
         """Like ``read`` but an absent or corrupt file yields a usable state."""
@@ -329,8 +356,13 @@ class CheckpointStore:
             self.write(checkpoint)
         return checkpoint if checkpoint is not None else Checkpoint(boot_id=self._boot_id)
 
-    def write(self, checkpoint: Checkpoint) -> None:
-        write_atomic(self.path, encode(checkpoint), fsync_dir=True)
+    def write(self, checkpoint: Checkpoint, *, durable: bool = True) -> None:
+        """Atomic always; ``durable`` also fsyncs the directory, so the new content
+        survives a power loss too, before this returns."""
+        raw = encode(checkpoint)
+        self._known = None  # the rename may fail half-way: re-read next time
+        write_atomic(self.path, raw, fsync_dir=durable)
+        self._known = (raw, checkpoint)
 
     def move_aside(self) -> Path:
         target = self.path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -342,32 +374,83 @@ class CheckpointStore:
         return target
 
     def _transact(self, batch: list[_Pending[Any]]) -> list[tuple[bool, Any]]:
+        # One caller's failure (in before, apply or after) must not fail the batch.
+        outcomes: list[tuple[bool, Any]] = [(True, None)] * len(batch)
         with self.locked():
-            original = current = self.load()
-            outcomes: list[tuple[bool, Any]] = []
-            for pending in batch:
-                try:
-                    current, result = pending.apply(current)
-                except Exception as exc:  # one caller's refusal must not fail the batch
-                    outcomes.append((False, exc))
-                else:
-                    outcomes.append((True, result))
-            if current is not original:
-                self.write(current)
-            return outcomes
+            for i, pending in enumerate(batch):
+                if pending.before is not None:
+                    outcomes[i] = _attempt(pending.before)
+            current = self.load()
+            first = {i: (p.apply, p.durable) for i, p in enumerate(batch) if outcomes[i][0]}
+            current = self._apply_all(current, first, outcomes)
+            second: dict[int, tuple[Apply[Any], bool]] = {}
+            for i in first:
+                after = batch[i].after
+                if after is None or not outcomes[i][0]:
+                    continue
+                ok, follow = _attempt(after, outcomes[i][1])
+                if not ok:
+                    outcomes[i] = (False, follow)
+                elif follow is not None:
+                    second[i] = (follow, False)
+            self._apply_all(current, second, outcomes)
+        return outcomes
+
+    def _apply_all(
+        self,
+        current: Checkpoint,
+        applies: Mapping[int, tuple[Apply[Any], bool]],
+        outcomes: list[tuple[bool, Any]],
+    ) -> Checkpoint:
+        """One round of a batch: every apply in turn, then one write for them all."""
+        original, durable = current, False
+        for i, (apply, wants_durable) in applies.items():
+            ok, value = _attempt(apply, current)
+            if not ok:
+                outcomes[i] = (False, value)
+                continue
+            changed, result = value
+            durable = durable or (wants_durable and changed is not current)
+            current = changed
+            outcomes[i] = (True, result)
+        if current is not original:
+            self.write(current, durable=durable)
+        return current
 
     # -- async API --
 
-    async def update(self, apply: Callable[[Checkpoint], tuple[Checkpoint, T]]) -> T:
+    async def update(
+        self,
+        apply: Apply[T],
+        *,
+        durable: bool = True,
+        before: Callable[[], object] | None = None,
+        after: Callable[[T], Apply[T] | None] | None = None,
+    ) -> T:
         """Apply ``apply`` to the state re-read from disk and persist its result.
 
         ``apply`` is pure: it returns the new checkpoint (the same object when it changed
         nothing, which skips the write) and a value handed back to the caller; an
         exception it raises reaches the caller and leaves the file untouched by it.
         Cancelling the caller does not cancel the write: it is either done or not begun.
+
+        The write is always atomic and visible to every process once this returns.
+        ``durable=False`` leaves out the directory fsync: the change then survives a
+        crash of any process but maybe not a power loss, which a caller may accept
+        when a reboot makes the change moot anyway (the boot ID drops every claim).
+
+        ``before`` and ``after`` are blocking side effects on other node state (CDI
+        specs) that must be ordered with this change: run in the worker thread under
+        the lock, ``before`` ahead of reading the file, ``after`` (given ``apply``'s
+        value) once the new content is written, so no extra thread hop is spent on
+        them. An exception in ``before`` skips ``apply``; one in ``after`` reaches the
+        caller with the change already written, for the caller to undo. ``after`` may
+        return a second apply, for the outcome of its side effect: it runs on the state
+        as it then is and is written (not durably, group-committed with the batch's
+        other second applies) before the caller gets its value instead of the first's.
         """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(apply, future))
+        self._queue.append(_Pending(apply, future, durable, before, after))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         try:

@@ -6,18 +6,21 @@ the allocation results whose driver is ours and whose pool is this node's, each 
 the opaque config that applies to it.
 """
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
 
 from api.config import ConfigError, GpuConfig, decode_gpu_config, validate_gpu_config
 from driver.errors import PermanentError, RetryableError
 
 _FETCH_TIMEOUT_S = 20.0
+_CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,53 +61,81 @@ class ClaimPlan:
     devices: tuple[PlannedDevice, ...]
 
 
-def _claim_not_found(exc: ApiException, ref: ClaimRef) -> bool:
+def _claim_not_found(status: int, body: bytes, ref: ClaimRef) -> bool:
     """A 404 about this claim, not one about the API path.
 
     A cluster that does not serve resource.k8s.io/v1 (or a proxy in the way) also answers
     404; taking that for "every claim is gone" would unprepare the whole node.
     """
-    if exc.status != 404:
+    if status != 404:
         return False
     try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
+        status_obj = json.loads(body)
+    except ValueError:
         return False
-    details = body.get("details") if isinstance(body, dict) else None
+    details = status_obj.get("details") if isinstance(status_obj, dict) else None
     return (
         isinstance(details, dict)
-        and body.get("reason") == "NotFound"
+        and status_obj.get("reason") == "NotFound"
         and details.get("name") == ref.name
         and details.get("kind") in ("resourceclaims", "ResourceClaim")
     )
 
 
-async def fetch_claim(resource_api: Any, ref: ClaimRef) -> dict[str, Any]:
-    """The claim in wire form (camelCase dict). ``resource_api``: a ``ResourceV1Api``."""
+async def _get_claim(api_client: ApiClient, ref: ClaimRef) -> tuple[int, str, bytes]:
+    """GET the claim: (status, reason, body). Raises on no answer.
+
+    Through the ``ApiClient`` (server, TLS, token) but not its typed models: decoding
+    a ResourceClaim into them costs more CPU than the rest of a prepare, and we want
+    the wire-form dict anyway.
+    """
+    params = await api_client.param_serialize(
+        method="GET",
+        resource_path=_CLAIM_PATH,
+        path_params={"namespace": ref.namespace, "name": ref.name},
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+    )
     try:
-        claim = await resource_api.read_namespaced_resource_claim(
-            ref.name, ref.namespace, _request_timeout=_FETCH_TIMEOUT_S
-        )
-    except ApiException as exc:
-        error = ClaimError if _claim_not_found(exc, ref) else ClaimFetchError
-        raise error(f"retrieve claim {ref}: {exc.status} {exc.reason}") from exc
+        response = await api_client.call_api(*params, _request_timeout=_FETCH_TIMEOUT_S)
+    except ApiException as exc:  # the client's own retries (Retry-After) gave up
+        body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
+        return int(exc.status or 0), str(exc.reason), body
+    data: bytes = await response.response.read()  # read() hands the connection back
+    return int(response.status), str(response.reason), data
+
+
+async def fetch_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
+    """The claim in wire form (camelCase dict)."""
+    try:
+        status, reason, body = await _get_claim(api_client, ref)
     except (TimeoutError, OSError, aiohttp.ClientError) as exc:
         raise ClaimFetchError(f"retrieve claim {ref}: {exc!r}") from exc
-    data: dict[str, Any] = resource_api.api_client.sanitize_for_serialization(claim)
-    return data
+    if status != 200:
+        error = ClaimError if _claim_not_found(status, body, ref) else ClaimFetchError
+        raise error(f"retrieve claim {ref}: {status} {reason}")
+    try:
+        claim = json.loads(body)
+    except ValueError as exc:
+        raise ClaimFetchError(f"retrieve claim {ref}: the answer is not JSON: {exc}") from exc
+    if not isinstance(claim, dict):
+        raise ClaimFetchError(f"retrieve claim {ref}: the answer is not a JSON object")
+    return claim
 
 
-async def claim_is_gone(resource_api: Any, ref: ClaimRef) -> bool | None:
+async def claim_is_gone(api_client: ApiClient, ref: ClaimRef) -> bool | None:
     """True only on proof (404, or the name now holds another UID); None when unknown."""
     try:
-        claim = await resource_api.read_namespaced_resource_claim(
-            ref.name, ref.namespace, _request_timeout=_FETCH_TIMEOUT_S
-        )
-    except ApiException as exc:
-        return True if _claim_not_found(exc, ref) else None
+        status, _, body = await _get_claim(api_client, ref)
     except (TimeoutError, OSError, aiohttp.ClientError):
         return None
-    return bool(claim.metadata.uid != ref.uid)
+    if status != 200:
+        return True if _claim_not_found(status, body, ref) else None
+    try:
+        uid = json.loads(body)["metadata"]["uid"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return bool(uid != ref.uid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +169,12 @@ def _configs(allocation: Mapping[str, Any], driver_name: str) -> list[_Config]:
     return out
 
 
+@functools.cache
+def _default_config() -> GpuConfig:
+    # One shared instance: building it runs pydantic validation, on every device otherwise.
+    return GpuConfig.default()
+
+
 def _config_for(request: str, configs: Sequence[_Config]) -> GpuConfig:
     """The last matching config wins; it is validated, the ones it overrides are not."""
     base = request.split("/", 1)[0]
@@ -146,7 +183,7 @@ def _config_for(request: str, configs: Sequence[_Config]) -> GpuConfig:
         if not entry.requests or request in entry.requests or base in entry.requests:
             chosen = entry
     if chosen is None:
-        return GpuConfig.default()
+        return _default_config()
     return validate_gpu_config(chosen.config, source=chosen.source)
 
 

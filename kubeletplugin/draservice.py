@@ -70,6 +70,8 @@ def _device(result: PreparedDevice) -> v1.Device:
 
 def _log_claim(verb: str, claim: ClaimRef, error: str, **fields: object) -> None:
     # The claim state logs the decisions; this records what went back on the wire.
+    if not log.isEnabledFor(logging.DEBUG):  # skip building the record on every call
+        return
     extra = kv(claim_uid=claim.uid, claim_namespace=claim.namespace, claim_name=claim.name)
     log.debug(f"{verb} answered", extra={**extra, "error": error, **fields})
 

@@ -7,6 +7,22 @@ an entry, except after a crash between those steps, which recovery cleans up. Ev
 read-modify-write re-reads the file under a cross-process lock, so two plugin pods
 serving the node during a surge upgrade never hand out one device twice.
 
+Durability, per prepare + unprepare: four atomic writes (temp, fsync, rename), and one
+directory fsync, five fsyncs in all. Only PrepareStarted is made durable (file and
+directory fsynced) before the next step, because it must be on disk before the CDI
+spec it accounts for can be. The CDI spec, PrepareCompleted and the unprepare's write
+are atomic (so no reader, nor a reboot, ever sees half a file) but not waited on to
+be durable: a crash of the process keeps them (they are in the page cache), and what
+would lose them, a power loss, also changes the boot ID, which drops every claim of
+the previous boot; the kubelet prepares them again. Without a boot ID the worst case
+is a claim unprepared just before a power loss that holds its devices until the
+reconciler sees the claim gone.
+
+The blocking work runs in worker threads, under the lock, through the checkpoint
+store's group commit, one thread hop per call: prepare writes PrepareStarted, then
+the CDI spec, then PrepareCompleted; unprepare removes the spec, then the entry.
+Claims prepared at the same time share their checkpoint writes.
+
 Each claim is handled in its own task: calls for one claim are serialized, distinct
 claims run in parallel, and a call the kubelet gives up on (45 s timeout) finishes in
 the background, so what it leaves on disk is always a whole step, never half of one.
@@ -20,13 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from kubernetes.aio import client as k8s_client
+from kubernetes.aio.client import ApiClient
 
 from driver.errors import DriverError, PermanentError, RetryableError
 from driver.inventory import Gpu, Inventory
 from driver.logs import kv
 from kubeletplugin import cdi, containertoolkit
 from kubeletplugin.checkpoint import (
+    Apply,
     Checkpoint,
     CheckpointStore,
     ClaimRecord,
@@ -58,6 +75,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _GONE_CHECKS_IN_FLIGHT = 8
+
+# A prepare step's outcome ("started", "restarted" or "completed") and the claim's entry.
+_Step = tuple[str, ClaimRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +145,14 @@ class DeviceState:
     def __init__(
         self,
         config: StateConfig,
-        resource_api: Any,
+        api_client: ApiClient,
         inventory: Inventory,
         *,
         boot_id: str,
         base_edits: Mapping[str, Any],
     ) -> None:
         self._config = config
-        self._api = resource_api
+        self._api = api_client
         self._gpus = inventory.by_device_name()
         self._pool = config.pool_name or config.node_name
         self._boot_id = boot_id
@@ -145,7 +165,7 @@ class DeviceState:
 
     @classmethod
     async def open(
-        cls, config: StateConfig, api_client: k8s_client.ApiClient, inventory: Inventory
+        cls, config: StateConfig, api_client: ApiClient, inventory: Inventory
     ) -> "DeviceState":
         """Check the node's state is ours, recover it, and get ready to serve.
 
@@ -163,7 +183,7 @@ class DeviceState:
         await asyncio.to_thread(config.cdi_root.mkdir, parents=True, exist_ok=True)
         state = cls(
             config,
-            k8s_client.ResourceV1Api(api_client),
+            api_client,
             inventory,
             boot_id=boot_id,
             base_edits=base_edits,
@@ -255,24 +275,46 @@ class DeviceState:
     async def _prepare_locked(self, ref: ClaimRef) -> ClaimRecord:
         claim = await fetch_claim(self._api, ref)
         plan = plan_claim(claim, ref, driver_name=self._config.driver_name, pool_name=self._pool)
-        outcome, record = await self._store.update(lambda cp: self._reserve(cp, plan))
+        reserved: list[ClaimRecord] = []
+        spec_error: list[Exception] = []
+
+        def write_spec(step: _Step) -> Apply[_Step] | None:
+            # In the store's worker thread, under the lock, once PrepareStarted is durable
+            # (the spec must never be on disk without its entry). What it returns is
+            # written next, group-committed with other claims' completions.
+            outcome, record = step
+            if outcome == "completed":
+                return None
+            reserved.append(record)
+            crashpoint("after-prepare-started")
+            try:
+                # A claim with nothing on this node gets no spec (CDI wants a device).
+                if record.devices:
+                    spec = cdi.build_claim_spec(record, self._gpus, self._base_edits)
+                    cdi.write_spec(self._config.cdi_root, ref.uid, spec)
+            except Exception as exc:  # e.g. disk full: the reservation goes right away
+                spec_error.append(exc)
+                return lambda cp: (self._drop_started(cp, record.uid), step)
+            crashpoint("after-cdi-write")
+            return lambda cp: self._complete(cp, step)
+
+        try:
+            outcome, record = await self._store.update(
+                lambda cp: self._reserve(cp, plan), after=write_spec
+            )
+        except Exception:
+            # Not on cancellation: the store's worker finishes the steps regardless.
+            if reserved:  # the spec may be on disk without a completed entry
+                await self._roll_back(reserved[0])
+            raise
+        if spec_error:
+            raise spec_error[0]
         if outcome == "completed":
             await self._check_completed(record)
             log.info("claim already prepared", extra=_claim_kv(ref))
             return record
         if outcome == "restarted":
-            log.warning("rolling back an interrupted prepare", extra=_claim_kv(ref))
-        crashpoint("after-prepare-started")
-        try:
-            # A claim with nothing on this node gets no spec (CDI wants at least one device).
-            if record.devices:
-                spec = cdi.build_claim_spec(record, self._gpus, self._base_edits)
-                await asyncio.to_thread(cdi.write_spec, self._config.cdi_root, ref.uid, spec)
-            crashpoint("after-cdi-write")
-            record = await self._store.update(lambda cp: self._complete(cp, record))
-        except BaseException:
-            await self._roll_back(record)
-            raise
+            log.warning("rolled back an interrupted prepare", extra=_claim_kv(ref))
         crashpoint("after-prepare-completed")
         log.info(
             "prepared claim",
@@ -280,9 +322,7 @@ class DeviceState:
         )
         return record
 
-    def _reserve(
-        self, checkpoint: Checkpoint, plan: ClaimPlan
-    ) -> tuple[Checkpoint, tuple[str, ClaimRecord]]:
+    def _reserve(self, checkpoint: Checkpoint, plan: ClaimPlan) -> tuple[Checkpoint, _Step]:
         """Pure check-and-reserve, applied to the state as re-read under the lock."""
         ref = plan.ref
         existing = checkpoint.claims.get(ref.uid)
@@ -332,7 +372,8 @@ class DeviceState:
                     )
 
     @staticmethod
-    def _complete(checkpoint: Checkpoint, record: ClaimRecord) -> tuple[Checkpoint, ClaimRecord]:
+    def _complete(checkpoint: Checkpoint, step: _Step) -> tuple[Checkpoint, _Step]:
+        outcome, record = step
         current = checkpoint.claims.get(record.uid)
         if current is None or current.devices != record.devices:
             raise RetryableError(
@@ -345,7 +386,14 @@ class DeviceState:
             state=ClaimState.PREPARE_COMPLETED,
             devices=record.devices,
         )
-        return checkpoint.with_claim(done), done
+        return checkpoint.with_claim(done), (outcome, done)
+
+    @staticmethod
+    def _drop_started(checkpoint: Checkpoint, uid: str) -> Checkpoint:
+        current = checkpoint.claims.get(uid)
+        if current is not None and current.state is ClaimState.PREPARE_STARTED:
+            return checkpoint.without_claim(uid)
+        return checkpoint
 
     async def _check_completed(self, record: ClaimRecord) -> None:
         """Before answering from the checkpoint: same GPUs, spec still in place."""
@@ -367,26 +415,25 @@ class DeviceState:
             await asyncio.to_thread(cdi.write_spec, self._config.cdi_root, record.uid, spec)
 
     async def _roll_back(self, record: ClaimRecord) -> None:
-        def drop(cp: Checkpoint) -> tuple[Checkpoint, None]:
-            current = cp.claims.get(record.uid)
-            if current is not None and current.state is ClaimState.PREPARE_STARTED:
-                return cp.without_claim(record.uid), None
-            return cp, None
-
         try:
-            await asyncio.to_thread(cdi.remove_spec, self._config.cdi_root, record.uid)
-            await self._store.update(drop)
+            await self._store.update(
+                lambda cp: (self._drop_started(cp, record.uid), None),
+                durable=False,
+                before=lambda: cdi.remove_spec(self._config.cdi_root, record.uid),
+            )
         except Exception:  # the entry stays PrepareStarted; the next prepare rolls it back
             log.exception("rollback of a failed prepare failed", extra=_claim_kv(record))
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         async with self._claim_lock(ref.uid):
+            removed: list[bool] = []
             try:
                 # Spec first, entry second: a crash in between leaves an entry without a
                 # spec (harmless, the kubelet retries), never a spec nobody accounts for.
-                removed = await asyncio.to_thread(cdi.remove_spec, self._config.cdi_root, ref.uid)
                 known = await self._store.update(
-                    lambda cp: (cp.without_claim(ref.uid), ref.uid in cp.claims)
+                    lambda cp: (cp.without_claim(ref.uid), ref.uid in cp.claims),
+                    durable=False,
+                    before=lambda: removed.append(cdi.remove_spec(self._config.cdi_root, ref.uid)),
                 )
             except DriverError as exc:
                 log.warning("unprepare failed", extra={**_claim_kv(ref), "error": str(exc)})
@@ -399,7 +446,7 @@ class DeviceState:
             except Exception as exc:
                 log.exception("unprepare failed unexpectedly", extra=_claim_kv(ref))
                 return f"internal error unpreparing claim {ref}: {exc!r}"
-        if known or removed:
+        if known or any(removed):
             log.info("unprepared claim", extra=_claim_kv(ref))
         else:
             log.info("unprepare of a claim not prepared here: nothing to do", extra=_claim_kv(ref))
