@@ -61,6 +61,23 @@ async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) 
     return client
 
 
+async def client_from_kubeconfig(config_file: str | None) -> "ApiClient":
+    """``kubernetes.aio.config.new_client_from_config``, which the package leaves untyped.
+
+    Raises what it raises (``config.ConfigException``, ``OSError``) unchanged.
+    """
+    from kubernetes.aio import config
+
+    new_client = cast(Callable[..., Awaitable["ApiClient"]], config.new_client_from_config)
+    return await new_client(config_file=config_file)
+
+
+async def close(client: "ApiClient") -> None:
+    """``ApiClient.close``, which the kubernetes package leaves untyped."""
+    close_client = cast(Callable[[], Awaitable[None]], client.close)
+    await close_client()
+
+
 def _env_proxy(url: str) -> str | None:
     """HTTPS_PROXY / HTTP_PROXY for ``url`` unless NO_PROXY exempts its host."""
     from urllib.parse import urlsplit

@@ -101,7 +101,7 @@ async def run(config: NodeConfig, stop: asyncio.Event) -> int:
     try:
         return await _Node(config, paths, health, api_client).run(stop)
     finally:
-        await api_client.close()  # type: ignore[no-untyped-call]
+        await kubeclient.close(api_client)
         await health.stop()
 
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -51,10 +51,15 @@ class _DuplicateKey(yaml.constructor.ConstructorError):
 
 
 # libyaml's parser when present: the pure-Python one takes over a minute on 5,000 slices.
-_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Both loaders share SafeConstructor, whose methods are all _StrictLoader uses, so the
+# type checker sees the pure-Python one as the base.
+if TYPE_CHECKING:
+    _SafeLoader = yaml.SafeLoader
+else:
+    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _StrictLoader(_SafeLoader):  # type: ignore[misc,valid-type]  # a variable base
+class _StrictLoader(_SafeLoader):
     """A safe loader that refuses a mapping with a repeated key instead of keeping the last."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:

@@ -246,17 +246,17 @@ _CLAUSE = re.compile(r"%(?:\.([0-9]+))?(.)?", re.DOTALL)
 
 
 def _format_plain(value: Any) -> str:
+    if type(value) is str:
+        return value
     t = type(value)
-    if t is str:
-        return value  # type: ignore[no-any-return]
     if t is bool:
         return "true" if value else "false"
     if t is int or t is UInt:
         return str(int(value))
     if t is float:
         return format_double(value)
-    if t is bytes:
-        return value.decode("utf-8", errors="replace")  # type: ignore[no-any-return]
+    if type(value) is bytes:
+        return value.decode("utf-8", errors="replace")
     if value is None:
         return "null"
     if t is list:
@@ -314,8 +314,9 @@ def format_string(template: Any, args: Any) -> str:
             break
         out.append(template[pos:i])
         m = _CLAUSE.match(template, i)
-        precision_text, verb = m.group(1), m.group(2)  # type: ignore[union-attr]
-        pos = m.end()  # type: ignore[union-attr]
+        assert m is not None  # template[i] is "%", and every part after it is optional
+        precision_text, verb = m.group(1), m.group(2)
+        pos = m.end()
         if verb == "%" and precision_text is None:
             out.append("%")
             continue

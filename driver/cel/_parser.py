@@ -331,7 +331,9 @@ class _Parser:
         return after.kind == "op" and after.text in (".", "[", ".?", "[?")
 
     def _int_lit(self, tok: _Tok, negative: bool = False) -> Lit:
-        value = -int(tok.value) if negative else int(tok.value)  # type: ignore[call-overload]
+        raw = tok.value
+        assert type(raw) is int  # _number gives every "int" token an int value
+        value = -raw if negative else raw
         if not _INT64_MIN <= value <= _INT64_MAX:
             raise self._fail(tok.pos, f"invalid int literal {'-' if negative else ''}{tok.text}")
         return Lit(tok.pos, value)

@@ -124,10 +124,10 @@ def _map_equals(a: dict[object, Any], b: dict[object, Any]) -> bool:
     return all(key in b and equals(value, b[key]) for key, value in a.items())
 
 
-def as_dict(value: object) -> dict[object, Any]:
+def as_dict(value: LazyMap | dict[object, Any]) -> dict[object, Any]:
     if isinstance(value, LazyMap):
         return value.materialize()
-    return value  # type: ignore[return-value]
+    return value
 
 
 _ORDERED = (bool, str, bytes)
@@ -322,9 +322,8 @@ def contains(container: Any, item: Any) -> bool:
 
 def iterate(value: Any) -> Iterable[Any]:
     """What a comprehension ranges over: list elements or map keys."""
-    t = type(value)
-    if t is list or t is dict:
-        return value  # type: ignore[no-any-return]
+    if type(value) is list or type(value) is dict:
+        return value
     if isinstance(value, LazyMap):
         return value.keys()
     raise CelEvalError(f"expression of type '{type_name(value)}' cannot be the range of a macro")
@@ -339,9 +338,9 @@ _FLOAT_TEXT = re.compile(
 
 
 def to_int(value: Any) -> int:
+    if type(value) is int:
+        return value
     t = type(value)
-    if t is int:
-        return value  # type: ignore[no-any-return]
     if t is UInt:
         if value > INT64_MAX:
             raise CelEvalError("integer overflow: uint out of int64 range")
@@ -358,9 +357,9 @@ def to_int(value: Any) -> int:
 
 
 def to_uint(value: Any) -> UInt:
+    if type(value) is UInt:
+        return value
     t = type(value)
-    if t is UInt:
-        return value  # type: ignore[no-any-return]
     if t is int:
         if value < 0:
             raise CelEvalError("unsigned integer overflow: int out of uint range")
@@ -377,9 +376,9 @@ def to_uint(value: Any) -> UInt:
 
 
 def to_double(value: Any) -> float:
+    if type(value) is float:
+        return value
     t = type(value)
-    if t is float:
-        return value  # type: ignore[no-any-return]
     if t is int or t is UInt:
         return float(value)
     if t is str:
@@ -415,18 +414,18 @@ def format_double(value: float) -> str:
 
 
 def to_string(value: Any) -> str:
+    if type(value) is str:
+        return value
     t = type(value)
-    if t is str:
-        return value  # type: ignore[no-any-return]
     if t is bool:
         return "true" if value else "false"
     if t is int or t is UInt:
         return str(int(value))
     if t is float:
         return format_double(value)
-    if t is bytes:
+    if type(value) is bytes:
         try:
-            return value.decode("utf-8")  # type: ignore[no-any-return]
+            return value.decode("utf-8")
         except UnicodeDecodeError:
             raise CelEvalError("invalid UTF-8 in bytes, cannot convert to string") from None
     if t is Semver or t is Quantity:
@@ -435,9 +434,9 @@ def to_string(value: Any) -> str:
 
 
 def to_bool(value: Any) -> bool:
+    if type(value) is bool:
+        return value
     t = type(value)
-    if t is bool:
-        return value  # type: ignore[no-any-return]
     if t is str:
         if value in ("1", "t", "T", "TRUE", "true", "True"):
             return True
@@ -448,11 +447,10 @@ def to_bool(value: Any) -> bool:
 
 
 def to_bytes(value: Any) -> bytes:
-    t = type(value)
-    if t is bytes:
-        return value  # type: ignore[no-any-return]
-    if t is str:
-        return value.encode("utf-8")  # type: ignore[no-any-return]
+    if type(value) is bytes:
+        return value
+    if type(value) is str:
+        return value.encode("utf-8")
     raise no_overload("bytes", value)
 
 

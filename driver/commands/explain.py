@@ -270,10 +270,10 @@ def _read_cluster(kubeconfig: Path | None) -> "Inputs":
     async def read() -> "Inputs":
         from kubernetes.aio import config
 
+        from driver.kubeclient import client_from_kubeconfig
+
         try:
-            api = await config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig) if kubeconfig else None
-            )
+            api = await client_from_kubeconfig(str(kubeconfig) if kubeconfig else None)
         except (config.ConfigException, OSError) as exc:
             raise ClusterAccessError(f"kubeconfig: {exc}") from exc
         async with api:

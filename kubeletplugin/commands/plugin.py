@@ -3,7 +3,9 @@
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypedDict
 
 # flag -> (environment variable, default, help)
 _FLAGS: dict[str, tuple[str, str | None, str]] = {
@@ -59,6 +61,15 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
 }
 
 
+class _ArgumentOptions(TypedDict, total=False):
+    """The keyword arguments of ``add_argument`` that the flags above use."""
+
+    default: str | None
+    help: str
+    choices: tuple[str, ...]
+    type: Callable[[str], int]
+
+
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "kubelet-plugin",
@@ -74,12 +85,12 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     for flag, (env, default, text) in _FLAGS.items():
         value = os.environ.get(env, default)
         suffix = f" [env {env}" + (f", default {default}]" if default is not None else "]")
-        kwargs: dict[str, object] = {"default": value, "help": text + suffix}
+        kwargs: _ArgumentOptions = {"default": value, "help": text + suffix}
         if flag == "--nvml":
             kwargs["choices"] = ("system", "simulated")
         if flag == "--healthcheck-port":
             kwargs["type"] = int
-        parser.add_argument(flag, **kwargs)  # type: ignore[arg-type]
+        parser.add_argument(flag, **kwargs)
     parser.set_defaults(func=_run)
 
 
