@@ -48,6 +48,9 @@ POOL = _ANNOTATION + "pool"
 REQUESTS = _ANNOTATION + "requests"
 ADMIN_ACCESS = _ANNOTATION + "admin-access"
 SHARE_ID = _ANNOTATION + "share-id"
+# The node boot the spec was written in: a spec that outlived a reboot (a CDI root on
+# disk rather than tmpfs) describes no live claim, even if the checkpoint is lost.
+BOOT_ID = _ANNOTATION + "boot-id"
 
 _FILE_PREFIX = f"{VENDOR}-"
 # Kinds whose files under our name, without our owner marker, belong to another driver.
@@ -84,7 +87,11 @@ def _merge_edits(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str,
 
 
 def build_claim_spec(
-    claim: ClaimRecord, gpus: Mapping[str, Gpu], base_edits: Mapping[str, Any]
+    claim: ClaimRecord,
+    gpus: Mapping[str, Gpu],
+    base_edits: Mapping[str, Any],
+    *,
+    boot_id: str = "",
 ) -> dict[str, Any]:
     """The claim's CDI spec. ``gpus`` maps device name to GPU for every device of the claim."""
     by_device: dict[str, list[DeviceRecord]] = {}
@@ -129,6 +136,7 @@ def build_claim_spec(
             CLAIM_UID: claim.uid,
             CLAIM_NAMESPACE: claim.namespace,
             CLAIM_NAME: claim.name,
+            **({BOOT_ID: boot_id} if boot_id else {}),
         },
         "devices": devices,
         "containerEdits": _merge_edits(base_edits, own_edits),
@@ -168,6 +176,7 @@ class SpecScan:
     """What the CDI root holds, as far as we are concerned."""
 
     ours: Mapping[str, ClaimRecord]  # claim uid -> record rebuilt from the spec
+    boot_ids: Mapping[str, str]  # claim uid -> boot the spec was written in ("" unknown)
     foreign: Sequence[Path]  # another driver's specs under our kind
     unreadable: Sequence[tuple[Path, str]]  # our file names we could not parse
 
@@ -221,6 +230,7 @@ def _candidates(cdi_root: Path) -> Iterable[Path]:
 def scan(cdi_root: Path) -> SpecScan:
     """Read every spec file under our vendor prefix (blocking: use a worker thread)."""
     ours: dict[str, ClaimRecord] = {}
+    boot_ids: dict[str, str] = {}
     foreign: list[Path] = []
     unreadable: list[tuple[Path, str]] = []
     for path in _candidates(cdi_root):
@@ -246,7 +256,8 @@ def scan(cdi_root: Path) -> SpecScan:
             unreadable.append((path, f"missing annotation {exc}"))
             continue
         ours[record.uid] = record
-    return SpecScan(ours=ours, foreign=foreign, unreadable=unreadable)
+        boot_ids[record.uid] = str(annotations.get(BOOT_ID, ""))
+    return SpecScan(ours=ours, boot_ids=boot_ids, foreign=foreign, unreadable=unreadable)
 
 
 def remove_path(path: Path) -> None:

@@ -290,7 +290,9 @@ class DeviceState:
             try:
                 # A claim with nothing on this node gets no spec (CDI wants a device).
                 if record.devices:
-                    spec = cdi.build_claim_spec(record, self._gpus, self._base_edits)
+                    spec = cdi.build_claim_spec(
+                        record, self._gpus, self._base_edits, boot_id=self._boot_id
+                    )
                     cdi.write_spec(self._config.cdi_root, ref.uid, spec)
             except Exception as exc:  # e.g. disk full: the reservation goes right away
                 spec_error.append(exc)
@@ -411,7 +413,7 @@ class DeviceState:
             log.warning(
                 "CDI spec of a prepared claim was missing; rewriting", extra=_claim_kv(record)
             )
-            spec = cdi.build_claim_spec(record, self._gpus, self._base_edits)
+            spec = cdi.build_claim_spec(record, self._gpus, self._base_edits, boot_id=self._boot_id)
             await asyncio.to_thread(cdi.write_spec, self._config.cdi_root, record.uid, spec)
 
     async def _roll_back(self, record: ClaimRecord) -> None:
@@ -457,11 +459,24 @@ class DeviceState:
     def _rebuild_from_specs(self, error: CorruptCheckpointError) -> Checkpoint:
         aside = self._store.move_aside()
         scan = cdi.scan(self._config.cdi_root)
+        # A spec from an earlier boot explains no live claim; recovery then removes it.
+        # A spec without the annotation (an older release wrote it) is kept: reserving
+        # a device too long is safe, handing it out twice is not.
+        live = {
+            uid: record
+            for uid, record in scan.ours.items()
+            if scan.boot_ids.get(uid, "") in ("", self._boot_id)
+        }
         log.error(
             "checkpoint is corrupt: moved aside, state rebuilt from CDI specs",
-            extra=kv(error=str(error), moved_to=str(aside), claims=len(scan.ours)),
+            extra=kv(
+                error=str(error),
+                moved_to=str(aside),
+                claims=len(live),
+                earlier_boot=len(scan.ours) - len(live),
+            ),
         )
-        return Checkpoint(boot_id=self._boot_id, claims=dict(scan.ours))
+        return Checkpoint(boot_id=self._boot_id, claims=live)
 
     def _recover(self) -> None:
         root = self._config.cdi_root

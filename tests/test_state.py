@@ -440,6 +440,22 @@ async def test_reboot_drops_prepared_claims(node: Node) -> None:
     assert (await state.prepare([after]))[after.uid].error == ""
 
 
+async def test_corrupt_checkpoint_after_reboot_does_not_revive_old_specs(node: Node) -> None:
+    """A CDI root on disk (not tmpfs) outlives a reboot; with the checkpoint lost as
+    well, the specs' boot ID says they describe no live claim."""
+    before = await node.claim("before", ["gpu-1"])
+    after = await node.claim("after", ["gpu-1"])
+    assert (await node.state.prepare([before]))[before.uid].error == ""
+    spec = json.loads(node.spec_path(before.uid).read_text())
+    assert spec["annotations"]["gpu-dra.io/boot-id"] == "boot-1"
+    node.config.boot_id_path.write_text("boot-2\n")
+    _corrupt(node.checkpoint_path)
+    state = await node.restart()
+    assert not node.spec_path(before.uid).exists()
+    assert decode(node.checkpoint_path.read_bytes()).claims == {}
+    assert (await state.prepare([after]))[after.uid].error == ""
+
+
 async def test_nvidia_driver_checkpoint_refuses_to_start(
     api_client: k8s.ApiClient, tmp_path: Path
 ) -> None:
