@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from driver import kubeclient
+from driver.commands._nvmlargs import add_nvml_arguments
 
 if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
     from driver.controller import SliceController
@@ -54,31 +55,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         default=None,
         help="namespace of the per-node publisher Lease; default: $POD_NAMESPACE, else 'default'",
     )
-    parser.add_argument(
-        "--nvml",
-        choices=("system", "simulated"),
-        default="system",
-        help="NVML to use: the node's driver library (default) or simulated hardware",
-    )
-    parser.add_argument(
-        "--profile",
-        help="simulated hardware profile, by name (e.g. p5.48xlarge) or path to a profile "
-        "YAML file; required with --nvml simulated",
-    )
-    parser.add_argument(
-        "--sim-state",
-        type=Path,
-        default=None,
-        help="simulated NVML fault file, re-read at every discovery "
-        "(default: $GPU_DRA_SIM_STATE; format in driver/nvml/faults.py)",
-    )
-    parser.add_argument(
-        "--sysfs-root",
-        type=Path,
-        default=Path("/"),
-        help="directory holding sys/ for PCIe root and NUMA lookups (default: /; "
-        "simulated hardware brings its own)",
-    )
+    add_nvml_arguments(parser)
     parser.add_argument(
         "--resync-period",
         type=float,

@@ -4,9 +4,9 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
+from driver.commands._nvmlargs import add_nvml_arguments
 from driver.errors import PermanentError, RetryableError
 
 EXIT_PERMANENT = 1
@@ -24,28 +24,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             f"(e.g. no driver installed), {EXIT_RETRYABLE} when the driver is not ready yet."
         ),
     )
-    parser.add_argument(
-        "--nvml",
-        choices=("system", "simulated"),
-        default="system",
-        help="NVML to use: the node's driver library (default) or simulated hardware",
-    )
-    parser.add_argument(
-        "--profile",
-        metavar="NAME",
-        help="simulated hardware profile, by name (e.g. p5.48xlarge) or path to a profile "
-        "YAML file; required with --nvml simulated. Use --list-profiles to see the names",
-    )
+    add_nvml_arguments(parser)
     parser.add_argument(
         "--list-profiles", action="store_true", help="list the simulated hardware profiles and exit"
-    )
-    parser.add_argument(
-        "--sim-state",
-        type=Path,
-        metavar="FILE",
-        default=None,
-        help="simulated NVML fault file, re-read at every NVML init "
-        "(default: $GPU_DRA_SIM_STATE; format in driver/nvml/faults.py)",
     )
     parser.add_argument(
         "--node-name",
@@ -58,14 +39,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         default="gpu.nvidia.com",
         metavar="NAME",
         help="DRA driver name (default: gpu.nvidia.com)",
-    )
-    parser.add_argument(
-        "--sysfs-root",
-        type=Path,
-        metavar="DIR",
-        default=Path("/"),
-        help="directory holding sys/ for PCIe root and NUMA lookups (default: /; "
-        "simulated hardware brings its own)",
     )
     parser.add_argument(
         "-o",
