@@ -241,8 +241,11 @@ async def test_initial_publish_is_one_create_for_eight_gpus(
     controller = running.start(hardware.discover)
     await published(controller)
     assert slice_writes(apiserver) == ["create"]
+    # Nobody else claims the node: no Lease is written, the slice create is the only write.
+    assert [r.resource for r in apiserver.requests.writes()] == ["resource.k8s.io/resourceslices"]
+    assert apiserver.objects("leases") == []
     [obj] = apiserver.objects(SLICES)
-    assert obj["metadata"]["name"].startswith(f"00000-{DRIVER}-{NODE}-")
+    assert obj["metadata"]["name"] == f"00000-{DRIVER}-{NODE}"
     assert obj["metadata"]["ownerReferences"] == [
         {
             "apiVersion": "v1",
@@ -593,13 +596,38 @@ async def test_two_instances_for_one_node_converge_to_the_newer(
         await resync(new)
     assert old.standby and not new.standby
     assert device_names(apiserver) == sorted(g for g in GPUS if g != "gpu-5")
-    # One lease takeover and one slice update; the old instance never writes back.
+    # The newer instance finds slices it did not write: it creates the lease, then
+    # updates the slice; the old instance never writes back.
     assert [(r.verb, r.resource.rsplit("/", 1)[-1]) for r in apiserver.requests.writes()] == [
-        ("update", "leases"),
+        ("create", "leases"),
         ("update", "resourceslices"),
     ]
     [lease] = apiserver.objects("leases")
     assert lease["spec"]["holderIdentity"] == "new"
+
+
+async def test_two_instances_starting_at_once_never_duplicate_and_the_newer_wins(
+    apiserver: LocalApiServer, running: Running, tmp_path: Path, pool: PoolWatch
+) -> None:
+    """A fresh node (or one the kubelet just wiped) with two instances: the fixed slice
+    name makes the server refuse the second create, whose 409 is the loser's evidence
+    of a rival; the lease then settles on the newer process."""
+    old_hw = Hardware(tmp_path / "old")
+    new_hw = Hardware(tmp_path / "new")
+    new_hw.set(removedGpus=[5])
+    old = running.start(old_hw.discover, identity="old")
+    new = running.start(new_hw.discover, identity="new")
+    await published(old)
+    await published(new)
+    for _ in range(5):
+        await resync(old)
+        await resync(new)
+    assert old.standby and not new.standby
+    assert len(apiserver.objects(SLICES)) == 1
+    assert device_names(apiserver) == sorted(g for g in GPUS if g != "gpu-5")
+    [lease] = apiserver.objects("leases")
+    assert lease["spec"]["holderIdentity"] == "new"
+    assert len(apiserver.requests.writes()) <= 6
 
 
 async def test_stopping_the_holder_releases_the_lease_for_the_standby(

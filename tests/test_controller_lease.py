@@ -4,7 +4,14 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from driver.controller.backoff import Backoff
-from driver.controller.lease import Candidate, Decision, decide, format_micro_time, parse_time
+from driver.controller.lease import (
+    HOLDER_STARTED,
+    Candidate,
+    Decision,
+    decide,
+    format_micro_time,
+    parse_time,
+)
 
 START = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 ME = Candidate(identity="me", started=START)
@@ -33,6 +40,20 @@ def test_lease_acquired_before_we_started_is_taken() -> None:
 
 def test_lease_acquired_after_we_started_means_a_newer_instance_publishes() -> None:
     assert decide(lease("new", START + timedelta(microseconds=1)), ME) is Decision.YIELD
+
+
+def test_the_holders_start_decides_not_when_it_took_the_lease() -> None:
+    """Two instances race on a fresh node; the older one may take the lease last."""
+    older_holder = lease("old", START + timedelta(seconds=5))
+    older_holder["metadata"]["annotations"] = {
+        HOLDER_STARTED: format_micro_time(START - timedelta(seconds=1))
+    }
+    assert decide(older_holder, ME) is Decision.TAKE
+    newer_holder = lease("new", START - timedelta(seconds=5))
+    newer_holder["metadata"]["annotations"] = {
+        HOLDER_STARTED: format_micro_time(START + timedelta(seconds=1))
+    }
+    assert decide(newer_holder, ME) is Decision.YIELD
 
 
 def test_released_or_unreadable_lease_is_taken() -> None:

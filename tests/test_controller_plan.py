@@ -50,8 +50,8 @@ def stored(body: dict[str, Any]) -> dict[str, Any]:
     quantities and the fields it populates."""
     obj = copy.deepcopy(body)
     meta = obj["metadata"]
-    if "name" not in meta:
-        meta["name"] = meta["generateName"] + f"x{next(_counter)}"
+    if "uid" not in meta:
+        meta.setdefault("name", meta.get("generateName", "") + f"x{next(_counter)}")
         meta["uid"] = f"uid-{meta['name']}"
         meta["creationTimestamp"] = "2026-01-01T00:00:00Z"
     meta["resourceVersion"] = str(next(_counter))
@@ -83,8 +83,9 @@ def test_initial_publish_is_one_create_with_upstream_naming_and_owner() -> None:
     result = run_plan(desired(8), [])
     assert (len(result.deletes), len(result.updates), len(result.creates)) == (0, 0, 1)
     body = result.creates[0]
-    assert body["metadata"]["generateName"] == f"00000-{DRIVER}-{NODE}-"
-    assert "name" not in body["metadata"]
+    # Upstream's generateName prefix, fixed: the server refuses a second slice for index 0.
+    assert body["metadata"]["name"] == f"00000-{DRIVER}-{NODE}"
+    assert "generateName" not in body["metadata"]
     assert body["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE_UID, "controller": True}
     ]
@@ -135,8 +136,8 @@ def test_pool_of_two_slices_is_two_creates_indexed_in_order() -> None:
     want = desired(130)
     assert len(want) == 2
     result = run_plan(want, [])
-    names = [b["metadata"]["generateName"] for b in result.creates]
-    assert names == [f"00000-{DRIVER}-{NODE}-", f"00001-{DRIVER}-{NODE}-"]
+    names = [b["metadata"]["name"] for b in result.creates]
+    assert names == [f"00000-{DRIVER}-{NODE}", f"00001-{DRIVER}-{NODE}"]
     assert all(b["spec"]["pool"]["resourceSliceCount"] == 2 for b in result.creates)
     assert run_plan(want, [stored(b) for b in result.creates]).writes == 0
 
@@ -160,9 +161,19 @@ def test_missing_slice_bumps_generation_and_rewrites_every_matched_slice() -> No
     have = publish(desired(130))
     result = run_plan(desired(130), have[:1])  # slice 1 was deleted behind our back
     assert len(result.creates) == 1 and len(result.updates) == 1
-    assert result.creates[0]["metadata"]["generateName"].startswith("00001-")
+    assert result.creates[0]["metadata"]["name"].startswith("00001-")
     assert result.generations == {NODE: 2}
     assert result.updates[0]["spec"]["pool"]["generation"] == 2
+
+
+def test_a_name_too_long_to_fix_falls_back_to_generate_name() -> None:
+    node = ".".join(["n" * 60] * 4)  # a legal node name; with index and driver, > 253
+    inventory = Inventory("580.95.05", (13, 0), (gpu(0),))
+    want = build_resource_slices(inventory, driver_name=DRIVER, node_name=node)
+    result = plan(want, [], driver_name=DRIVER, node_name=node, node_uid=NODE_UID)
+    meta = result.creates[0]["metadata"]
+    assert "name" not in meta
+    assert meta["generateName"] == f"00000-{DRIVER}-{node}-"
 
 
 def test_obsolete_slices_are_deleted_first() -> None:

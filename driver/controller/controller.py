@@ -11,6 +11,10 @@ Three loops share one event loop and a little state:
   resourceVersion and asks for a relist on 410 Gone;
 * **reconcile** plans and sends the writes whenever either side changed.
 
+Two instances for one node (a surge upgrade) are arbitrated by a per-node Lease,
+created only once an instance sees slices it did not write: see
+:mod:`driver.controller.lease`. A node's first publish is one write.
+
 Correctness rests on one rule: *after any failed write, relist before planning
 again.* A create whose response got lost may have committed; a fresh list (a
 quorum read, issued after the failure) shows it, so the controller never creates a
@@ -132,6 +136,10 @@ class SliceController:
         self._wake_discovery = asyncio.Event()
         self._lease_recheck = True
         self._standby = False
+        # Slice names this instance wrote; a listed slice outside it means another
+        # publisher (or a lost create response): from then on, arbitrate by Lease.
+        self._written: set[str] = set()
+        self._rival_seen = False
         self._reported: set[str] = set()
         # Resync bookkeeping: requested -> discovered -> reconciled.
         self._requested = 0
@@ -308,7 +316,7 @@ class SliceController:
             if self._standby and not self._lease_recheck:
                 return  # a newer instance publishes; look again at the next resync
             self._lease_recheck = False
-            if not await self._lease.ensure():
+            if not await self._lease.ensure(rival_seen=self._rival_seen):
                 if not self._standby:
                     log.info(
                         "a newer instance publishes this node's slices; standing by",
@@ -432,6 +440,8 @@ class SliceController:
             query=[("fieldSelector", self._selector)],
         )
         self._observed = {obj["metadata"]["name"]: obj for obj in listed.get("items") or ()}
+        if not self._observed.keys() <= self._written:
+            self._rival_seen = True
         self._stale = False
         version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
         self._watcher = asyncio.create_task(self._watch(version), name="slice-watch")
@@ -499,6 +509,7 @@ class SliceController:
 
     def _remember(self, obj: _Obj) -> None:
         self._observed[obj["metadata"]["name"]] = obj
+        self._written.add(obj["metadata"]["name"])
 
     def _forget(self, name: str) -> None:
         self._observed.pop(name, None)

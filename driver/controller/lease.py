@@ -7,6 +7,14 @@ started**, so the newest process wins and an older one, finding a lease acquired
 after its own start, stands by and stops writing. A holder that stops cleanly
 releases the lease (clears ``holderIdentity``) so a standby can take over.
 
+Nobody creates the lease until there is a rival: on a node whose pool nobody has
+published yet, the slice names (fixed, one per index) already make the API server
+refuse a second instance's create, and the 409 that loser gets is its evidence of a
+rival. So a node's first publish costs one write (its slice), and the lease is created
+only by an instance that finds slices it did not write (a newer pod during a surge
+upgrade, a restarted one, or the loser of that race). An instance that finds no lease
+and no rival publishes without one.
+
 The holder does not renew: renewals would be writes on every node forever, and
 the case they cover (a holder that died and was never restarted while an older
 instance lives on) does not arise under a DaemonSet, which restarts a dead
@@ -26,6 +34,7 @@ from driver.controller.client import Client, ConflictError, NotFoundError
 from driver.logs import kv
 
 LEASE_VERBS = ("get", "create", "update")
+HOLDER_STARTED = "gpu-dra.io/holder-started"  # annotation: the holder process's start
 _RESOURCE = "leases.coordination.k8s.io"
 log = logging.getLogger(__name__)
 
@@ -66,8 +75,11 @@ def decide(lease: dict[str, Any] | None, me: Candidate) -> Decision:
         return Decision.HOLD
     if not holder:
         return Decision.TAKE
-    acquired = parse_time(str(spec.get("acquireTime") or ""))
-    if acquired is None or acquired < me.started:
+    # The holder's process start decides, not when it took the lease: two instances
+    # that start together and race for the slices still end with the newer one.
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    started = parse_time(str(annotations.get(HOLDER_STARTED) or spec.get("acquireTime") or ""))
+    if started is None or started < me.started:
         return Decision.TAKE
     return Decision.YIELD
 
@@ -92,10 +104,17 @@ class PublisherLease:
         """Whether the last look at the lease found (or made) us the holder."""
         return self._held
 
-    async def ensure(self) -> bool:
-        """Read the lease, take it if the rule says so; True when we hold it afterwards."""
+    async def ensure(self, *, rival_seen: bool = True) -> bool:
+        """Read the lease, take it if the rule says so; True when we may publish afterwards.
+
+        Without ``rival_seen`` a missing lease is left missing: nobody else claims the
+        node, and creating it would be a write on every node of the fleet for nothing.
+        """
         for _ in range(3):
             lease = await self._get()
+            if lease is None and not rival_seen:
+                self._held = False
+                return True
             decision = decide(lease, self._me)
             try:
                 if decision is Decision.CREATE:
@@ -162,7 +181,11 @@ class PublisherLease:
         return {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self._name, "namespace": self._namespace},
+            "metadata": {
+                "name": self._name,
+                "namespace": self._namespace,
+                "annotations": {HOLDER_STARTED: format_micro_time(self._me.started)},
+            },
             "spec": {
                 "holderIdentity": self._me.identity,
                 "acquireTime": now,
@@ -180,4 +203,9 @@ class PublisherLease:
             renewTime=now,
             leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1,
         )
-        return {**lease, "spec": spec}
+        metadata = dict(lease.get("metadata") or {})
+        metadata["annotations"] = {
+            **(metadata.get("annotations") or {}),
+            HOLDER_STARTED: format_micro_time(self._me.started),
+        }
+        return {**lease, "metadata": metadata, "spec": spec}

@@ -4,8 +4,12 @@ It follows upstream's resourceslice controller
 (k8s.io/dynamic-resource-allocation/resourceslice) rule for rule, because the
 scheduler and other drivers' tooling read pools the way that controller writes them:
 
-* every desired slice becomes exactly one ResourceSlice, created with the
-  ``generateName`` ``<index as %0Nx, N = max(5, hex digits)>-<driver>-<node>-``;
+* every desired slice becomes exactly one ResourceSlice, named
+  ``<index as %0Nx, N = max(5, hex digits)>-<driver>-<node>``: upstream's
+  ``generateName`` prefix without the random suffix. A fixed name lets the API server
+  refuse a second slice for one index (409 AlreadyExists), so neither a create whose
+  response got lost nor two instances starting at once can put a device twice into
+  the pool. Only a name longer than 253 characters falls back to ``generateName``;
 * existing slices are matched to desired ones by that index prefix; a slice with a
   lower generation than the pool's highest, an unparsable name, an index beyond the
   desired count or a second slice for one index is obsolete;
@@ -29,6 +33,7 @@ from driver.errors import PermanentError
 from driver.quantity import Quantity
 
 INDEX_MIN_LENGTH = 5
+_MAX_NAME_LENGTH = 253  # a DNS subdomain, as every object name
 
 _Obj = dict[str, Any]
 
@@ -43,7 +48,7 @@ class Plan:
 
     ``deletes`` are observed objects (delete with UID and resourceVersion
     preconditions); ``updates`` are full bodies for PUT, carrying the observed
-    resourceVersion; ``creates`` are bodies for POST with ``generateName``.
+    resourceVersion; ``creates`` are bodies for POST, with a fixed ``name``.
     ``generations`` is the generation each desired pool ends up with.
     """
 
@@ -64,6 +69,12 @@ def index_length(slice_count: int) -> int:
 
 def generate_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str:
     return f"{index:0{index_length(slice_count)}x}-{driver_name}-{node_name}-"
+
+
+def slice_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str | None:
+    """The fixed name of slice ``index``; None when it would exceed 253 characters."""
+    name = generate_name(index, slice_count, driver_name, node_name)[:-1]
+    return name if len(name) <= _MAX_NAME_LENGTH else None
 
 
 def decode_index(name: str, expected_length: int) -> int | None:
@@ -235,9 +246,13 @@ def _created(index: int, desired: _Obj, pool: _Obj, owner: _Owner) -> _Obj:
     spec["pool"] = dict(pool)
     spec["driver"] = owner.driver_name
     spec["nodeName"] = owner.node_name
+    count = pool["resourceSliceCount"]
+    name = slice_name(index, count, owner.driver_name, owner.node_name)
     metadata: _Obj = {
-        "generateName": generate_name(
-            index, pool["resourceSliceCount"], owner.driver_name, owner.node_name
+        **(
+            {"name": name}
+            if name
+            else {"generateName": generate_name(index, count, owner.driver_name, owner.node_name)}
         ),
         "ownerReferences": [
             {
