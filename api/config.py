@@ -48,7 +48,7 @@ class MpsConfig(_Model):
     @field_validator("default_pinned_device_memory_limit")
     @classmethod
     def _quantity(cls, value: str | None) -> str | None:
-        if value is not None and not _QUANTITY.match(value):
+        if value is not None and not _QUANTITY.fullmatch(value):
             raise ValueError(f"{value!r} is not a quantity")
         return value
 
@@ -56,7 +56,7 @@ class MpsConfig(_Model):
     @classmethod
     def _quantities(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for key, limit in (value or {}).items():
-            if not _QUANTITY.match(limit):
+            if not _QUANTITY.fullmatch(limit):
                 raise ValueError(f"{key}: {limit!r} is not a quantity")
         return value
 

@@ -61,7 +61,7 @@ async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) 
     return client
 
 
-async def client_from_kubeconfig(config_file: str | None) -> "ApiClient":
+async def client_from_kubeconfig(config_file: str | None, *, component: str) -> "ApiClient":
     """``kubernetes.aio.config.new_client_from_config``, which the package leaves untyped.
 
     Raises what it raises (``config.ConfigException``, ``OSError``) unchanged.
@@ -69,7 +69,9 @@ async def client_from_kubeconfig(config_file: str | None) -> "ApiClient":
     from kubernetes.aio import config
 
     new_client = cast(Callable[..., Awaitable["ApiClient"]], config.new_client_from_config)
-    return await new_client(config_file=config_file)
+    client = await new_client(config_file=config_file)
+    client.user_agent = user_agent(component)
+    return client
 
 
 async def close(client: "ApiClient") -> None:

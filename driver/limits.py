@@ -9,9 +9,12 @@ with the field path, e.g. ``spec.devices[3].attributes[gpu.nvidia.com/model]: ..
 """
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
+
+from driver.quantity import Quantity
+from driver.semver import Semver, SemverError
 
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_ADVANCED = 64  # ...WithTaintsOrConsumesCounters
@@ -27,27 +30,23 @@ MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
 MAX_BINDING_CONDITIONS = 4
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NUM = r"(0|[1-9]\d*)"
-_PRE = r"(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)"
-_BUILD = r"[0-9a-zA-Z-]+"
-_SEMVER = re.compile(rf"^{_NUM}\.{_NUM}\.{_NUM}(-{_PRE}(\.{_PRE})*)?(\+{_BUILD}(\.{_BUILD})*)?$")
-_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
+# Matched with fullmatch: ``$`` would also accept a trailing newline.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VALUE_KEYS = ("bool", "int", "string", "version", "bools", "ints", "strings", "versions")
 _LIST_KEYS = frozenset({"bools", "ints", "strings", "versions"})
 
 
 def is_dns_label(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.match(value) is not None
+    return isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value) is not None
 
 
 def is_dns_subdomain(value: object, max_length: int = 253) -> bool:
     return (
         isinstance(value, str)
         and len(value) <= max_length
-        and _DNS_SUBDOMAIN.match(value) is not None
+        and _DNS_SUBDOMAIN.fullmatch(value) is not None
     )
 
 
@@ -57,7 +56,22 @@ def is_semver(value: object) -> bool:
 
 @lru_cache(maxsize=1024)
 def _semver_ok(value: str) -> bool:
-    return _SEMVER.match(value) is not None
+    # semver.Parse, as the API server checks version attributes.
+    try:
+        Semver.parse(value)
+    except SemverError:
+        return False
+    return True
+
+
+@lru_cache(maxsize=1024)
+def _quantity_ok(value: str) -> bool:
+    # resource.ParseQuantity, as the API server decodes capacities.
+    try:
+        Quantity.parse(value)
+    except ValueError:
+        return False
+    return True
 
 
 def qualified_name_error(name: object) -> str | None:
@@ -73,7 +87,7 @@ def _qualified_name_error(name: str) -> str | None:
     domain, sep, ident = name.rpartition("/")
     if sep and not is_dns_subdomain(domain, MAX_DOMAIN):
         return f"domain {domain!r} must be a DNS subdomain of at most {MAX_DOMAIN} characters"
-    if len(ident) > MAX_ID or _C_IDENTIFIER.match(ident) is None:
+    if len(ident) > MAX_ID or _C_IDENTIFIER.fullmatch(ident) is None:
         return f"{ident!r} must be a C identifier of at most {MAX_ID} characters"
     return None
 
@@ -163,10 +177,8 @@ def _node_selection(spec: Mapping[str, Any], errors: list[str]) -> None:
         )
 
 
-def _devices(devices: Any, per_device_nodes: bool, errors: list[str]) -> None:
-    if not isinstance(devices, list):
-        errors.append("spec.devices: must be a list")
-        return
+def max_devices(devices: Sequence[Any]) -> int:
+    """Devices one slice may hold: 128, or 64 once any has taints, counters or list attributes."""
     advanced = any(
         isinstance(d, Mapping)
         and (
@@ -179,9 +191,18 @@ def _devices(devices: Any, per_device_nodes: bool, errors: list[str]) -> None:
         )
         for d in devices
     )
-    limit = MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
+    return MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
+
+
+def _devices(devices: Any, per_device_nodes: bool, errors: list[str]) -> None:
+    if not isinstance(devices, list):
+        errors.append("spec.devices: must be a list")
+        return
+    limit = max_devices(devices)
     if len(devices) > limit:
-        why = " when a device has taints, counters or list attributes" if advanced else ""
+        why = (
+            " when a device has taints, counters or list attributes" if limit < MAX_DEVICES else ""
+        )
         errors.append(f"spec.devices: {len(devices)} devices, must have at most {limit}{why}")
     seen: set[str] = set()
     for i, device in enumerate(devices):
@@ -218,7 +239,7 @@ def _device(
         if problem:
             errors.append(f"{where}: {problem}")
         quantity = value.get("value") if isinstance(value, Mapping) else None
-        if not isinstance(quantity, str | int) or not _QUANTITY.match(str(quantity)):
+        if not isinstance(quantity, str | int) or not _quantity_ok(str(quantity)):
             errors.append(f"{where}.value: {quantity!r} must be a quantity")
         policy = value.get("requestPolicy") if isinstance(value, Mapping) else None
         if policy is not None and not device.get("allowMultipleAllocations"):

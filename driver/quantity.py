@@ -65,7 +65,7 @@ def _round_up_to_nano(value: Fraction) -> Fraction:
     return rounded if value >= 0 else -rounded
 
 
-def _kept_string(text: str, negative: bool, num: str, denom: str, base: int, exp: int) -> bool:
+def _kept_string(num: str, denom: str, base: int, exp: int) -> bool:
     """Whether upstream's int64 fast path keeps the parsed string as the serialized form."""
     shifted = num + denom
     if base == 2:
@@ -146,7 +146,7 @@ class Quantity:
         magnitude = Fraction(int(num + denom), 10 ** len(denom))
         magnitude *= Fraction(base) ** exponent
         value = -magnitude if negative else magnitude
-        if _kept_string(text, negative, num, denom, base, exponent):
+        if _kept_string(num, denom, base, exponent):
             return cls(value, fmt, text)
         value = _round_up_to_nano(value)
         if fmt is Format.BINARY_SI:

@@ -8,29 +8,25 @@ controller's) business, passed through.
 """
 
 import hashlib
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from driver.inventory import Gpu, Inventory
+from driver.limits import MAX_VALUE_LENGTH, max_devices
+from driver.semver import Semver, SemverError
 
-DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 API_VERSION = "resource.k8s.io/v1"
-MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices
-MAX_DEVICES_PER_SLICE_ADVANCED = 64  # once any device has taints or consumes counters
-MAX_ATTRIBUTE_LENGTH = 64  # DeviceAttributeMaxValueLength
-_VERSION_PARTS = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
 
 
 def semver(version: str) -> str | None:
     """A driver-style version as semver: ``580.95.05`` -> ``580.95.5``, ``13.0`` -> ``13.0.0``.
 
-    None when the text has no MAJOR[.MINOR[.PATCH]] form.
+    Normalized as CEL's ``semver(text, true)`` does; None when even that is no version.
     """
-    match = _VERSION_PARTS.match(version.strip())
-    if match is None:
+    try:
+        return str(Semver.parse(version.strip(), normalize=True))
+    except SemverError:
         return None
-    return ".".join(str(int(part or 0)) for part in match.groups())
 
 
 def model_name(product_name: str) -> str:
@@ -51,7 +47,7 @@ def nvlink_domain(gpu: Gpu, *, node_name: str) -> str | None:
     if gpu.nvlink_clique is None:
         return None
     value = f"{node_name}.nvlink-{gpu.nvlink_clique}"
-    if len(value) > MAX_ATTRIBUTE_LENGTH:
+    if len(value) > MAX_VALUE_LENGTH:
         digest = hashlib.sha256(node_name.encode()).hexdigest()[:32]
         value = f"node-{digest}.nvlink-{gpu.nvlink_clique}"
     return value
@@ -90,28 +86,18 @@ def build_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> dict[str,
     }
 
 
-def build_devices(
-    inventory: Inventory, *, driver_name: str, node_name: str
-) -> list[dict[str, Any]]:
+def build_devices(inventory: Inventory, *, node_name: str) -> list[dict[str, Any]]:
     """One device per GPU, ordered by minor number (the allocation order).
 
-    ``driver_name`` is accepted so callers state it once; a GPU device itself does
-    not spell the driver (unqualified attribute names belong to the driver's domain).
+    A device does not spell the driver: unqualified attribute names belong to its domain.
     """
-    del driver_name
     gpus = sorted(inventory.gpus, key=lambda g: g.minor)
     return [build_device(gpu, inventory, node_name=node_name) for gpu in gpus]
 
 
-def slice_limit(devices: Sequence[dict[str, Any]]) -> int:
-    """Devices one slice may hold: 128, or 64 once any device has taints or consumes counters."""
-    advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
-    return MAX_DEVICES_PER_SLICE_ADVANCED if advanced else MAX_DEVICES_PER_SLICE
-
-
 def split_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Consecutive chunks of at most :func:`slice_limit` devices; one empty chunk for none."""
-    limit = slice_limit(devices)
+    """Consecutive chunks of at most :func:`~driver.limits.max_devices`; one empty for none."""
+    limit = max_devices(devices)
     chunks = [list(devices[i : i + limit]) for i in range(0, len(devices), limit)]
     return chunks or [[]]
 
@@ -129,7 +115,7 @@ def build_resource_slices(
     inventory: Inventory, *, driver_name: str, node_name: str, generation: int = 1
 ) -> list[dict[str, Any]]:
     """The node's complete pool: ``resource.k8s.io/v1`` ResourceSlice objects."""
-    chunks = split_devices(build_devices(inventory, driver_name=driver_name, node_name=node_name))
+    chunks = split_devices(build_devices(inventory, node_name=node_name))
     return [
         {
             "apiVersion": API_VERSION,

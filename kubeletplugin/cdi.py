@@ -17,7 +17,6 @@ Containers get:
 - the driver libraries and hooks of the host's container toolkit (``base_edits``).
 """
 
-import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -258,11 +257,6 @@ def scan(cdi_root: Path) -> SpecScan:
         ours[record.uid] = record
         boot_ids[record.uid] = str(annotations.get(BOOT_ID, ""))
     return SpecScan(ours=ours, boot_ids=boot_ids, foreign=foreign, unreadable=unreadable)
-
-
-def remove_path(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
 
 
 FOREIGN_MESSAGE = (

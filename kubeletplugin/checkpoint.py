@@ -102,8 +102,12 @@ def _canonical(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def _digest(canonical: bytes) -> str:
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
 def _checksum(data: Any) -> str:
-    return "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
+    return _digest(_canonical(data))
 
 
 def _device_to_json(device: DeviceRecord) -> dict[str, Any]:
@@ -137,8 +141,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
     # The document is the canonical JSON of {checksum, data, kind, version}; built around
     # the canonical data so that it is serialized once, not twice (checksum, then file).
     canonical = _canonical(data)
-    checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
-    head = f'{{"checksum":"{checksum}","data":'.encode()
+    head = f'{{"checksum":"{_digest(canonical)}","data":'.encode()
     return head + canonical + f',"kind":"{KIND}","version":{VERSION}}}\n'.encode()
 
 

@@ -16,11 +16,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from driver.errors import PermanentError
+from kubeletplugin.cdi import CONTROL_NODES
 
 _CTK_LOCATIONS = ("usr/bin", "usr/local/bin", "usr/local/nvidia/toolkit")
 _TIMEOUT_S = 120.0
 _GPU_NODE_PREFIX = "/dev/nvidia"
-_OWN_NODES = frozenset({"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"})
+_OWN_NODES = frozenset(CONTROL_NODES)
 
 _cache: dict[tuple[str, str], dict[str, Any]] = {}
 

@@ -22,7 +22,7 @@ import grpc
 from kubernetes.aio import client
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
-from driver import kubeclient
+from driver import DEFAULT_DRIVER_NAME, kubeclient
 from driver.controller import SliceController
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
@@ -46,7 +46,7 @@ DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 @dataclass(frozen=True)
 class NodeConfig:
     node_name: str
-    driver_name: str = "gpu.nvidia.com"
+    driver_name: str = DEFAULT_DRIVER_NAME
     kubeconfig: Path | None = None
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")

@@ -39,7 +39,7 @@ from typing import Any, Literal, TypeVar
 from kubernetes.aio.client import ApiClient
 
 from driver.errors import DriverError, PermanentError, RetryableError
-from driver.inventory import Gpu, Inventory
+from driver.inventory import Inventory
 from driver.logs import kv
 from kubeletplugin import cdi, containertoolkit
 from kubeletplugin.checkpoint import (
@@ -524,11 +524,3 @@ class DeviceState:
         with self._store.locked():
             checkpoint = self._store.load()
             self._remove_orphans(cdi.scan(self._config.cdi_root), checkpoint)
-
-    # For tests and diagnostics: the prepared claims as recorded on disk.
-    async def snapshot(self) -> Checkpoint:
-        return await self._store.snapshot()
-
-    @property
-    def gpus(self) -> Mapping[str, Gpu]:
-        return self._gpus

@@ -14,9 +14,9 @@ from typing import Any
 import helm_python
 import yaml
 
-CHART_DIR = Path(__file__).resolve().parent.parent / "charts" / "gpu-dra-driver"
+from kubeletplugin.demo._manifests import CHART_DIR, render_chart
+
 EKS_VALUES = CHART_DIR / "values-eks.yaml"
-RELEASE = "gpu-dra-driver"
 NAMESPACE = "gpu-dra-driver"
 
 # Helm's install order for the kinds this chart renders; others follow, as with Helm.
@@ -58,10 +58,6 @@ def user_values(
     return values
 
 
-def _documents(path: str, text: str) -> list[tuple[str, dict[str, Any]]]:
-    return [(path, doc) for doc in yaml.safe_load_all(text) if doc]
-
-
 def _order(item: tuple[str, dict[str, Any]]) -> tuple[int, str, str]:
     path, obj = item
     kind = str(obj.get("kind", ""))
@@ -80,15 +76,7 @@ def render_with_sources(
     Raises helm_python.HelmValuesError when the values break values.schema.json, and
     helm_python.HelmRenderError when a template fails (the device-plugin guard, for one).
     """
-    values = user_values(values_files, set_values)
-    with helm_python.Chart.load(CHART_DIR) as chart:
-        manifests = chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
-    items = [
-        item
-        for path, text in manifests.items()
-        if path.endswith((".yaml", ".yml"))
-        for item in _documents(path, text)
-    ]
+    items = render_chart(user_values(values_files, set_values), namespace=namespace)
     return sorted(items, key=_order)
 
 

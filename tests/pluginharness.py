@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from driver import kubeclient
 from kubeletplugin.sockets import SocketPaths, socket_paths
 from kubeletplugin.state import ClaimRef
 
@@ -171,13 +172,7 @@ class PluginProcess:
 
 async def api_client(kubeconfig: Path) -> Any:
     """A ``kubernetes.aio`` client for the local API server; the caller closes it."""
-    from kubernetes.aio import client, config
-
-    configuration = client.Configuration()
-    await config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig), client_configuration=configuration
-    )
-    return client.ApiClient(configuration)
+    return await kubeclient.api_client(kubeconfig, component="test")
 
 
 async def create_node(api: Any, name: str, *, capacity: dict[str, str] | None = None) -> None:

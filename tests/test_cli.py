@@ -6,7 +6,8 @@ from kubeletplugin.cli import build_parser
 
 def test_help_lists_every_built_command() -> None:
     text = build_parser().format_help()
-    assert "gpu-dra" in text
+    for command in ("discover", "controller", "explain", "validate", "kubelet-plugin", "demo"):
+        assert f"\n    {command} " in text, command
 
 
 def test_console_entry_runs() -> None:

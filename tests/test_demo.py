@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from driver import kubeclient
 from driver.nvml.profile import profile_names
 from kubeletplugin.cli import main as cli_main
 from kubeletplugin.demo import DemoError, NodeSpec, parse_nodes
@@ -176,7 +177,7 @@ def test_demo_report(run_demo: list[DemoRun]) -> None:
 
 
 async def test_demo_keep_serves_the_cluster_until_sigint(run_demo: list[DemoRun]) -> None:
-    from kubernetes.aio import client, config
+    from kubernetes.aio import client
 
     run = DemoRun("--keep")
     run_demo.append(run)
@@ -184,11 +185,7 @@ async def test_demo_keep_serves_the_cluster_until_sigint(run_demo: list[DemoRun]
     run.wait_line("press Ctrl-C")
     pids = _plugin_pids(run)
 
-    configuration = client.Configuration()
-    await config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, client_configuration=configuration
-    )
-    async with client.ApiClient(configuration) as api:
+    async with await kubeclient.api_client(kubeconfig, component="test") as api:
         resource: Any = client.ResourceV1Api(api)
         claims = api.sanitize_for_serialization(
             await resource.list_namespaced_resource_claim("default")

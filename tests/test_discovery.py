@@ -15,7 +15,7 @@ from driver.discovery import (
 )
 from driver.errors import PermanentError, RetryableError
 from driver.inventory import Inventory
-from driver.nvml import Nvml, load
+from driver.nvml import Nvml, backend
 from driver.nvml.faults import Faults, QueryFault, SimulationConfigError, write_state_file
 from driver.nvml.profile import UnknownProfileError, load_profile, profile_names
 from driver.nvml.simulated import SimulatedNode, SimulatedNvml
@@ -210,8 +210,11 @@ def test_env_var_names_the_state_file(tmp_path: Path, monkeypatch: pytest.Monkey
     state = tmp_path / "state.yaml"
     write_state_file(state, {"nvml": "missing"})
     monkeypatch.setenv("GPU_DRA_SIM_STATE", str(state))
-    with pytest.raises(NvmlMissingError):
-        discover(load("simulated", profile="g6.xlarge"), sysfs_root=tmp_path)
+    with (
+        backend("simulated", profile="g6.xlarge") as (nvml, sysfs_root),
+        pytest.raises(NvmlMissingError),
+    ):
+        discover(nvml, sysfs_root=sysfs_root)
 
 
 def test_nvml_is_shut_down_after_discovery(tmp_path: Path) -> None:
@@ -260,8 +263,11 @@ def test_real_nvml_without_a_driver_is_missing() -> None:
         pass
     else:
         pytest.skip("this machine has the NVIDIA driver; the no-driver path cannot be shown")
-    with pytest.raises(NvmlMissingError, match="libnvidia-ml"):
-        discover(load("system"))
+    with (
+        backend("system") as (nvml, sysfs_root),
+        pytest.raises(NvmlMissingError, match="libnvidia-ml"),
+    ):
+        discover(nvml, sysfs_root=sysfs_root)
 
 
 def test_simulated_functions_have_pynvml_names_and_parameters() -> None:

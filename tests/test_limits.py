@@ -69,6 +69,15 @@ def _set(*path: str | int, value: Any) -> Any:
             "spec: only one",
         ),
         (_set("spec", "devices", 0, "name", value="GPU_0"), "spec.devices[0].name:"),
+        (_set("spec", "devices", 0, "name", value="gpu-0\n"), "spec.devices[0].name:"),
+        (
+            _set("spec", "devices", 0, "capacity", "memory", "value", value="1Gi\n"),
+            "spec.devices[0].capacity[memory].value:",
+        ),
+        (
+            _set("spec", "devices", 0, "attributes", "driverVersion", value={"version": "1.2.3\n"}),
+            "spec.devices[0].attributes[driverVersion]",
+        ),
         (_set("metadata", "name", value="Bad Name"), "metadata.name:"),
     ],
 )

@@ -116,7 +116,7 @@ def test_fabric_domain_is_shared_across_nodes_of_one_fabric(tmp_path: Path) -> N
     domains = set()
     for node in ("gb-a", "gb-b"):
         inventory = _inventory(tmp_path, "p6e-gb200.36xlarge", node, rack)
-        devices = build_devices(inventory, driver_name=DRIVER, node_name=node)
+        devices = build_devices(inventory, node_name=node)
         domains |= {_attr(d, "nvlinkDomain") for d in devices}
     (domain,) = domains
     assert domain.endswith(".32766") and len(domain) <= 64

@@ -49,8 +49,11 @@ def test_subrequests_match_by_full_or_base_name() -> None:
     by_base = [_opaque(SHARED, requests=["big"])]
     with pytest.raises(ClaimError, match="not supported yet"):
         _plan(_claim([_result("big/h100", "gpu-0")], by_base))
-    by_full = [_opaque(SHARED, requests=["big/a100"])]
-    plan = _plan(_claim([_result("big/h100", "gpu-0")], by_full))
+    by_full = [_opaque(SHARED, requests=["big/h100"])]
+    with pytest.raises(ClaimError, match="not supported yet"):
+        _plan(_claim([_result("big/h100", "gpu-0")], by_full))
+    other_sub = [_opaque(SHARED, requests=["big/a100"])]
+    plan = _plan(_claim([_result("big/h100", "gpu-0")], other_sub))
     assert plan.devices[0].request == "big/h100"
     assert plan.devices[0].base_request == "big"
 

@@ -10,7 +10,7 @@ new document when the line begins with ``apiVersion:``.
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -244,14 +244,3 @@ async def _list_all(lister: _Lister, resource: str) -> list[dict[str, Any]]:
         token = (page.get("metadata") or {}).get("continue") or None
         if not token:
             return items
-
-
-def node_labels_from(objects: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
-    """Node name -> labels, from Node objects."""
-    return {
-        str((n.get("metadata") or {}).get("name")): dict(
-            (n.get("metadata") or {}).get("labels") or {}
-        )
-        for n in objects
-        if n.get("kind") == "Node"
-    }

@@ -74,11 +74,14 @@ class NodeSearch:
         self.node = node
         self.pools: list[Pool] = cluster.pools(node)
         labels = cluster.labels(node)
+        self.every: list[Device] = []
         # Devices of complete, valid pools: the only ones ExactCount requests draw from.
-        self.usable: list[Device] = [
-            d for p in self.pools if p.usable for d in p.devices(node, labels)
-        ]
-        self.every: list[Device] = [d for p in self.pools for d in p.devices(node, labels)]
+        self.usable: list[Device] = []
+        for pool in self.pools:
+            devices = list(pool.devices(node, labels))
+            self.every += devices
+            if pool.usable:
+                self.usable += devices
         self.claim = claim
         self.selectors = selectors
         self.in_use = in_use

@@ -16,7 +16,6 @@ def served_groups(serve_resource_v1: bool) -> list[str]:
 def document(path: str, *, version: str, address: str, serve_resource_v1: bool) -> Any:
     """The discovery document at ``path``; None for a path that is not a discovery one."""
     path = path.rstrip("/") or "/"
-    groups = served_groups(serve_resource_v1)
     if path == "/version":
         return _version(version)
     if path == "/api":
@@ -25,6 +24,11 @@ def document(path: str, *, version: str, address: str, serve_resource_v1: bool) 
             "versions": ["v1"],
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}],
         }
+    if path == "/api/v1":
+        return _resource_list("", "v1")
+    if not path.startswith("/apis") or path.count("/") > 3:
+        return None  # every resource request: skip the group lookup below
+    groups = served_groups(serve_resource_v1)
     if path == "/apis":
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(g) for g in groups]}
     if path.startswith("/apis/") and path.count("/") == 2:
@@ -32,8 +36,6 @@ def document(path: str, *, version: str, address: str, serve_resource_v1: bool) 
         if group not in groups:
             raise status.not_served()
         return {"kind": "APIGroup", "apiVersion": "v1", **_group(group)}
-    if path == "/api/v1":
-        return _resource_list("", "v1")
     if path.startswith("/apis/") and path.count("/") == 3:
         _, _, group, group_version = path.split("/")
         if group in groups and any(

@@ -154,9 +154,7 @@ class LocalApiServer:
         rt = _resource_type(resource)
         table = self.store.table(rt)
         found = (o for k, o in table.objects.items() if namespace is None or k[0] == namespace)
-        return copy.deepcopy(
-            sorted(found, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-        )
+        return copy.deepcopy(sorted(found, key=_sort_key))
 
     def put(self, obj: Obj) -> Obj:
         """Create or overwrite an object without validation (watchers see the change)."""

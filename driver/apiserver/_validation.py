@@ -9,13 +9,14 @@ more than validating. ResourceSlice rules the schemas do not carry come from
 import functools
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 import jsonschema
 from referencing import Registry, Resource
 
+from driver import limits
 from driver.apiserver._resources import ResourceType
 from driver.apiserver._status import ApiError
 from driver.quantity import Quantity
@@ -333,26 +334,12 @@ def immutable_errors(rt: ResourceType, old: dict[str, Any], new: dict[str, Any])
     return errors
 
 
-def _limits_check() -> Callable[[dict[str, Any]], list[str]] | None:
-    try:
-        from driver import limits
-    except ModuleNotFoundError as exc:
-        if exc.name != "driver.limits":
-            raise
-        return None
-    check: Callable[[dict[str, Any]], list[str]] = limits.validate_resource_slice
-    return check
-
-
 def extra_errors(rt: ResourceType, obj: dict[str, Any]) -> Errors:
     """Rules the schemas do not carry (driver.limits), as (field, message) pairs."""
     if rt.plural != "resourceslices":
         return []
-    check = _limits_check()
-    if check is None:
-        return []
     errors: Errors = []
-    for message in check(obj):
+    for message in limits.validate_resource_slice(obj):
         field, sep, rest = message.partition(": ")
         if sep and re.fullmatch(r"[A-Za-z0-9_.\[\]/-]+", field):
             errors.append((field, rest))

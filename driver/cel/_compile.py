@@ -94,14 +94,6 @@ def _constant(ty: Ty, value: Any) -> Code:
     return Code(ty, lambda _c: value, True, value)
 
 
-def _display(node: Node) -> str:
-    if isinstance(node, Ident):
-        return node.name
-    if isinstance(node, Select):
-        return f"{_display(node.operand)}.{node.field}"
-    return "<expression>"
-
-
 class Compiler:
     def __init__(self, text: str) -> None:
         self._text = text
@@ -194,19 +186,27 @@ class Compiler:
         fn = operand.fn
         return Code(result, lambda c: rt.select(fn(c), field), size=operand.size + 1)
 
+    def _device_domain(self, node: Node) -> tuple[str, bool] | None:
+        """``device.attributes["d"]`` or ``device.capacity["d"]``: the domain, and whether
+        it is capacity; None for anything else."""
+        if (
+            isinstance(node, Index)
+            and isinstance(node.index, Lit)
+            and type(node.index.value) is str
+            and isinstance(node.operand, Select)
+            and node.operand.field in ("attributes", "capacity")
+            and self._is_device(node.operand.operand)
+        ):
+            return node.index.value, node.operand.field == "capacity"
+        return None
+
     def _device_lookup(self, domains: Node, ident: str) -> Code | None:
         """``device.attributes["d"].x`` (or ``device.capacity``): one call, no temporaries."""
-        if not (
-            isinstance(domains, Index)
-            and isinstance(domains.index, Lit)
-            and type(domains.index.value) is str
-            and isinstance(domains.operand, Select)
-            and domains.operand.field in ("attributes", "capacity")
-            and self._is_device(domains.operand.operand)
-        ):
+        found = self._device_domain(domains)
+        if found is None:
             return None
-        domain = domains.index.value
-        if domains.operand.field == "capacity":
+        domain, of_capacity = found
+        if of_capacity:
 
             def capacity(c: ev.Ctx) -> Any:
                 try:
@@ -540,16 +540,9 @@ class Compiler:
         sel = node.args[0]
         field = sel.field
         operand = sel.operand
-        if (
-            isinstance(operand, Index)
-            and isinstance(operand.index, Lit)
-            and type(operand.index.value) is str
-            and isinstance(operand.operand, Select)
-            and operand.operand.field in ("attributes", "capacity")
-            and self._is_device(operand.operand.operand)
-        ):
-            domain = operand.index.value
-            capacity = operand.operand.field == "capacity"
+        found = self._device_domain(operand)
+        if found is not None:
+            domain, capacity = found
             return Code(BOOL, lambda c: c.device.has(domain, field, capacity))
         code = self.compile(operand)
         if code.ty.name not in ("map", "dyn", "device"):

@@ -19,6 +19,7 @@ from driver.cel._runtime import (
     LazyMap,
     as_dict,
     check_int,
+    check_uint,
     compare,
     equals,
     format_double,
@@ -367,9 +368,7 @@ def list_sum(value: Any, zero: Any = 0) -> Any:
     if kind is int:
         return check_int(total)
     if kind is UInt:
-        if total > (1 << 64) - 1:
-            raise CelEvalError("unsigned integer overflow")
-        return UInt(total)
+        return check_uint(total)
     return total
 
 
@@ -442,11 +441,7 @@ def q_sign(a: Any) -> int:
 def q_is_integer(a: Any) -> bool:
     if type(a) is not Quantity:
         raise no_overload("isInteger", a)
-    try:
-        a.as_integer()
-    except ValueError:
-        return False
-    return True
+    return a.is_integer()
 
 
 def q_as_integer(a: Any) -> int:

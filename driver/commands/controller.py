@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from driver import kubeclient
+from driver import DEFAULT_DRIVER_NAME, kubeclient
 from driver.commands._nvmlargs import add_nvml_arguments
 
 if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
@@ -42,7 +42,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "else the host name",
     )
     parser.add_argument(
-        "--driver-name", default="gpu.nvidia.com", help="DRA driver name (default: gpu.nvidia.com)"
+        "--driver-name",
+        default=DEFAULT_DRIVER_NAME,
+        help=f"DRA driver name (default: {DEFAULT_DRIVER_NAME})",
     )
     parser.add_argument(
         "--kubeconfig",
@@ -87,7 +89,8 @@ async def _main(args: argparse.Namespace) -> int:
     from driver.errors import PermanentError
     from driver.inventory import Inventory
 
-    node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    # Lowercased as the kubelet (and `gpu-dra discover`) name the node after its host.
+    node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
     if args.resync_period <= 0:
         raise PermanentError("--resync-period must be a positive number of seconds")
     with nvml.backend(

@@ -6,6 +6,7 @@ import socket
 import sys
 from typing import Any
 
+from driver import DEFAULT_DRIVER_NAME
 from driver.commands._nvmlargs import add_nvml_arguments
 from driver.errors import PermanentError, RetryableError
 
@@ -36,9 +37,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     )
     parser.add_argument(
         "--driver-name",
-        default="gpu.nvidia.com",
+        default=DEFAULT_DRIVER_NAME,
         metavar="NAME",
-        help="DRA driver name (default: gpu.nvidia.com)",
+        help=f"DRA driver name (default: {DEFAULT_DRIVER_NAME})",
     )
     parser.add_argument(
         "-o",

@@ -273,7 +273,9 @@ def _read_cluster(kubeconfig: Path | None) -> "Inputs":
         from driver.kubeclient import client_from_kubeconfig
 
         try:
-            api = await client_from_kubeconfig(str(kubeconfig) if kubeconfig else None)
+            api = await client_from_kubeconfig(
+                str(kubeconfig) if kubeconfig else None, component="explain"
+            )
         except (config.ConfigException, OSError) as exc:
             raise ClusterAccessError(f"kubeconfig: {exc}") from exc
         async with api:

@@ -153,8 +153,8 @@ def plan(
     generations: dict[str, int] = {}
     for pool_name in sorted(existing.keys() - wanted.keys()):
         deletes.extend(existing[pool_name])  # the pool is gone: every slice is obsolete
+    owner = _Owner(driver_name, node_name, node_uid)
     for pool_name, pool_slices in wanted.items():
-        owner = _Owner(driver_name, node_name, node_uid)
         gen, pool_deletes, pool_updates, pool_creates = _plan_pool(
             pool_name, pool_slices, existing.get(pool_name, []), owner
         )

@@ -1,9 +1,9 @@
 """NVML access: the real ``pynvml`` module or the simulated one, behind one interface.
 
-:class:`Nvml` lists exactly the pynvml functions discovery calls. ``load("system")``
-returns the real module (importing it loads nothing: the C library is opened at
-``nvmlInit``); ``load("simulated", profile=...)`` returns a
-:class:`driver.nvml.simulated.SimulatedNvml`. Both raise pynvml's exception classes.
+:class:`Nvml` lists exactly the pynvml functions discovery calls. :func:`backend`
+gives the real module (importing it loads nothing: the C library is opened at
+``nvmlInit``) or a :class:`driver.nvml.simulated.SimulatedNvml`. Both raise pynvml's
+exception classes.
 
 A *sysfs root* is the directory that holds ``sys/`` (``/`` on a host); simulated
 nodes write theirs under a temporary directory, see
@@ -14,12 +14,9 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import Any, Protocol, cast
 
 from driver.errors import PermanentError
-
-if TYPE_CHECKING:
-    from driver.nvml.simulated import SimulatedNvml
 
 SysfsRoot = Path
 HOST_SYSFS_ROOT: SysfsRoot = Path("/")
@@ -49,28 +46,6 @@ class Nvml(Protocol):
     def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any, /) -> int: ...
 
 
-def load(
-    kind: Literal["system", "simulated"],
-    *,
-    profile: str | Path | None = None,
-    node_name: str = "node",
-    state_file: Path | None = None,
-) -> Nvml:
-    """The NVML to discover with.
-
-    For ``"simulated"``, ``profile`` names a shipped profile or a profile file, and
-    ``state_file`` (default: ``$GPU_DRA_SIM_STATE``) is the fault file re-read at
-    every ``nvmlInit``.
-    """
-    if kind == "system":
-        import pynvml
-
-        return cast(Nvml, pynvml)
-    if kind == "simulated":
-        return _simulated(profile, node_name=node_name, state_file=state_file)
-    raise ValueError(f"unknown NVML kind {kind!r}: expected 'system' or 'simulated'")
-
-
 @contextmanager
 def backend(
     kind: str,
@@ -87,7 +62,9 @@ def backend(
     Raises :class:`PermanentError` for a simulated backend without a profile.
     """
     if kind == "system":
-        yield load("system"), sysfs_root
+        import pynvml
+
+        yield cast(Nvml, pynvml), sysfs_root
         return
     if kind != "simulated":
         raise PermanentError(f"unknown NVML backend {kind!r}: expected 'system' or 'simulated'")
@@ -100,18 +77,3 @@ def backend(
     with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as root:
         node = SimulatedNode(profile, node_name, Path(root), state_file=state_file)
         yield node.nvml, node.sysfs_root
-
-
-def _simulated(
-    profile: str | Path | None, *, node_name: str = "node", state_file: Path | None = None
-) -> "SimulatedNvml":
-    from driver.nvml.profile import load_profile
-    from driver.nvml.simulated import SimulatedNvml, state_file_from_env
-
-    if profile is None:
-        raise ValueError("a simulated NVML needs a hardware profile")
-    return SimulatedNvml(
-        load_profile(profile),
-        node_name=node_name,
-        state_file=state_file if state_file is not None else state_file_from_env(),
-    )

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 import pynvml
 import yaml
@@ -37,8 +37,8 @@ from driver.errors import PermanentError
 NvmlState = Literal["ok", "missing", "not-loaded"]
 FabricState = Literal["not-supported", "zero", "in-progress", "completed"]
 
-_NVML_STATES: frozenset[str] = frozenset({"ok", "missing", "not-loaded"})
-_FABRIC_STATES: frozenset[str] = frozenset({"not-supported", "zero", "in-progress", "completed"})
+_NVML_STATES: frozenset[str] = frozenset(get_args(NvmlState))
+FABRIC_STATES: frozenset[str] = frozenset(get_args(FabricState))
 _KEYS = {
     "nvml": "nvml",
     "removedGpus": "removed_gpus",
@@ -122,10 +122,8 @@ def _parse_field(key: str, value: Any, source: str) -> Any:
             raise SimulationConfigError(f"{where}: {value!r} is not one of {sorted(_NVML_STATES)}")
         return value
     if key == "fabric":
-        if value not in _FABRIC_STATES:
-            raise SimulationConfigError(
-                f"{where}: {value!r} is not one of {sorted(_FABRIC_STATES)}"
-            )
+        if value not in FABRIC_STATES:
+            raise SimulationConfigError(f"{where}: {value!r} is not one of {sorted(FABRIC_STATES)}")
         return value
     if key == "removedGpus":
         if not isinstance(value, list) or not all(isinstance(v, int) for v in value):

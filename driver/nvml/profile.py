@@ -34,7 +34,7 @@ from typing import Any
 import pynvml
 import yaml
 
-from driver.nvml.faults import Faults, SimulationConfigError
+from driver.nvml.faults import FABRIC_STATES, Faults, SimulationConfigError
 
 DEFAULT_DRIVER_VERSION = "580.95.05"
 DEFAULT_CUDA_DRIVER_VERSION = "13.0"
@@ -256,6 +256,6 @@ def _numa(value: Any, count: int, source: str) -> tuple[int, ...]:
 def _fabric(value: Any, source: str) -> tuple[str, int]:
     if isinstance(value, Mapping):
         return str(value.get("state", "completed")), int(value.get("cliqueId", 0))
-    if value not in ("not-supported", "zero", "in-progress", "completed"):
+    if value not in FABRIC_STATES:
         raise SimulationConfigError(f"{source}: fabric {value!r} unknown")
     return str(value), 0

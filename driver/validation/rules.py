@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from driver.limits import MAX_DOMAIN, MAX_DRIVER_NAME, MAX_ID, is_dns_label, is_dns_subdomain
 from driver.validation import gates
 from driver.validation.problems import Severity
 
@@ -24,8 +25,6 @@ MAX_TOLERATIONS = 16  # DeviceTolerationsMaxLength
 MAX_CEL_BYTES = 10 * 1024  # CELSelectorExpressionMaxLength
 MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN_PART = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ALLOCATION_MODES = ("ExactCount", "All")
 _USES_ALLOW_MULTIPLE = re.compile(r"\ballowMultipleAllocations\b")
@@ -63,22 +62,14 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def is_dns_label(name: str) -> bool:
-    return len(name) <= 63 and bool(_DNS_LABEL.match(name))
-
-
-def is_dns_subdomain(name: str) -> bool:
-    return len(name) <= 253 and all(_DNS_SUBDOMAIN_PART.match(p) for p in name.split("."))
-
-
 def _fully_qualified_name(name: str) -> str | None:
     """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None."""
     domain, slash, ident = name.partition("/")
     if not slash:
         return "must be a fully qualified name: <domain>/<name>, e.g. gpu.nvidia.com/nvlinkDomain"
-    if not is_dns_subdomain(domain) or len(domain) > 63:
+    if not is_dns_subdomain(domain, MAX_DOMAIN):
         return f"domain {domain!r} must be a DNS subdomain of at most 63 characters"
-    if not _C_IDENTIFIER.match(ident) or len(ident) > 32:
+    if not _C_IDENTIFIER.fullmatch(ident) or len(ident) > MAX_ID:
         return f"name {ident!r} must be a C identifier of at most 32 characters"
     return None
 
@@ -124,7 +115,7 @@ def _opaque_configs(path: str, configs: list[Any]) -> Iterator[Finding]:
         if not isinstance(opaque, Mapping):
             continue
         driver = _str(opaque.get("driver"))
-        if driver is not None and (not is_dns_subdomain(driver) or len(driver) > 63):
+        if driver is not None and not is_dns_subdomain(driver, MAX_DRIVER_NAME):
             yield Finding(
                 f"{path}[{i}].opaque.driver",
                 f"{driver!r} must be a DNS subdomain of at most 63 characters",

@@ -7,10 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
 
+from driver import DEFAULT_DRIVER_NAME
+
 # flag -> (environment variable, default, help)
 _FLAGS: dict[str, tuple[str, str | None, str]] = {
     "--node-name": ("NODE_NAME", None, "name of this Node object (required)"),
-    "--driver-name": ("DRIVER_NAME", "gpu.nvidia.com", "DRA driver name"),
+    "--driver-name": ("DRIVER_NAME", DEFAULT_DRIVER_NAME, "DRA driver name"),
     "--kubeconfig": (
         "KUBECONFIG",
         None,

@@ -3,19 +3,12 @@
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from driver import kubeclient
 from driver.errors import RetryableError
 from kubeletplugin.demo._nodes import NodePlugin, NodeSpec
 
 _POLL_S = 0.1
-
-
-async def api_client(kubeconfig: Path) -> Any:
-    """A ``kubernetes.aio`` client for the kubeconfig; the caller closes it."""
-    return await kubeclient.api_client(kubeconfig, component="demo")
 
 
 def node_object(spec: NodeSpec) -> dict[str, Any]:

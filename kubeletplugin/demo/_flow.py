@@ -11,15 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from driver import DEFAULT_DRIVER_NAME, kubeclient
 from kubeletplugin.demo import _report as report
 from kubeletplugin.demo import _views as views
 from kubeletplugin.demo._cdi import read_specs
-from kubeletplugin.demo._cluster import (
-    api_client,
-    node_object,
-    slice_rows,
-    wait_for_slices,
-)
+from kubeletplugin.demo._cluster import node_object, slice_rows, wait_for_slices
 from kubeletplugin.demo._kubelet import NodeKubelet, NodeRun
 from kubeletplugin.demo._manifests import (
     claim_from_template,
@@ -38,7 +34,7 @@ NAMESPACE = "default"
 class Options:
     nodes: Sequence[NodeSpec]
     keep: bool = False
-    driver: str = "gpu.nvidia.com"
+    driver: str = DEFAULT_DRIVER_NAME
     # Plugin start and first publish; generous for two cold Python processes on two cores.
     ready_timeout_s: float = 60.0
 
@@ -74,7 +70,7 @@ class Demo:
             self.say(f"work directory {root} (removed at exit)")
             await server.start()
             kubeconfig = server.write_kubeconfig(root / "kubeconfig")
-            self._api = await api_client(kubeconfig)
+            self._api = await kubeclient.api_client(kubeconfig, component="demo")
             code = await self._acts(root, kubeconfig, server.url)
             if self._options.keep:
                 self.say(f"\nthe API server keeps running at {server.url}; explore it with:")

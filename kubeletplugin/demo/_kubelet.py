@@ -12,6 +12,7 @@ from typing import Any
 from kubeletplugin.claims import ClaimRef
 from kubeletplugin.demo._cdi import ContainerEdits, defining, read_specs, resolve
 from kubeletplugin.demo._nodes import DemoError, NodePlugin
+from kubeletplugin.demo._scheduler import claim_key
 from kubeletplugin.kubeletsim import KubeletSim
 
 
@@ -28,7 +29,6 @@ class PreparedDevice:
 class ContainerView:
     pod: str
     container: str
-    claims: tuple[str, ...]
     edits: ContainerEdits
 
 
@@ -49,10 +49,6 @@ class NodeRun:
 def _ref(claim: Mapping[str, Any]) -> ClaimRef:
     meta = claim["metadata"]
     return ClaimRef(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"])
-
-
-def _key(claim: Mapping[str, Any]) -> str:
-    return f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
 
 
 class NodeKubelet:
@@ -97,10 +93,10 @@ class NodeKubelet:
     def _record(self, pod: str, claim: Mapping[str, Any], answer: Any) -> None:
         uid = claim["metadata"]["uid"]
         if answer is None:
-            self.run.errors.append(f"{_key(claim)}: the plugin's answer has no entry for it")
+            self.run.errors.append(f"{claim_key(claim)}: the plugin's answer has no entry for it")
             return
         if answer.error:
-            self.run.errors.append(f"{_key(claim)}: {answer.error}")
+            self.run.errors.append(f"{claim_key(claim)}: {answer.error}")
             return
         self._ids[uid] = []
         for device in answer.devices:
@@ -108,7 +104,7 @@ class NodeKubelet:
             self._ids[uid].extend(ids)
             self.run.devices.append(
                 PreparedDevice(
-                    pod, _key(claim), tuple(device.request_names), device.device_name, ids
+                    pod, claim_key(claim), tuple(device.request_names), device.device_name, ids
                 )
             )
 
@@ -126,12 +122,7 @@ class NodeKubelet:
                 self.run.errors.append(f"{pod['metadata']['name']}/{container['name']}: {exc}")
                 continue
             self.run.containers.append(
-                ContainerView(
-                    pod["metadata"]["name"],
-                    container["name"],
-                    tuple(_key(c) for c in wanted),
-                    edits,
-                )
+                ContainerView(pod["metadata"]["name"], container["name"], edits)
             )
 
     async def unprepare(self) -> None:
@@ -147,8 +138,8 @@ class NodeKubelet:
             answer = response.claims.get(uid)
             error = "no entry in the answer" if answer is None else answer.error
             left = defining(self._ids[uid], specs)
-            self.run.unprepared[_key(claim)] = (error, left)
+            self.run.unprepared[claim_key(claim)] = (error, left)
             if error:
-                self.run.errors.append(f"unprepare {_key(claim)}: {error}")
+                self.run.errors.append(f"unprepare {claim_key(claim)}: {error}")
             if left:
-                self.run.errors.append(f"unprepare {_key(claim)}: CDI spec left: {left}")
+                self.run.errors.append(f"unprepare {claim_key(claim)}: CDI spec left: {left}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from driver.allocation.inputs import load_file
 from kubeletplugin.demo._nodes import DemoError
 
 CHARTS_DIR = Path(__file__).resolve().parents[2] / "charts"
@@ -34,6 +35,27 @@ _HALF = 28
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
+def render_chart(
+    values: Mapping[str, Any], *, namespace: str = _RELEASE, chart_dir: Path = CHART_DIR
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(template path, object)`` for every object the chart renders, as ``helm template``.
+
+    Needs helm-python-sdk (ImportError without it); raises helm_python.HelmValuesError when
+    the values break values.schema.json, helm_python.HelmRenderError when a template fails.
+    """
+    import helm_python
+
+    with helm_python.Chart.load(chart_dir) as chart:
+        manifests = chart.render(dict(values), name=_RELEASE, namespace=namespace, is_install=True)
+    return [
+        (path, doc)
+        for path, text in sorted(manifests.items())
+        if path.endswith((".yaml", ".yml"))
+        for doc in yaml.safe_load_all(text)
+        if isinstance(doc, dict)
+    ]
+
+
 def render_device_classes(chart_dir: Path = CHART_DIR) -> list[dict[str, Any]]:
     """The chart's DeviceClasses for default values, rendered by the Helm engine."""
     try:
@@ -46,17 +68,10 @@ def render_device_classes(chart_dir: Path = CHART_DIR) -> list[dict[str, Any]]:
     if not (chart_dir / "Chart.yaml").is_file():
         raise DemoError(f"no Helm chart at {chart_dir}: run the demo from a source checkout")
     try:
-        with helm_python.Chart.load(chart_dir) as chart:
-            manifests = chart.render({}, name=_RELEASE, namespace=_RELEASE, is_install=True)
+        objects = render_chart({}, chart_dir=chart_dir)
     except helm_python.HelmError as exc:
         raise DemoError(f"the chart at {chart_dir} does not render: {exc}") from exc
-    classes = [
-        doc
-        for path, text in sorted(manifests.items())
-        if path.endswith((".yaml", ".yml"))
-        for doc in yaml.safe_load_all(text)
-        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass"
-    ]
+    classes = [obj for _, obj in objects if obj.get("kind") == "DeviceClass"]
     if not classes:
         raise DemoError(f"the chart at {chart_dir} renders no DeviceClass")
     return classes
@@ -66,17 +81,9 @@ def load_examples(
     names: Sequence[str] = DEFAULT_EXAMPLES, directory: Path = EXAMPLES_DIR
 ) -> list[tuple[str, dict[str, Any]]]:
     """``(file name, object)`` for every object of the named example files, in file order."""
-    objects: list[tuple[str, dict[str, Any]]] = []
-    for name in names:
-        path = directory / f"{name}.yaml"
-        try:
-            docs = list(yaml.safe_load_all(path.read_text()))
-        except OSError as exc:
-            raise DemoError(f"cannot read example {path}: {exc}") from exc
-        except yaml.YAMLError as exc:
-            raise DemoError(f"example {path} is not valid YAML: {exc}") from exc
-        objects.extend((path.name, d) for d in docs if isinstance(d, dict))
-    return objects
+    return [
+        (f"{name}.yaml", obj) for name in names for obj in load_file(directory / f"{name}.yaml")
+    ]
 
 
 def claim_base_name(pod_name: str, pod_claim_name: str) -> str:
