@@ -14,7 +14,7 @@ from typing import Any
 import helm_python
 import yaml
 
-from kubeletplugin.demo._manifests import CHART_DIR, render_chart
+from sandbox.demo._manifests import CHART_DIR, render_chart
 
 EKS_VALUES = CHART_DIR / "values-eks.yaml"
 NAMESPACE = "gpu-dra-driver"

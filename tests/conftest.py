@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from driver.apiserver import LocalApiServer
+from sandbox.apiserver import LocalApiServer
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from driver.allocation import Explanation, explain_claim, explain_class
 from driver.errors import PermanentError
+from driver.tools.allocation import Explanation, explain_claim, explain_class
 
 DRIVER = "gpu.nvidia.com"
 CLASS = "gpu.nvidia.com"

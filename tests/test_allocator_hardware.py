@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 
-from driver.allocation import explain_claim, explain_class
 from driver.discovery import discover
 from driver.nvml.simulated import SimulatedNode
 from driver.resourceslice import build_resource_slices
+from driver.tools.allocation import explain_claim, explain_class
 
 DRIVER = "gpu.nvidia.com"
 GPU_CLASS = {

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from kubernetes.aio import client
 
-from driver.apiserver import LocalApiServer, ThreadedApiServer
+from sandbox.apiserver import LocalApiServer, ThreadedApiServer
 
 DRIVER = "gpu.nvidia.com"
 

@@ -13,7 +13,7 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio import config as aio_config
 
-from driver.apiserver import LocalApiServer, ThreadedApiServer
+from sandbox.apiserver import LocalApiServer, ThreadedApiServer
 from tests.test_apiserver import DRIVER, slice_body, status_of, typed_api
 
 # The config loaders carry no annotations; bind them as Any once.
@@ -204,7 +204,7 @@ def test_threaded_runner_with_the_sync_client(tmp_path: Path) -> None:
 def test_module_entry_prints_url_and_serves(tmp_path: Path) -> None:
     config = tmp_path / "kubeconfig"
     process = subprocess.Popen(
-        [sys.executable, "-m", "driver.apiserver", "--port", "0", "--kubeconfig-out", str(config)],
+        [sys.executable, "-m", "sandbox.apiserver", "--port", "0", "--kubeconfig-out", str(config)],
         stdout=subprocess.PIPE,
         text=True,
     )

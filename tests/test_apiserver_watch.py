@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from kubernetes.aio import client, watch
 
-from driver.apiserver import LocalApiServer
+from sandbox.apiserver import LocalApiServer
 from tests.test_apiserver import DRIVER, slice_body, typed_api
 
 Watch: Any = watch.Watch  # the client's Watch carries no annotations

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from driver.cel import (
+from driver.tools.cel import (
     CelCompileError,
     CelDevice,
     CelEvalError,

@@ -1,10 +1,12 @@
-"""The public surface of driver.cel beyond the case table: errors, positions, budget, reuse."""
+"""The public surface of driver.tools.cel beyond the case table: errors, positions, reuse."""
 
 import itertools
 
 import pytest
 
-from driver.cel import (
+from driver.errors import PermanentError
+from driver.semver import Semver, SemverError
+from driver.tools.cel import (
     CelCompileError,
     CelDevice,
     CelError,
@@ -12,8 +14,6 @@ from driver.cel import (
     CelUnsupportedError,
     compile_selector,
 )
-from driver.errors import PermanentError
-from driver.semver import Semver, SemverError
 from tests.cel_cases import DEVICE, DRIVER
 
 _DEV = CelDevice.from_api(DRIVER, DEVICE)

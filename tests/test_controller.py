@@ -14,7 +14,6 @@ from typing import Any, cast
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.apiserver import LocalApiServer
 from driver.controller import ApiVersionMissingError, NodeNotFoundError, SliceController
 from driver.controller.client import ApiError, Client, GoneError
 from driver.discovery import NvmlNotReadyError, discover
@@ -22,6 +21,7 @@ from driver.errors import RetryableError
 from driver.inventory import Inventory
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
+from sandbox.apiserver import LocalApiServer
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"

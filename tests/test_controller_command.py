@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.apiserver import LocalApiServer
 from driver.nvml.faults import write_state_file
+from sandbox.apiserver import LocalApiServer
 from tests.test_controller import PoolWatch, pool
 
 __all__ = ["pool"]  # the fixture, shared with the in-process tests

@@ -21,12 +21,12 @@ import pytest
 from driver import kubeclient
 from driver.nvml.profile import profile_names
 from kubeletplugin.cli import main as cli_main
-from kubeletplugin.demo import DemoError, NodeSpec, parse_nodes
-from kubeletplugin.demo._cdi import defining, resolve
-from kubeletplugin.demo._cluster import complete_pools
-from kubeletplugin.demo._manifests import claim_base_name, claim_from_template
-from kubeletplugin.demo._report import table
-from kubeletplugin.demo._scheduler import allocated_node, free_share, rank
+from sandbox.demo import DemoError, NodeSpec, parse_nodes
+from sandbox.demo._cdi import defining, resolve
+from sandbox.demo._cluster import complete_pools
+from sandbox.demo._manifests import claim_base_name, claim_from_template
+from sandbox.demo._report import table
+from sandbox.demo._scheduler import allocated_node, free_share, rank
 
 REPO = Path(__file__).resolve().parent.parent
 _WAIT_S = 60.0
@@ -403,12 +403,12 @@ def _gpu_claim(name: str, count: int) -> dict[str, Any]:
 
 
 def test_place_moves_on_when_a_pods_claims_do_not_fit_together(tmp_path: Path) -> None:
-    from driver.allocation.inputs import Inputs
     from driver.discovery import discover
     from driver.nvml.simulated import SimulatedNode
     from driver.resourceslice import build_resource_slices
-    from kubeletplugin.demo._manifests import render_device_classes
-    from kubeletplugin.demo._scheduler import place
+    from driver.tools.allocation.inputs import Inputs
+    from sandbox.demo._manifests import render_device_classes
+    from sandbox.demo._scheduler import place
 
     slices = []
     for profile, node in (("g6e.12xlarge", "a"), ("p5.48xlarge", "b")):

@@ -15,11 +15,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.allocation import Explanation, explain_claim
 from driver.discovery import discover
 from driver.nvml.faults import Faults
 from driver.nvml.simulated import SimulatedNode
 from driver.resourceslice import build_resource_slices
+from driver.tools.allocation import Explanation, explain_claim
 from kubeletplugin.cli import main
 from tests.chart_render import render
 

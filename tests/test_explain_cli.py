@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.apiserver import LocalApiServer
 from kubeletplugin.cli import main
+from sandbox.apiserver import LocalApiServer
 
 DRIVER = "gpu.nvidia.com"
 GPU_CLASS: dict[str, Any] = {

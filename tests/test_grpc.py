@@ -23,10 +23,10 @@ from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver.errors import PermanentError
 from kubeletplugin import draservice
 from kubeletplugin.health import HealthServer
-from kubeletplugin.kubeletsim import KubeletSim, choose_version
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import MAX_SOCKET_PATH, SocketPaths, SocketServer, socket_paths
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
+from sandbox.kubeletsim import KubeletSim, choose_version
 
 DRIVER = "gpu.nvidia.com"
 

@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kubeletplugin import node
-from kubeletplugin.kubeletsim import KubeletSim
+from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import (
     NodeDirs,
     api_client,

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from kubeletplugin.kubeletsim import KubeletSim
+from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
 
 NODE = "node-p"

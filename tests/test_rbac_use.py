@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as kclient
 
-from driver.apiserver import LocalApiServer
 from driver.kubeclient import user_agent
 from driver.nvml.faults import write_state_file
 from kubeletplugin import node
-from kubeletplugin.kubeletsim import KubeletSim
+from sandbox.apiserver import LocalApiServer
+from sandbox.kubeletsim import KubeletSim
 from tests.chart_render import rbac_grants, render
 from tests.pluginharness import NodeDirs, api_client, create_claim, create_node, wait_for
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.apiserver import LocalApiServer
 from driver.discovery import discover
 from driver.inventory import Inventory
 from driver.nvml.simulated import SimulatedNode
@@ -21,6 +20,7 @@ from kubeletplugin import cdi
 from kubeletplugin.checkpoint import ClaimState, ForeignCheckpointError, _checksum, decode
 from kubeletplugin.containertoolkit import ToolkitError
 from kubeletplugin.state import ClaimRef, DeviceState, ForeignStateError, StateConfig
+from sandbox.apiserver import LocalApiServer
 from tests.test_cdi import assert_valid_spec
 
 DRIVER = "gpu.nvidia.com"

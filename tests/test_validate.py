@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.validation import Problem, Severity, parse_version, validate_sources
+from driver.tools.validation import Problem, Severity, parse_version, validate_sources
 from kubeletplugin.cli import main
 
 CLASS = {
@@ -577,7 +577,7 @@ def test_selector_check_is_injectable() -> None:
     seen: list[str] = []
 
     def reject(expression: str) -> Any:
-        from driver.validation.rules import Finding
+        from driver.tools.validation.rules import Finding
 
         seen.append(expression)
         return Finding("", "rejected")

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aiohttp
 from kubernetes.aio import client
 
-from driver.apiserver import LocalApiServer
-from driver.apiserver import _validation as validation
-from driver.apiserver._resources import BY_PATH
+from sandbox.apiserver import LocalApiServer
+from sandbox.apiserver import _validation as validation
+from sandbox.apiserver._resources import BY_PATH
 
 RUNS = 200
 NODES = 1000

@@ -29,11 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from driver.cel import CelDevice, compile_selector
 from driver.discovery import discover
 from driver.inventory import Inventory
 from driver.nvml.simulated import SimulatedNode
 from driver.resourceslice import build_resource_slices
+from driver.tools.cel import CelDevice, compile_selector
 
 DRIVER = "gpu.nvidia.com"
 PROFILES = ("p5.48xlarge", "g6e.48xlarge")
@@ -173,7 +173,7 @@ def _explain_floor(slices: list[dict[str, Any]]) -> int:
 
 def bench_explain(slices: list[dict[str, Any]]) -> bool:
     """Print the explain figures; True when under the target."""
-    from driver.allocation import explain_claim
+    from driver.tools.allocation import explain_claim
 
     devices = sum(len(s["spec"]["devices"]) for s in slices)
     results: list[dict[str, Any]] = []

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import grpc
 
 from api.gen import dra_v1_pb2, dra_v1_pb2_grpc
-from kubeletplugin.kubeletsim import KubeletSim
 from kubeletplugin.state import ClaimRef
+from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import (
     NodeDirs,
     PluginProcess,
@@ -93,7 +93,7 @@ def _apiserver(kubeconfig: Path) -> Iterator[None]:
     """The local API server in a process of its own, as a real one is: in this
     process it would share a GIL with the kubelet simulator and the floor loop."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "driver.apiserver", "--kubeconfig-out", str(kubeconfig)],
+        [sys.executable, "-m", "sandbox.apiserver", "--kubeconfig-out", str(kubeconfig)],
         stdout=subprocess.PIPE,
         cwd=_ROOT,
     )

@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kubernetes.aio import client
 
-from driver.apiserver import RequestRecord, ThreadedApiServer
 from driver.controller import SliceController, plan
 from driver.controller.client import Client
 from driver.discovery import discover
 from driver.inventory import Inventory
 from driver.nvml.simulated import SimulatedNode
 from driver.resourceslice import build_resource_slices
+from sandbox.apiserver import RequestRecord, ThreadedApiServer
 
 DRIVER = "gpu.nvidia.com"
 NODES = int(sys.argv[1]) if len(sys.argv) > 1 else 1000

@@ -1,0 +1,293 @@
+"""ResourceSlices indexed for allocation: devices, pools, and which node sees which pool.
+
+Follows the scheduler's pool gathering (k8s.io/dynamic-resource-allocation
+structured/internal/stable/pools_stable.go, ``GatherPools``): per node, a slice
+counts when its ``nodeName`` is that node, it has ``allNodes``, or its
+``nodeSelector`` matches; per pool only the slices of the highest generation
+count; a pool with fewer slices than ``resourceSliceCount`` is incomplete and a
+pool with a duplicate device name is invalid. Both are skipped by allocation.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from driver.errors import PermanentError
+from driver.tools.cel import CelDevice
+
+# A device's identity across the cluster, as allocation results name it.
+DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+# An attribute value as ("string"|"int"|"bool"|"version", value).
+AttributeValue = tuple[str, Any]
+
+_VALUE_KINDS = ("string", "int", "bool", "version")
+
+
+@dataclass(slots=True, eq=False)
+class Device:
+    """One published device with what allocation needs to know about where it lives."""
+
+    index: int  # position in Cluster.devices: the key of every per-device cache
+    driver: str
+    pool: str
+    name: str
+    data: Mapping[str, Any]  # the v1 Device JSON
+    slice_name: str
+    node_name: str | None = None
+    node_selector: Mapping[str, Any] | None = None
+    _cel: CelDevice | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def taints(self) -> Sequence[Mapping[str, Any]]:
+        taints: Sequence[Mapping[str, Any]] = self.data.get("taints") or ()
+        return taints
+
+    def cel(self) -> CelDevice:
+        """The CEL view of this device, built once on first use."""
+        if self._cel is None:
+            self._cel = CelDevice.from_api(self.driver, self.data)
+        return self._cel
+
+    def attribute(self, qualified_name: str) -> AttributeValue | None:
+        """Look an attribute up the way constraints do.
+
+        The fully qualified name first, then, when its domain is the driver's,
+        the bare identifier (stable allocator, ``lookupAttribute``).
+        """
+        attributes: Mapping[str, Any] = self.data.get("attributes") or {}
+        raw = attributes.get(qualified_name)
+        if raw is None:
+            domain, sep, ident = qualified_name.partition("/")
+            if not sep or domain != self.driver:
+                return None
+            raw = attributes.get(ident)
+            if raw is None:
+                return None
+        if isinstance(raw, Mapping):
+            for kind in _VALUE_KINDS:
+                if kind in raw:
+                    return (kind, raw[kind])
+        return None  # an unknown value type cannot satisfy a constraint
+
+
+@dataclass(slots=True)
+class _Slice:
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    count: int
+    node_name: str | None
+    all_nodes: bool
+    node_selector: Mapping[str, Any] | None
+    per_device: bool
+    devices: list[Device]
+
+
+@dataclass(slots=True)
+class Pool:
+    """One pool as one node sees it: only its newest generation."""
+
+    driver: str
+    name: str
+    generation: int
+    expected_slices: int
+    slices: list[_Slice]
+    invalid: str | None = None  # why the pool is invalid, e.g. a duplicate device name
+
+    @property
+    def incomplete(self) -> bool:
+        return len(self.slices) != self.expected_slices
+
+    @property
+    def usable(self) -> bool:
+        return not self.incomplete and self.invalid is None
+
+    def devices(self, node: str | None, labels: Mapping[str, str] | None) -> Iterable[Device]:
+        for s in self.slices:
+            if not s.per_device:
+                yield from s.devices
+                continue
+            for device in s.devices:
+                if _device_targets(device, node, labels):
+                    yield device
+
+    def describe(self) -> str:
+        return f"{self.driver}/{self.name}"
+
+
+def _device_targets(device: Device, node: str | None, labels: Mapping[str, str] | None) -> bool:
+    if device.node_name is not None:
+        return node is None or device.node_name == node
+    if device.node_selector is not None:
+        return node_selector_matches(device.node_selector, node, labels)
+    return bool(device.data.get("allNodes"))
+
+
+class InvalidSliceError(PermanentError):
+    """A ResourceSlice without the fields allocation needs."""
+
+
+class Cluster:
+    """Every device of the given ResourceSlices, grouped so a node's pools are cheap to gather."""
+
+    def __init__(
+        self,
+        slices: Iterable[Mapping[str, Any]],
+        *,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        self.devices: list[Device] = []
+        self._local: dict[str, list[_Slice]] = {}
+        self._shared: list[_Slice] = []
+        self._node_labels = node_labels
+        names: set[str] = set(node_labels or ())
+        for index, obj in enumerate(slices):
+            try:
+                parsed = self._parse(obj, index)
+            except (AttributeError, TypeError, ValueError) as exc:
+                name = (obj.get("metadata") or {}).get("name") if isinstance(obj, Mapping) else None
+                raise InvalidSliceError(
+                    f"ResourceSlice {name or f'#{index}'}: malformed: {exc}"
+                ) from exc
+            if parsed is None:
+                continue
+            if parsed.node_name is not None:
+                self._local.setdefault(parsed.node_name, []).append(parsed)
+                names.add(parsed.node_name)
+            else:
+                self._shared.append(parsed)
+                if parsed.per_device:
+                    names.update(d.node_name for d in parsed.devices if d.node_name)
+        for group in self._local.values():
+            group.sort(key=lambda s: s.name)
+        self._shared.sort(key=lambda s: s.name)
+        self.node_names: list[str] = sorted(names)
+
+    def _parse(self, obj: Mapping[str, Any], index: int) -> _Slice | None:
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping):
+            raise InvalidSliceError(f"ResourceSlice #{index}: no spec")
+        name = str((obj.get("metadata") or {}).get("name") or f"#{index}")
+        pool = spec.get("pool")
+        driver = spec.get("driver")
+        if not isinstance(pool, Mapping) or not pool.get("name") or not driver:
+            raise InvalidSliceError(
+                f"ResourceSlice {name}: spec.driver and spec.pool.name required"
+            )
+        per_device = bool(spec.get("perDeviceNodeSelection"))
+        node_name = spec.get("nodeName") or None
+        all_nodes = bool(spec.get("allNodes"))
+        selector = spec.get("nodeSelector")
+        if node_name is None and not all_nodes and selector is None and not per_device:
+            return None  # an unknown future way of node selection: the scheduler skips it too
+        parsed = _Slice(
+            name=name,
+            driver=str(driver),
+            pool=str(pool["name"]),
+            generation=int(pool.get("generation") or 0),
+            count=int(pool.get("resourceSliceCount") or 1),
+            node_name=node_name,
+            all_nodes=all_nodes,
+            node_selector=selector,
+            per_device=per_device,
+            devices=[],
+        )
+        for raw in spec.get("devices") or ():
+            device = Device(
+                index=len(self.devices),
+                driver=parsed.driver,
+                pool=parsed.pool,
+                name=str(raw.get("name", "")),
+                data=raw,
+                slice_name=name,
+                node_name=(raw.get("nodeName") or None) if per_device else node_name,
+                node_selector=raw.get("nodeSelector") if per_device else selector,
+            )
+            parsed.devices.append(device)
+            self.devices.append(device)
+        return parsed
+
+    def labels(self, node: str | None) -> Mapping[str, str] | None:
+        if node is None or self._node_labels is None:
+            return None
+        return self._node_labels.get(node)
+
+    def pools(self, node: str | None) -> list[Pool]:
+        """The pools a node sees, sorted by driver and name (the order allocation tries)."""
+        labels = self.labels(node)
+        candidates: list[_Slice] = list(self._local.get(node, ())) if node is not None else []
+        for s in self._shared:
+            if s.per_device:
+                if any(_device_targets(d, node, labels) for d in s.devices):
+                    candidates.append(s)
+            elif s.all_nodes or (
+                s.node_selector is not None and node_selector_matches(s.node_selector, node, labels)
+            ):
+                candidates.append(s)
+        by_id: dict[tuple[str, str], Pool] = {}
+        for s in candidates:
+            pool = by_id.get((s.driver, s.pool))
+            if pool is None or s.generation > pool.generation:
+                by_id[(s.driver, s.pool)] = Pool(s.driver, s.pool, s.generation, s.count, [s])
+            elif s.generation == pool.generation:
+                pool.slices.append(s)
+        result = [by_id[k] for k in sorted(by_id)]
+        for pool in result:
+            # The newest slice decides how many slices make the pool complete.
+            pool.expected_slices = pool.slices[0].count
+            seen: set[str] = set()
+            for s in pool.slices:
+                for d in s.devices:
+                    if d.name in seen:
+                        pool.invalid = f"duplicate device name {d.name}"
+                    seen.add(d.name)
+        return result
+
+
+def node_selector_matches(
+    selector: Mapping[str, Any], node: str | None, labels: Mapping[str, str] | None
+) -> bool:
+    """A v1 NodeSelector against a node: terms are ORed, requirements in a term ANDed.
+
+    Without the node's labels (no Node objects given) label requirements are
+    assumed to hold; ``matchFields`` on ``metadata.name`` is always checked.
+    """
+    for term in selector.get("nodeSelectorTerms") or ():
+        expressions = term.get("matchExpressions") or ()
+        fields = term.get("matchFields") or ()
+        if not expressions and not fields:
+            continue  # an empty term matches no node
+        if labels is not None and not all(_requirement(r, labels) for r in expressions):
+            continue
+        if node is not None and not all(_requirement(r, {"metadata.name": node}) for r in fields):
+            continue
+        return True
+    return False
+
+
+def _requirement(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+    key = req.get("key", "")
+    op = req.get("operator", "")
+    wanted = [str(v) for v in req.get("values") or ()]
+    present = key in values
+    value = values.get(key, "")
+    if op == "In":
+        return present and value in wanted
+    if op == "NotIn":
+        return not present or value not in wanted
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and len(wanted) == 1:
+        try:
+            have, limit = int(value), int(wanted[0])
+        except ValueError:
+            return False
+        return have > limit if op == "Gt" else have < limit
+    return False

@@ -1,0 +1,282 @@
+"""The backtracking search for one claim on one node, as the scheduler does it.
+
+Semantics follow the stable allocator (k8s.io/dynamic-resource-allocation
+structured/internal/stable/allocator_stable.go, ``allocateOne`` and
+``allocateDevice``): requests in order, ``firstAvailable`` alternatives in
+order, devices in pool/slice order; a device is skipped when already taken (by
+another claim unless admin access, or by this claim), when a selector is false,
+when it has a NoSchedule/NoExecute taint no toleration matches, or when adding
+it breaks a constraint; the first complete solution wins. A CEL runtime error
+on a device the search reaches stops allocation on the node, as Allocate
+returns that error.
+
+Two prunings keep it fast without changing the answer. Each request's devices
+are picked in increasing position: the scheduler tries every order, but since
+constraints judge a set, the first solution in its order is the same set in
+increasing order. And a request whose candidates cannot reach its count (or
+whose constraint values cannot) fails without search.
+"""
+
+from collections import Counter
+from collections.abc import Set
+from dataclasses import dataclass
+
+from driver.tools.allocation.claims import (
+    MAX_RESULTS,
+    Constraint,
+    ParsedClaim,
+    Request,
+    RequestGroup,
+)
+from driver.tools.allocation.pools import Cluster, Device, DeviceKey, Pool
+from driver.tools.allocation.selectors import Selectors
+
+DEFAULT_BUDGET = 100_000
+
+
+class SearchAborted(Exception):
+    """The scheduler's Allocate would return this error for the node."""
+
+
+class BudgetExceeded(Exception):
+    """The search took more steps than allowed; the answer is unknown."""
+
+
+@dataclass(slots=True)
+class Candidate:
+    device: Device
+    # Set when a selector errs on this device: reaching it stops allocation.
+    poison: str | None = None
+
+
+def _stopped(rejection: str, device: str) -> str:
+    # As Allocate returns the error: the scheduler gives up on the node.
+    return f"allocation stopped on this node at device {device}: {rejection}"
+
+
+def device_label(device: Device, node: str | None) -> str:
+    """A device's name in a reason: bare when its pool is the node's own pool."""
+    return device.name if device.pool == node else f"{device.pool}/{device.name}"
+
+
+class NodeSearch:
+    """Everything known about allocating one claim on one node, and the search itself."""
+
+    def __init__(
+        self,
+        node: str | None,
+        cluster: Cluster,
+        claim: ParsedClaim,
+        selectors: Selectors,
+        in_use: Set[DeviceKey],
+        budget: int,
+    ) -> None:
+        self.node = node
+        self.pools: list[Pool] = cluster.pools(node)
+        labels = cluster.labels(node)
+        self.every: list[Device] = []
+        # Devices of complete, valid pools: the only ones ExactCount requests draw from.
+        self.usable: list[Device] = []
+        for pool in self.pools:
+            devices = list(pool.devices(node, labels))
+            self.every += devices
+            if pool.usable:
+                self.usable += devices
+        self.claim = claim
+        self.selectors = selectors
+        self.in_use = in_use
+        self.budget = budget
+        self.steps = 0
+        self.too_many = False
+        self.results: list[tuple[Request, Device]] = []
+        self.chosen: dict[str, Request] = {}
+        self._allocating: set[int] = set()
+        self._candidates: dict[int, list[Candidate]] = {}
+        self._feasible: dict[int, bool] = {}
+        self._all: dict[int, list[Device]] = {}
+        self._covering: dict[int, list[Constraint]] = {}
+
+    def covering(self, request: Request) -> list[Constraint]:
+        cached = self._covering.get(id(request))
+        if cached is None:
+            cached = [c for c in self.claim.constraints if c.covers(request)]
+            self._covering[id(request)] = cached
+        return cached
+
+    def candidates(self, request: Request) -> list[Candidate]:
+        """Devices the search may try for an ExactCount request, in order."""
+        cached = self._candidates.get(id(request))
+        if cached is not None:
+            return cached
+        covering = self.covering(request)
+        out: list[Candidate] = []
+        for device in self.usable:
+            if not request.admin and device.key in self.in_use:
+                continue  # checked first by the scheduler: a taken device is never evaluated
+            rejection = self.selectors.first_rejection(request.selectors, device)
+            if rejection is not None:
+                if rejection.is_error:
+                    label = device_label(device, self.node)
+                    out.append(Candidate(device, _stopped(rejection.describe(), label)))
+                continue
+            if request.blocking_taint(device) is not None:
+                continue
+            if any(device.attribute(c.attribute) is None for c in covering):
+                continue  # can never join a constraint it lacks the attribute of
+            out.append(Candidate(device))
+        self._candidates[id(request)] = out
+        return out
+
+    def feasible(self, request: Request) -> bool:
+        """False only when the request cannot succeed whatever else is chosen."""
+        known = self._feasible.get(id(request))
+        if known is not None:
+            return known
+        cands = self.candidates(request)
+        result = True
+        if not any(c.poison for c in cands):
+            devices = [c.device for c in cands]
+            result = len(devices) >= request.count
+            for constraint in self.covering(request):
+                values = Counter(d.attribute(constraint.attribute) for d in devices)
+                if constraint.kind == "matchAttribute":
+                    result = result and max(values.values(), default=0) >= request.count
+                else:
+                    result = result and len(values) >= request.count
+        self._feasible[id(request)] = result
+        return result
+
+    def all_devices(self, request: Request) -> list[Device]:
+        """What ``All`` means on this node: every device the selectors accept."""
+        cached = self._all.get(id(request))
+        if cached is not None:
+            return cached
+        for pool in self.pools:
+            if pool.incomplete:
+                raise SearchAborted(
+                    f"request {request.name} asks for all devices, but resource pool "
+                    f"{pool.describe()} is incomplete ({len(pool.slices)} of "
+                    f"{pool.expected_slices} slices present)"
+                )
+            if pool.invalid is not None:
+                raise SearchAborted(
+                    f"request {request.name} asks for all devices, but resource pool "
+                    f"{pool.describe()} is invalid ({pool.invalid})"
+                )
+        out: list[Device] = []
+        for device in self.every:
+            rejection = self.selectors.first_rejection(request.selectors, device)
+            if rejection is None:
+                out.append(device)
+            elif rejection.is_error:
+                label = device_label(device, self.node)
+                raise SearchAborted(_stopped(rejection.describe(), label))
+        self._all[id(request)] = out
+        return out
+
+    def run(self) -> bool:
+        """Search; True with ``results`` and ``chosen`` filled, or False.
+
+        Raises SearchAborted or BudgetExceeded.
+        """
+        try:
+            # The scheduler works out every "All" request before searching.
+            for group in self.claim.groups:
+                for request in group.alternatives:
+                    if request.all_mode:
+                        self.all_devices(request)
+            return self._group(0)
+        finally:
+            for constraint in self.claim.constraints:
+                constraint.reset()
+
+    def _group(self, index: int) -> bool:
+        groups: list[RequestGroup] = self.claim.groups
+        if index == len(groups):
+            return True
+        group = groups[index]
+        for request in group.alternatives:
+            if self._slot(index, request, 0, 0):
+                self.chosen[group.name] = request
+                return True
+        return False
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps > self.budget:
+            raise BudgetExceeded(f"search budget exceeded ({self.budget} steps)")
+
+    def _slot(self, group: int, request: Request, taken: int, start: int) -> bool:
+        self._step()
+        if request.all_mode:
+            return self._take_all(group, request)
+        if taken == request.count:
+            return self._group(group + 1)
+        if taken == 0:
+            if len(self.results) + request.count > MAX_RESULTS:
+                self.too_many = True
+                return False
+            if not self.feasible(request):
+                return False
+        cands = self.candidates(request)
+        for position in range(start, len(cands)):
+            cand = cands[position]
+            device = cand.device
+            if device.index in self._allocating:
+                continue
+            if cand.poison is not None:
+                raise SearchAborted(cand.poison)
+            if not self._push(request, device):
+                continue
+            if self._slot(group, request, taken + 1, position + 1):
+                return True
+            self._pop(request, device)
+        return False
+
+    def _take_all(self, group: int, request: Request) -> bool:
+        devices = self.all_devices(request)
+        if not devices:
+            return False  # All needs at least one device
+        if len(self.results) + len(devices) > MAX_RESULTS:
+            self.too_many = True
+            return False
+        taken: list[Device] = []
+        complete = True
+        for device in devices:
+            if (
+                device.index in self._allocating
+                or (not request.admin and device.key in self.in_use)
+                or request.blocking_taint(device) is not None
+            ):
+                complete = False  # the order does not matter: one missing device ends it
+                break
+            if not self._push(request, device):
+                label = device_label(device, self.node)
+                raise SearchAborted(
+                    f"request {request.name}: cannot add device {label} because a claim "
+                    "constraint would not be satisfied"
+                )
+            taken.append(device)
+        if complete and self._group(group + 1):
+            return True
+        for device in reversed(taken):
+            self._pop(request, device)
+        return False
+
+    def _push(self, request: Request, device: Device) -> bool:
+        added: list[Constraint] = []
+        for constraint in self.covering(request):
+            if not constraint.add(device.attribute(constraint.attribute)):
+                for done in added:
+                    done.remove()
+                return False
+            added.append(constraint)
+        self._allocating.add(device.index)
+        self.results.append((request, device))
+        return True
+
+    def _pop(self, request: Request, device: Device) -> None:
+        for constraint in self.covering(request):
+            constraint.remove()
+        self._allocating.discard(device.index)
+        self.results.pop()

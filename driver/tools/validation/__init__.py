@@ -1,0 +1,9 @@
+"""``gpu-dra validate``: check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests
+offline, against the API schema, the rules the schema lacks, Kubernetes CEL and the feature
+gates of one Kubernetes version."""
+
+from driver.tools.validation.gates import NEWEST, OLDEST, parse_version
+from driver.tools.validation.manifests import validate_sources
+from driver.tools.validation.problems import Problem, Severity
+
+__all__ = ["NEWEST", "OLDEST", "Problem", "Severity", "parse_version", "validate_sources"]

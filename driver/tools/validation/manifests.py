@@ -1,0 +1,151 @@
+"""``gpu-dra validate``'s core: multi-document YAML in, one ``Problem`` per finding out.
+
+Pure: it takes file names with their text and never touches the file system, so the command
+reads the files and everything here is a function of data.
+"""
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import kubernetes_validate
+import yaml
+
+from driver.tools.cel import CelCompileError, CelUnsupportedError, compile_selector
+from driver.tools.validation import gates, rules
+from driver.tools.validation.problems import Problem, Severity
+
+# kind -> where its ResourceClaimSpec or DeviceClassSpec sits
+_CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
+_DRA_KINDS = frozenset({"DeviceClass", *_CLAIM_SPEC_PATH})
+# v1beta2 has the v1 shape; v1beta1 puts the request fields on the request itself.
+_RULE_API_VERSIONS = frozenset({"resource.k8s.io/v1", "resource.k8s.io/v1beta2"})
+
+
+def check_selector(expression: str) -> rules.Finding | None:
+    """Compile with Kubernetes' CEL environment; a compile error is an error, a feature this
+    tool does not implement yet only a warning (the API server may well accept it)."""
+    try:
+        compile_selector(expression)
+    except CelUnsupportedError as exc:
+        return rules.Finding("", f"not checked: {exc}", Severity.WARNING)
+    except CelCompileError as exc:
+        return rules.Finding("", f"invalid CEL: {exc}")
+    return None
+
+
+def _label(doc: Mapping[str, Any], index: int) -> str:
+    kind = doc.get("kind")
+    name = doc.get("metadata", {}).get("name") if isinstance(doc.get("metadata"), Mapping) else None
+    if isinstance(kind, str) and kind:
+        return f"{kind}/{name if isinstance(name, str) and name else '<unnamed>'}"
+    return f"document {index + 1}"
+
+
+def _field_path(parts: Sequence[object]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _schema(doc: Mapping[str, Any], version: gates.Version) -> rules.Finding | None:
+    """kubernetes-validate --strict: the API's OpenAPI schema, unknown fields rejected."""
+    if not isinstance(doc.get("apiVersion"), str) or not isinstance(doc.get("kind"), str):
+        return rules.Finding("", "apiVersion and kind must be set: not a Kubernetes object")
+    try:
+        kubernetes_validate.validate(dict(doc), f"{version[0]}.{version[1]}", strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return rules.Finding(_field_path(list(exc.path)), str(exc.message))
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        severity = Severity.ERROR if doc["kind"] in _DRA_KINDS else Severity.WARNING
+        return rules.Finding("", f"{exc.message}; not checked", severity)
+    return None
+
+
+def _documents(file: str, text: str) -> Iterator[tuple[int, Any] | Problem]:
+    try:
+        for index, doc in enumerate(yaml.safe_load_all(text)):
+            if doc is not None:
+                yield index, doc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        yield Problem(file, "yaml", where, f"not valid YAML: {problem}")
+
+
+def _class_names(docs: Sequence[Any]) -> frozenset[str] | None:
+    classes = [d for d in docs if isinstance(d, Mapping) and d.get("kind") == "DeviceClass"]
+    if not classes:
+        return None
+    metas = [c.get("metadata") for c in classes]
+    return frozenset(
+        m["name"] for m in metas if isinstance(m, Mapping) and isinstance(m.get("name"), str)
+    )
+
+
+def _object_findings(doc: Mapping[str, Any], ctx: rules.Context) -> Iterator[rules.Finding]:
+    schema = _schema(doc, ctx.version)
+    if schema is not None:
+        yield schema
+    kind = doc.get("kind")
+    if kind not in _DRA_KINDS:
+        return
+    if doc.get("apiVersion") not in _RULE_API_VERSIONS:
+        yield rules.Finding(
+            "apiVersion",
+            f"only the schema was checked for {doc.get('apiVersion')}: write resource.k8s.io/v1",
+            Severity.WARNING,
+        )
+        return
+    yield from rules.check_name(doc.get("metadata"))
+    if kind == "DeviceClass":
+        yield from rules.check_device_class_spec(doc.get("spec"), "spec", ctx)
+        return
+    spec: Any = doc
+    for key in _CLAIM_SPEC_PATH[str(kind)]:
+        spec = spec.get(key) if isinstance(spec, Mapping) else None
+    yield from rules.check_claim_spec(spec, ".".join(_CLAIM_SPEC_PATH[str(kind)]), ctx)
+
+
+def validate_sources(
+    sources: Sequence[tuple[str, str]],
+    *,
+    version: gates.Version = gates.OLDEST,
+    selector_check: rules.SelectorCheck = check_selector,
+) -> list[Problem]:
+    """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
+
+    DeviceClass names are collected across all sources first: when any DeviceClass is given,
+    every ``deviceClassName`` in a claim must name one of them.
+    """
+    per_file: list[tuple[str, list[tuple[int, Any]], list[Problem]]] = []
+    for file, text in sources:
+        docs: list[tuple[int, Any]] = []
+        unparsable: list[Problem] = []
+        for item in _documents(file, text):
+            if isinstance(item, Problem):
+                unparsable.append(item)  # parsing stops here: it comes after the docs before it
+            else:
+                docs.append(item)
+        per_file.append((file, docs, unparsable))
+    ctx = rules.Context(
+        version=version,
+        check_selector=selector_check,
+        classes=_class_names([doc for _, docs, _ in per_file for _, doc in docs]),
+    )
+    problems: list[Problem] = []
+    for file, docs, unparsable in per_file:
+        for index, doc in docs:
+            if not isinstance(doc, Mapping):
+                problems.append(
+                    Problem(file, f"document {index + 1}", "", "not a Kubernetes object")
+                )
+                continue
+            label = _label(doc, index)
+            problems.extend(
+                Problem(file, label, f.path, f.message, f.severity)
+                for f in _object_findings(doc, ctx)
+            )
+        problems.extend(unparsable)
+    return problems

@@ -1,0 +1,288 @@
+"""The rules the OpenAPI schema does not carry, for DeviceClass and ResourceClaim specs.
+
+Pure functions of the parsed object: each yields ``Finding``s with a Kubernetes field path.
+Limits and messages follow ``pkg/apis/resource/validation`` (resource.k8s.io/v1). Every
+accessor tolerates a wrong type, because the schema check reports those already.
+"""
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from driver.limits import MAX_DOMAIN, MAX_DRIVER_NAME, MAX_ID, is_dns_label, is_dns_subdomain
+from driver.tools.validation import gates
+from driver.tools.validation.problems import Severity
+
+# pkg/apis/resource/types.go
+MAX_REQUESTS = 32  # DeviceRequestsMaxSize
+MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
+MAX_SELECTORS = 32  # DeviceSelectorsMaxSize
+MAX_CONSTRAINTS = 32  # DeviceConstraintsMaxSize
+MAX_CONFIGS = 32  # DeviceConfigMaxSize
+MAX_TOLERATIONS = 16  # DeviceTolerationsMaxLength
+MAX_CEL_BYTES = 10 * 1024  # CELSelectorExpressionMaxLength
+MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength
+
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ALLOCATION_MODES = ("ExactCount", "All")
+_USES_ALLOW_MULTIPLE = re.compile(r"\ballowMultipleAllocations\b")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    path: str
+    message: str
+    severity: Severity = Severity.ERROR
+
+
+# compile_selector stand-in for tests of the rules alone: returns an error message, a
+# "not supported" message (as a warning), or None when the expression is fine.
+SelectorCheck = Callable[[str], Finding | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    version: gates.Version
+    check_selector: SelectorCheck
+    # DeviceClass names known from the given files; None: no DeviceClass given, do not check.
+    classes: frozenset[str] | None = None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _fully_qualified_name(name: str) -> str | None:
+    """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None."""
+    domain, slash, ident = name.partition("/")
+    if not slash:
+        return "must be a fully qualified name: <domain>/<name>, e.g. gpu.nvidia.com/nvlinkDomain"
+    if not is_dns_subdomain(domain, MAX_DOMAIN):
+        return f"domain {domain!r} must be a DNS subdomain of at most 63 characters"
+    if not _C_IDENTIFIER.fullmatch(ident) or len(ident) > MAX_ID:
+        return f"name {ident!r} must be a C identifier of at most 32 characters"
+    return None
+
+
+def _too_many(path: str, items: list[Any], limit: int) -> Iterator[Finding]:
+    if len(items) > limit:
+        yield Finding(path, f"must have at most {limit} items, has {len(items)}")
+
+
+def _gated(path: str, gate: gates.Gate, ctx: Context) -> Iterator[Finding]:
+    if gate.off_by_default(ctx.version):
+        yield Finding(path, gates.warning(gate, ctx.version), Severity.WARNING)
+
+
+def _selectors(path: str, selectors: list[Any], ctx: Context) -> Iterator[Finding]:
+    yield from _too_many(path, selectors, MAX_SELECTORS)
+    for i, selector in enumerate(selectors):
+        expr_path = f"{path}[{i}].cel.expression"
+        if _map(selector).get("cel") is None:
+            yield Finding(f"{path}[{i}].cel", "required: the only kind of selector")
+            continue
+        expression = _str(_map(_map(selector).get("cel")).get("expression"))
+        if expression is None:
+            continue  # the schema reports a missing or mistyped expression
+        size = len(expression.encode())
+        if size > MAX_CEL_BYTES:
+            yield Finding(expr_path, f"must be at most {MAX_CEL_BYTES} bytes, is {size}")
+            continue
+        finding = ctx.check_selector(expression)
+        if finding is not None:
+            yield Finding(expr_path, finding.message, finding.severity)
+        if _USES_ALLOW_MULTIPLE.search(expression):
+            yield from _gated(expr_path, gates.DRA_CONSUMABLE_CAPACITY, ctx)
+
+
+def _opaque_configs(path: str, configs: list[Any]) -> Iterator[Finding]:
+    yield from _too_many(path, configs, MAX_CONFIGS)
+    for i, config in enumerate(configs):
+        opaque = _map(config).get("opaque")
+        if opaque is None:
+            yield Finding(f"{path}[{i}].opaque", "required: the only kind of configuration")
+            continue
+        if not isinstance(opaque, Mapping):
+            continue
+        driver = _str(opaque.get("driver"))
+        if driver is not None and not is_dns_subdomain(driver, MAX_DRIVER_NAME):
+            yield Finding(
+                f"{path}[{i}].opaque.driver",
+                f"{driver!r} must be a DNS subdomain of at most 63 characters",
+            )
+        if opaque.get("parameters") is not None:
+            size = len(json.dumps(opaque["parameters"], separators=(",", ":")).encode())
+            if size > MAX_OPAQUE_PARAMETERS_BYTES:
+                yield Finding(
+                    f"{path}[{i}].opaque.parameters",
+                    f"must be at most {MAX_OPAQUE_PARAMETERS_BYTES} bytes as JSON, is {size}",
+                )
+
+
+def check_name(metadata: Any) -> Iterator[Finding]:
+    """DeviceClass, ResourceClaim and ResourceClaimTemplate names are DNS subdomains."""
+    name = _str(_map(metadata).get("name"))
+    if name is not None and not is_dns_subdomain(name):
+        yield Finding("metadata.name", f"{name!r} must be a DNS subdomain (lowercase, '-', '.')")
+
+
+def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
+    spec = _map(spec)
+    yield from _selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx)
+    yield from _opaque_configs(f"{path}.config", _list(spec.get("config")))
+    name = _str(spec.get("extendedResourceName"))
+    if name is not None:
+        erp = f"{path}.extendedResourceName"
+        # An extended resource name is domain-qualified, outside kubernetes.io and not a
+        # quota name (IsExtendedResourceName in pkg/apis/core/v1/helper).
+        if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+            yield Finding(
+                erp,
+                f"{name!r} must be an extended resource name: <domain>/<name> outside "
+                "kubernetes.io, e.g. nvidia.com/gpu",
+            )
+        yield from _gated(erp, gates.DRA_EXTENDED_RESOURCE, ctx)
+
+
+def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
+    """The fields ``exactly`` and a ``firstAvailable`` subrequest share."""
+    class_name = _str(request.get("deviceClassName"))
+    if class_name is not None:
+        if not is_dns_subdomain(class_name):
+            yield Finding(f"{path}.deviceClassName", f"{class_name!r} must be a DNS subdomain")
+        elif ctx.classes is not None and class_name not in ctx.classes:
+            yield Finding(
+                f"{path}.deviceClassName",
+                f"DeviceClass {class_name!r} is not among the given files "
+                f"(known: {', '.join(sorted(ctx.classes)) or 'none'})",
+            )
+    yield from _selectors(f"{path}.selectors", _list(request.get("selectors")), ctx)
+    mode = _str(request.get("allocationMode")) or "ExactCount"
+    count = request.get("count")
+    if mode not in _ALLOCATION_MODES:
+        yield Finding(
+            f"{path}.allocationMode", f"{mode!r} must be one of {', '.join(_ALLOCATION_MODES)}"
+        )
+    elif mode == "All" and count is not None:
+        yield Finding(f"{path}.count", "must not be set when allocationMode is All")
+    elif mode == "ExactCount" and isinstance(count, int) and count < 1:
+        yield Finding(f"{path}.count", f"must be at least 1, is {count}")
+    tolerations = _list(request.get("tolerations"))
+    if tolerations:
+        yield from _too_many(f"{path}.tolerations", tolerations, MAX_TOLERATIONS)
+        yield from _gated(f"{path}.tolerations", gates.DRA_DEVICE_TAINTS, ctx)
+    capacity = _map(request.get("capacity"))
+    if capacity.get("requests"):
+        yield from _gated(f"{path}.capacity.requests", gates.DRA_CONSUMABLE_CAPACITY, ctx)
+
+
+def _requests(
+    path: str, requests: list[Any], ctx: Context
+) -> tuple[list[Finding], dict[str, set[str]]]:
+    """Findings, and each request name with its subrequest names (empty for ``exactly``)."""
+    findings = list(_too_many(path, requests, MAX_REQUESTS))
+    names: dict[str, set[str]] = {}
+    for i, raw in enumerate(requests):
+        request = _map(raw)
+        rpath = f"{path}[{i}]"
+        name = _str(request.get("name"))
+        if name is not None:
+            if not is_dns_label(name):
+                findings.append(Finding(f"{rpath}.name", f"{name!r} must be a DNS label"))
+            elif name in names:
+                findings.append(Finding(f"{rpath}.name", f"duplicate request name {name!r}"))
+        # An empty firstAvailable counts as unset, as in the API server.
+        has_exactly = request.get("exactly") is not None
+        has_first = bool(_list(request.get("firstAvailable")))
+        if has_exactly == has_first:
+            findings.append(Finding(rpath, "exactly one of exactly and firstAvailable must be set"))
+        subnames: set[str] = set()
+        if has_exactly and not has_first:
+            findings += _request_fields(f"{rpath}.exactly", _map(request.get("exactly")), ctx)
+        if has_first and not has_exactly:
+            fpath = f"{rpath}.firstAvailable"
+            subrequests = _list(request.get("firstAvailable"))
+            findings += _too_many(fpath, subrequests, MAX_SUBREQUESTS)
+            for j, raw_sub in enumerate(subrequests):
+                sub = _map(raw_sub)
+                spath = f"{fpath}[{j}]"
+                subname = _str(sub.get("name"))
+                if subname is not None:
+                    if not is_dns_label(subname):
+                        findings.append(
+                            Finding(f"{spath}.name", f"{subname!r} must be a DNS label")
+                        )
+                    elif subname in subnames:
+                        findings.append(
+                            Finding(f"{spath}.name", f"duplicate subrequest name {subname!r}")
+                        )
+                    subnames.add(subname)
+                findings += _request_fields(spath, sub, ctx)
+        if name is not None and name not in names:
+            names[name] = subnames
+    return findings, names
+
+
+def _references(path: str, refs: list[Any], names: Mapping[str, set[str]]) -> Iterator[Finding]:
+    """Each entry of a constraint's or config's ``requests`` must name a request or subrequest."""
+    seen: set[str] = set()
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, str):
+            continue
+        if ref in seen:
+            yield Finding(f"{path}[{i}]", f"duplicate entry {ref!r}")
+            continue
+        seen.add(ref)
+        base, slash, sub = ref.partition("/")
+        if ref.count("/") > 1 or not all(is_dns_label(part) for part in ref.split("/")):
+            yield Finding(
+                f"{path}[{i}]",
+                f"{ref!r} must be a request name or <request>/<subrequest>, each a DNS label",
+            )
+        elif base not in names:
+            known = ", ".join(sorted(names)) or "none"
+            yield Finding(f"{path}[{i}]", f"no request named {base!r} (requests: {known})")
+        elif slash and sub not in names[base]:
+            subs = ", ".join(sorted(names[base]))
+            yield Finding(
+                f"{path}[{i}]",
+                f"request {base!r} has no subrequest {sub!r}"
+                + (f" (subrequests: {subs})" if subs else " (it has no firstAvailable)"),
+            )
+
+
+def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
+    devices = _map(_map(spec).get("devices"))
+    dpath = f"{path}.devices"
+    findings, names = _requests(f"{dpath}.requests", _list(devices.get("requests")), ctx)
+    yield from findings
+    constraints = _list(devices.get("constraints"))
+    yield from _too_many(f"{dpath}.constraints", constraints, MAX_CONSTRAINTS)
+    for i, raw in enumerate(constraints):
+        constraint = _map(raw)
+        cpath = f"{dpath}.constraints[{i}]"
+        yield from _references(f"{cpath}.requests", _list(constraint.get("requests")), names)
+        match = _str(constraint.get("matchAttribute"))
+        distinct = _str(constraint.get("distinctAttribute"))
+        if (match is None) == (distinct is None):
+            yield Finding(cpath, "exactly one of matchAttribute and distinctAttribute must be set")
+        for field, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
+            if value is not None and (why := _fully_qualified_name(value)):
+                yield Finding(f"{cpath}.{field}", why)
+        if distinct is not None:
+            yield from _gated(f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx)
+    configs = _list(devices.get("config"))
+    yield from _opaque_configs(f"{dpath}.config", configs)
+    for i, raw in enumerate(configs):
+        refs = _list(_map(raw).get("requests"))
+        yield from _references(f"{dpath}.config[{i}].requests", refs, names)

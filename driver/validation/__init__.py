@@ -1,9 +1,0 @@
-"""``gpu-dra validate``: check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests
-offline, against the API schema, the rules the schema lacks, Kubernetes CEL and the feature
-gates of one Kubernetes version."""
-
-from driver.validation.gates import NEWEST, OLDEST, parse_version
-from driver.validation.manifests import validate_sources
-from driver.validation.problems import Problem, Severity
-
-__all__ = ["NEWEST", "OLDEST", "Problem", "Severity", "parse_version", "validate_sources"]

@@ -1,0 +1,5 @@
+import sys
+
+from kubeletplugin.cli import main
+
+sys.exit(main())

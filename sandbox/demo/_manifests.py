@@ -1,0 +1,142 @@
+"""What the demo applies: the chart's DeviceClasses, the examples, and claims from templates.
+
+The chart and the examples live in the source tree (``charts/``), next to the
+packages: the demo runs from a checkout, as ``make demo`` does.
+"""
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from driver.tools.allocation.inputs import load_file
+from sandbox.demo._nodes import DemoError
+
+CHARTS_DIR = Path(__file__).resolve().parents[2] / "charts"
+CHART_DIR = CHARTS_DIR / "gpu-dra-driver"
+EXAMPLES_DIR = CHARTS_DIR / "examples"
+# The examples the demo runs, in this order: a claim per pod, a four-GPU NVLink claim that
+# only an NVSwitch node can take, a CUDA driver floor, one GPU shared by two containers, and
+# one claim shared by two pods.
+DEFAULT_EXAMPLES = (
+    "single-gpu",
+    "tensor-parallel",
+    "cuda-driver-floor",
+    "shared-gpu-two-containers",
+    "shared-claim-two-pods",
+)
+_RELEASE = "gpu-dra-driver"
+# Upstream's resource-claim controller: generated names keep 57 characters for the base,
+# leaving room for the API server's five random ones within a 63-character name.
+_MAX_BASE = 57
+_HALF = 28
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
+
+def render_chart(
+    values: Mapping[str, Any], *, namespace: str = _RELEASE, chart_dir: Path = CHART_DIR
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(template path, object)`` for every object the chart renders, as ``helm template``.
+
+    Needs helm-python-sdk (ImportError without it); raises helm_python.HelmValuesError when
+    the values break values.schema.json, helm_python.HelmRenderError when a template fails.
+    """
+    import helm_python
+
+    with helm_python.Chart.load(chart_dir) as chart:
+        manifests = chart.render(dict(values), name=_RELEASE, namespace=namespace, is_install=True)
+    return [
+        (path, doc)
+        for path, text in sorted(manifests.items())
+        if path.endswith((".yaml", ".yml"))
+        for doc in yaml.safe_load_all(text)
+        if isinstance(doc, dict)
+    ]
+
+
+def render_device_classes(chart_dir: Path = CHART_DIR) -> list[dict[str, Any]]:
+    """The chart's DeviceClasses for default values, rendered by the Helm engine."""
+    try:
+        import helm_python
+    except ImportError as exc:
+        raise DemoError(
+            "rendering the chart needs the Helm engine (the helm-python-sdk package): "
+            "run `make demo`, or `pip install -e '.[dev]'` in this virtualenv"
+        ) from exc
+    if not (chart_dir / "Chart.yaml").is_file():
+        raise DemoError(f"no Helm chart at {chart_dir}: run the demo from a source checkout")
+    try:
+        objects = render_chart({}, chart_dir=chart_dir)
+    except helm_python.HelmError as exc:
+        raise DemoError(f"the chart at {chart_dir} does not render: {exc}") from exc
+    classes = [obj for _, obj in objects if obj.get("kind") == "DeviceClass"]
+    if not classes:
+        raise DemoError(f"the chart at {chart_dir} renders no DeviceClass")
+    return classes
+
+
+def load_examples(
+    names: Sequence[str] = DEFAULT_EXAMPLES, directory: Path = EXAMPLES_DIR
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(file name, object)`` for every object of the named example files, in file order."""
+    return [
+        (f"{name}.yaml", obj) for name in names for obj in load_file(directory / f"{name}.yaml")
+    ]
+
+
+def claim_base_name(pod_name: str, pod_claim_name: str) -> str:
+    """The generateName of a claim made from a template, as upstream's controller builds it."""
+    base = f"{pod_name}-{pod_claim_name}-"
+    if len(base) > _MAX_BASE:
+        # Truncating both keeps part of the claim name when the pod name is long.
+        base = f"{pod_name[:_HALF]}-{pod_claim_name[:_HALF]}-"
+    return base
+
+
+def claim_from_template(
+    pod: Mapping[str, Any], pod_claim_name: str, template: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ResourceClaim the resource-claim controller creates for one pod claim (pure).
+
+    Spec, labels and annotations come from the template; the pod owns the claim.
+    """
+    meta = pod["metadata"]
+    template_meta = (template.get("spec") or {}).get("metadata") or {}
+    annotations = dict(template_meta.get("annotations") or {})
+    annotations[POD_CLAIM_ANNOTATION] = pod_claim_name
+    claim_meta: dict[str, Any] = {
+        "generateName": claim_base_name(meta["name"], pod_claim_name),
+        "namespace": meta["namespace"],
+        "annotations": annotations,
+        "ownerReferences": [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+    if template_meta.get("labels"):
+        claim_meta["labels"] = dict(template_meta["labels"])
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": claim_meta,
+        "spec": copy.deepcopy(template["spec"]["spec"]),
+    }
+
+
+def pod_claim_sources(pod: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(pod claim name, "template" | "claim", referenced name)`` for each pod claim."""
+    sources = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        if entry.get("resourceClaimTemplateName"):
+            sources.append((entry["name"], "template", entry["resourceClaimTemplateName"]))
+        elif entry.get("resourceClaimName"):
+            sources.append((entry["name"], "claim", entry["resourceClaimName"]))
+    return sources
