@@ -3,8 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
+# Kubernetes minor of the e2e tier (tests/e2e/versions.toml pins the patch).
+K8S ?= 1.36
 
-.PHONY: venv lint test bench demo chart proto clean
+.PHONY: venv lint test e2e e2e-build bench demo chart proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +24,15 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest
+
+# The real Kubernetes components, built from their Go modules once per machine and version
+# (cached in ~/.cache/gpu-dra-e2e, or $$GPU_DRA_E2E_CACHE).
+e2e-build: $(STAMP)
+	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd
+
+# The e2e tier against those components; pytest's addopts exclude it from `make test`.
+e2e: e2e-build
+	K8S=$(K8S) $(PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider tests/e2e
 
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done

@@ -1,0 +1,347 @@
+"""A real Kubernetes control plane on 127.0.0.1, as processes: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler, built by ``tests.e2e.build``.
+
+Like upstream's local-up-cluster: a generated CA, serving and client certificates (openssl),
+a service-account signing key, one kubeconfig per identity. etcd runs with
+``--unsafe-no-fsync``; readiness is waited for by condition (``/readyz``), never a sleep.
+
+Every process it starts is recorded in ``<root>/pids`` before it runs, so a run killed
+mid-way (SIGKILL, a CI timeout) is swept by the next one at start; :meth:`stop` ends them
+all, also on failure or SIGINT (the fixture's finally). The harness makes itself a child
+subreaper, so a grandchild (a containerd shim) re-parents to it and is reaped here.
+
+The node-lifecycle controller is off: Nodes without a kubelet would be tainted unreachable
+within a minute and their pods evicted. So are the controllers that need a cloud or a pod
+network (service load balancers, routes, node IPAM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.e2e import build
+
+PR_SET_CHILD_SUBREAPER = 36
+
+# Feature gates per minor: what the tier needs beyond each version's defaults.
+# 1.34: DRA v1 is GA; partitionable devices, consumable capacity, device taints are alpha.
+FEATURE_GATES: dict[str, dict[str, bool]] = {
+    "1.34": {
+        "DRAPartitionableDevices": True,
+        "DRADeviceTaints": True,
+        "DRAConsumableCapacity": True,
+    },
+    "1.36": {},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(pki: Path) -> None:
+    """CA, apiserver serving cert, admin client cert and a service-account key (EC P-256)."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3",
+             "-subj", "/CN=gpu-dra-e2e-ca", cwd=pki)  # fmt: skip
+    sans = "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"
+    for name, subj, ext in (
+        ("apiserver", "/CN=kube-apiserver", sans),
+        ("admin", "/O=system:masters/CN=e2e-admin", "extendedKeyUsage=clientAuth"),
+    ):
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj,
+                 cwd=pki)  # fmt: skip
+        (pki / f"{name}.ext").write_text(ext + "\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "3", "-out", f"{name}.crt",
+                 "-extfile", f"{name}.ext", cwd=pki)  # fmt: skip
+    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
+    _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def kubeconfig(
+    server: str,
+    ca: Path,
+    *,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+) -> str:
+    user: dict[str, str] = {}
+    if cert and key:
+        user = {"client-certificate": str(cert), "client-key": str(key)}
+    if token:
+        user = {"token": token}
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server,
+                                                 "certificate-authority": str(ca)}}],
+        "users": [{"name": "e2e", "user": user}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
+        "current-context": "e2e",
+    })  # fmt: skip
+
+
+# kind -> (group/version path, plural, namespaced), for the objects the tier creates.
+_RESOURCES: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("api/v1", "namespaces", False),
+    "Node": ("api/v1", "nodes", False),
+    "Pod": ("api/v1", "pods", True),
+    "ServiceAccount": ("api/v1", "serviceaccounts", True),
+    "Secret": ("api/v1", "secrets", True),
+    "ClusterRole": ("apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ValidatingAdmissionPolicy": (
+        "apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": (
+        "apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
+    "DeviceClass": ("apis/resource.k8s.io/v1", "deviceclasses", False),
+    "ResourceClaim": ("apis/resource.k8s.io/v1", "resourceclaims", True),
+    "ResourceClaimTemplate": ("apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
+    "ResourceSlice": ("apis/resource.k8s.io/v1", "resourceslices", False),
+    "Lease": ("apis/coordination.k8s.io/v1", "leases", True),
+    "DaemonSet": ("apis/apps/v1", "daemonsets", True),
+}  # fmt: skip
+
+
+def collection_path(obj: dict[str, Any], namespace: str | None = None) -> str:
+    group, plural, namespaced = _RESOURCES[obj["kind"]]
+    if namespaced:
+        ns = namespace or obj.get("metadata", {}).get("namespace") or "default"
+        return f"/{group}/namespaces/{ns}/{plural}"
+    return f"/{group}/{plural}"
+
+
+def sweep(root: Path) -> None:
+    """End what a killed earlier run under ``root`` left running, and remove its files."""
+    pids = root / "pids"
+    if pids.is_dir():
+        for f in pids.iterdir():
+            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+                os.killpg(int(f.read_text()), signal.SIGKILL)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class Process:
+    name: str
+    proc: asyncio.subprocess.Process
+    log: Path
+
+
+@dataclass
+class ControlPlane:
+    root: Path
+    minor: str
+    processes: list[Process] = field(default_factory=list)
+    api_port: int = 0
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.root / "admin.kubeconfig"
+
+    @property
+    def bindir(self) -> Path:
+        return build.cache_root() / f"kubernetes-{build.k8s_version(self.minor)}" / "bin"
+
+    def gates(self) -> str:
+        return ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES[self.minor].items())
+
+    async def spawn(self, name: str, argv: list[str]) -> Process:
+        log = self.root / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = log.open("ab")
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        out.close()
+        (self.root / "pids").mkdir(exist_ok=True)
+        (self.root / "pids" / name).write_text(str(proc.pid))
+        p = Process(name, proc, log)
+        self.processes.append(p)
+        return p
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def get(self, path: str, timeout: float = 5) -> tuple[int, bytes]:
+        return self.raw("GET", path, timeout=timeout)
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        *,
+        token: str | None = None,
+        timeout: float = 10,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
+        """One request as the admin (client certificate), or as the bearer of ``token``."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Content-Type", content_type)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+            ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        else:
+            ctx = self.ssl_context()
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:
+                return int(r.status), bytes(r.read())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), bytes(exc.read())
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        *,
+        token: str | None = None,
+        ok: tuple[int, ...] = (200, 201, 202),
+    ) -> dict[str, Any]:
+        """A JSON request that must succeed; the decoded answer."""
+        code, out = self.raw(method, path, body, token=token)
+        if code not in ok:
+            raise AssertionError(f"{method} {path}: {code} {out[:2000]!r}")
+        result: dict[str, Any] = json.loads(out) if out else {}
+        return result
+
+    def create(self, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        return self.call("POST", collection_path(obj, namespace), obj)
+
+    async def wait_for(self, what: str, check: object, wait_s: float) -> None:
+        assert callable(check)
+        deadline = time.monotonic() + wait_s
+        while True:
+            for p in self.processes:
+                if p.proc.returncode is not None:
+                    tail = p.log.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{p.name} exited ({p.proc.returncode}):\n{tail}")
+            with contextlib.suppress(OSError):
+                if await asyncio.to_thread(check):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not ready after {wait_s:.0f} s")
+            await asyncio.sleep(0.2)
+
+    async def start(self) -> None:
+        sweep(self.root)
+        self.root.mkdir(parents=True)
+        free = shutil.disk_usage(self.root).free
+        if free < 2 * 2**30:
+            raise RuntimeError(f"only {free / 2**30:.1f} GiB free under {self.root}: 2 GiB needed")
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        await asyncio.to_thread(make_pki, self.pki)
+        etcd_port, peer_port = free_port(), free_port()
+        self.api_port = free_port()
+        pki = self.pki
+        self.admin_kubeconfig.write_text(
+            kubeconfig(self.server, pki / "ca.crt", cert=pki / "admin.crt", key=pki / "admin.key")
+        )
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        await self.spawn("etcd", [
+            str(build.build_etcd()), "--name=e2e", f"--data-dir={self.root / 'etcd'}",
+            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=e2e={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
+        ])  # fmt: skip
+        gates = [f"--feature-gates={self.gates()}"] if self.gates() else []
+        await self.spawn("kube-apiserver", [
+            str(self.bindir / "kube-apiserver"), f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.api_port}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
+            "--allow-privileged=true", "--profiling=false", "--runtime-config=api/all=true",
+            *gates,
+        ])  # fmt: skip
+        await self.wait_for("kube-apiserver", lambda: self.get("/readyz")[0] == 200, 120)
+        common = [
+            f"--kubeconfig={self.admin_kubeconfig}",
+            f"--authentication-kubeconfig={self.admin_kubeconfig}",
+            f"--authorization-kubeconfig={self.admin_kubeconfig}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", *gates,
+        ]  # fmt: skip
+        await self.spawn("kube-controller-manager", [
+            str(self.bindir / "kube-controller-manager"), *common,
+            f"--secure-port={free_port()}",
+            "--controllers=*,-node-lifecycle-controller,-cloud-node-lifecycle-controller,"
+            "-service-lb-controller,-node-route-controller,-node-ipam-controller",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}", "--use-service-account-credentials=true",
+        ])  # fmt: skip
+        await self.spawn("kube-scheduler", [
+            str(self.bindir / "kube-scheduler"), *common, f"--secure-port={free_port()}",
+        ])  # fmt: skip
+        # The default service account exists once the controller-manager's token and
+        # service-account controllers run: the first sign that it works.
+        await self.wait_for(
+            "kube-controller-manager",
+            lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+            120,
+        )
+
+    def version(self) -> dict[str, str]:
+        code, body = self.get("/version")
+        assert code == 200, body
+        result: dict[str, str] = json.loads(body)
+        return result
+
+    async def stop(self) -> None:
+        for p in reversed(self.processes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGTERM)
+        for p in reversed(self.processes):
+            try:
+                await asyncio.wait_for(p.proc.wait(), 15)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.proc.pid, signal.SIGKILL)
+                await p.proc.wait()
+            (self.root / "pids" / p.name).unlink(missing_ok=True)
+        self.processes.clear()

@@ -1,0 +1,455 @@
+"""Level 1: our plugin against a real control plane (no kubelet).
+
+Simulated EKS nodes as Node objects; one ``gpu-dra kubelet-plugin`` process per node, each
+authenticated as the chart's ServiceAccount with a token bound to a Pod on its node (what the
+kubelet gives a DaemonSet pod), publishing through the real kube-apiserver. The chart's RBAC,
+ValidatingAdmissionPolicies and DeviceClasses are applied; so is every example of
+``charts/examples/``. The real kube-scheduler (with the real resourceclaim controller creating
+claims from templates) schedules one pod per example and node, pinned by node affinity, and
+each outcome is compared with what ``gpu-dra explain`` predicts from the same slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from driver.tools.allocation import explain_claim
+from tests.chart_render import NAMESPACE, render
+from tests.e2e import build
+from tests.e2e.cluster import ControlPlane, kubeconfig
+from tests.pluginharness import NodeDirs, PluginProcess
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
+
+MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
+EXAMPLES = Path(__file__).resolve().parents[2] / "charts" / "examples"
+DRIVER = "gpu.nvidia.com"
+# node name -> simulated profile
+NODES = {
+    "p5": "p5.48xlarge",
+    "g6e": "g6e.12xlarge",
+    "p4d": "p4d.24xlarge",
+    "g6": "g6.xlarge",
+}
+GPUS = {"p5": 8, "g6e": 4, "p4d": 8, "g6": 1}
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} after {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+async def await_until(what: str, check: Callable[[], Any], wait_s: float = 60) -> Any:
+    return await asyncio.to_thread(wait_until, what, check, wait_s)
+
+
+def node_object(name: str, profile: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "node.kubernetes.io/instance-type": profile,
+                "nvidia.com/gpu.present": "true",
+            },
+        },
+    }
+
+
+def node_status() -> dict[str, Any]:
+    resources = {"cpu": "96", "memory": "1000Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "e2e: a Node without a kubelet, heartbeats off",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+    }
+
+
+def chart_objects() -> list[dict[str, Any]]:
+    return [o for o in render() if o["kind"] != "DaemonSet"]
+
+
+# The chart's ServiceAccount: the plugin's identity.
+(SA,) = [o["metadata"]["name"] for o in chart_objects() if o["kind"] == "ServiceAccount"]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster() -> AsyncIterator[ControlPlane]:
+    cp = ControlPlane(Path(f"/tmp/gpu-dra-e2e-{MINOR}"), MINOR)
+    try:
+        await cp.start()
+        yield cp
+    finally:
+        await cp.stop()
+
+
+def plugin_token(cp: ControlPlane, node: str) -> str:
+    """A token for the chart's ServiceAccount bound to a Pod on ``node``, as the kubelet gets."""
+    pod = cp.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"gpu-dra-plugin-{node}", "namespace": NAMESPACE},
+        "spec": {"serviceAccountName": SA, "nodeName": node,
+                 "containers": [{"name": "plugin", "image": "gpu-dra-driver:e2e"}]},
+    })  # fmt: skip
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "audiences": [],
+            "expirationSeconds": 3600,
+            "boundObjectRef": {
+                "kind": "Pod", "apiVersion": "v1",
+                "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"],
+            },
+        },
+    }  # fmt: skip
+    out = cp.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SA}/token", request)
+    token: str = out["status"]["token"]
+    return token
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def installed(cluster: ControlPlane) -> dict[str, str]:
+    """The chart applied, the Nodes created; returns node -> plugin token."""
+    cp = cluster
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for obj in chart_objects():
+        if obj["kind"] != "Namespace":
+            cp.create(obj, NAMESPACE)
+    tokens = {}
+    for node, profile in NODES.items():
+        cp.create(node_object(node, profile))
+        _patch_status(cp, node)
+        tokens[node] = plugin_token(cp, node)
+    return tokens
+
+
+def _patch_status(cp: ControlPlane, node: str) -> None:
+    code, out = cp.raw(
+        "PATCH",
+        f"/api/v1/nodes/{node}/status",
+        node_status(),
+        content_type="application/merge-patch+json",
+    )
+    assert code == 200, out
+    # The TaintNodesByCondition admission plugin taints every new Node not-ready; the
+    # node-lifecycle controller (off here) would lift it once the Node reports Ready.
+    code, out = cp.raw(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        {"spec": {"taints": None}},
+        content_type="application/merge-patch+json",
+    )
+    assert code == 200, out
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def plugins(
+    cluster: ControlPlane, installed: dict[str, str]
+) -> AsyncIterator[dict[str, PluginProcess]]:
+    started: dict[str, PluginProcess] = {}
+    try:
+        for node, profile in NODES.items():
+            dirs = NodeDirs(cluster.root / "nodes" / node)
+            config = dirs.root / "kubeconfig"
+            dirs.root.mkdir(parents=True, exist_ok=True)
+            config.write_text(
+                kubeconfig(cluster.server, cluster.pki / "ca.crt", token=installed[node])
+            )
+            started[node] = PluginProcess(
+                dirs,
+                kubeconfig=config,
+                node_name=node,
+                profile=profile,
+                extra_env={"POD_NAMESPACE": NAMESPACE},
+            )
+        for node, proc in started.items():
+            await proc.wait_ready(120)
+            await await_until(
+                f"slices of {node}", partial(_has_devices, cluster, node, GPUS[node]), 60
+            )
+        yield started
+    finally:
+        for proc in started.values():
+            await proc.terminate()
+
+
+def _slices(cp: ControlPlane, node: str | None = None) -> list[dict[str, Any]]:
+    selector = f"?fieldSelector=spec.nodeName%3D{node}" if node else ""
+    items: list[dict[str, Any]] = cp.call(
+        "GET", f"/apis/resource.k8s.io/v1/resourceslices{selector}"
+    )["items"]
+    return items
+
+
+def _has_devices(cp: ControlPlane, node: str, count: int) -> bool:
+    return _device_count(cp, node) == count
+
+
+def _exists(cp: ControlPlane, path: str) -> bool:
+    return cp.raw("GET", path)[0] == 200
+
+
+def _device_count(cp: ControlPlane, node: str) -> int:
+    return sum(len(s["spec"].get("devices") or []) for s in _slices(cp, node))
+
+
+async def test_version_is_the_pinned_release(cluster: ControlPlane) -> None:
+    version = cluster.version()
+    assert version["gitVersion"] == build.k8s_version(MINOR)
+    assert (version["major"], version["minor"]) == tuple(MINOR.split("."))
+
+
+async def test_plugins_publish_through_the_real_api_server(
+    cluster: ControlPlane, plugins: dict[str, PluginProcess]
+) -> None:
+    for node in NODES:
+        slices = _slices(cluster, node)
+        assert {s["spec"]["pool"]["name"] for s in slices} == {node}
+        assert all(s["spec"]["driver"] == DRIVER for s in slices)
+        assert _device_count(cluster, node) == GPUS[node]
+
+
+# ---- examples x nodes: the real scheduler beside explain -----------------------------------
+
+
+def _examples() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        yield path.stem, docs
+
+
+def _pin(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    pod = copy.deepcopy(pod)
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            }
+        }
+    }
+    return pod
+
+
+def _pod_outcome(cp: ControlPlane, ns: str, name: str) -> tuple[str, str] | None:
+    pod = cp.call("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+    if pod["spec"].get("nodeName"):
+        return ("scheduled", pod["spec"]["nodeName"])
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            claims = pod["status"].get("resourceClaimStatuses")
+            wanted = pod["spec"].get("resourceClaims") or []
+            # Only a verdict once every claim exists (the claim controller creates them).
+            if len(claims or []) >= sum(1 for c in wanted if "resourceClaimTemplateName" in c):
+                return ("unschedulable", str(cond.get("message", "")))
+    return None
+
+
+def _claim_for(cp: ControlPlane, ns: str, pod: dict[str, Any]) -> dict[str, Any] | None:
+    live = cp.call("GET", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+    for ref in pod["spec"].get("resourceClaims") or []:
+        name = ref.get("resourceClaimName")
+        if not name:
+            for status in live.get("status", {}).get("resourceClaimStatuses") or []:
+                if status["name"] == ref["name"]:
+                    name = status.get("resourceClaimName")
+        if name:
+            claim: dict[str, Any] = cp.call(
+                "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+            )
+            return claim
+    return None
+
+
+def _only(slices: list[dict[str, Any]], node: str, devices: set[str]) -> list[dict[str, Any]]:
+    out = []
+    for s in slices:
+        if s["spec"].get("nodeName") != node:
+            continue
+        s = copy.deepcopy(s)
+        s["spec"]["devices"] = [d for d in s["spec"].get("devices") or [] if d["name"] in devices]
+        out.append(s)
+    return out
+
+
+def _claims(cp: ControlPlane, ns: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cp.call(
+        "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+    )["items"]
+    return items
+
+
+async def _clean(cp: ControlPlane, ns: str) -> None:
+    """Pods gone (forced: no kubelet), then claims deleted and gone: their devices are free."""
+    cp.raw("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+    await await_until(f"pods of {ns} gone", lambda: not cp.call(
+        "GET", f"/api/v1/namespaces/{ns}/pods")["items"], 60)  # fmt: skip
+    for c in _claims(cp, ns):
+        cp.raw("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
+               f"{c['metadata']['name']}")  # fmt: skip
+    await await_until(f"claims of {ns} gone", lambda: not _claims(cp, ns), 90)
+
+
+RESULTS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+@pytest.mark.parametrize("example", [name for name, _ in _examples()])
+async def test_scheduler_agrees_with_explain(
+    cluster: ControlPlane, plugins: dict[str, PluginProcess], example: str
+) -> None:
+    cp = cluster
+    docs = dict(_examples())[example]
+    classes = cp.call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+    slices = _slices(cp)
+    claims = [d for d in docs if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")]
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    if not claims:
+        pytest.skip(f"{example}: a Pod with extended resources and no claim (extendedResourceName)")
+    (claim,) = claims
+    predicted = explain_claim(claim, slices=slices, classes=classes)
+    namespaces = {}
+    for node in NODES:
+        ns = f"{example}-{node}"[:63]
+        namespaces[node] = ns
+        cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+        await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
+        cp.create(claim, ns)
+        cp.create(_pin(pods[0], node), ns)
+    mismatches = []
+    try:
+        for node, ns in namespaces.items():
+            name = pods[0]["metadata"]["name"]
+            outcome = await await_until(
+                f"{example} on {node} scheduled or unschedulable",
+                partial(_pod_outcome, cp, ns, name),
+                90,
+            )
+            ours = predicted.node(node)
+            fits = outcome[0] == "scheduled"
+            RESULTS[(example, node)] = (outcome[0], "fit" if ours.allocatable else "no fit")
+            if fits != ours.allocatable:
+                mismatches.append(
+                    f"{node}: scheduler {outcome}, explain {ours.allocatable} {ours.reasons}"
+                )
+                continue
+            if not fits:
+                continue
+            live = _claim_for(cp, ns, pods[0])
+            assert live is not None
+            results = live["status"]["allocation"]["devices"]["results"]
+            chosen = {r["device"] for r in results}
+            assert {r["pool"] for r in results} == {node}
+            # The scheduler's answer is an answer of ours: with only its devices, explain fits.
+            again = explain_claim(claim, slices=_only(slices, node, chosen), classes=classes)
+            if not again.node(node).allocatable:
+                mismatches.append(f"{node}: scheduler chose {sorted(chosen)}, explain refuses it")
+            ours_chosen = {r.device for r in ours.results}
+            if len(ours_chosen) == _device_count(cp, node):  # only one answer possible
+                assert chosen == ours_chosen
+    finally:
+        for ns in namespaces.values():
+            await _clean(cp, ns)
+    assert mismatches == []
+
+
+async def test_outcome_table(cluster: ControlPlane) -> None:
+    """The example x node table, printed for the record (``-s`` shows it)."""
+    if not RESULTS:
+        pytest.skip("no example was scheduled in this run")
+    rows = sorted(RESULTS.items())
+    print("\nexample".ljust(34) + "".join(n.ljust(28) for n in NODES))
+    for example in sorted({e for e, _ in RESULTS}):
+        cells = [RESULTS.get((example, n), ("-", "-")) for n in NODES]
+        print(example.ljust(33) + "".join(f"{s}/{o}".ljust(28) for s, o in cells))
+    assert all((s == "scheduled") == (o == "fit") for _, (s, o) in rows)
+
+
+# ---- RBAC and admission, from the real API server --------------------------------------------
+
+
+def _slice_on(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"intruder-{node}"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-99"}],
+        },
+    }
+
+
+async def test_a_plugin_cannot_write_another_nodes_slice(
+    cluster: ControlPlane, installed: dict[str, str]
+) -> None:
+    code, out = cluster.raw(
+        "POST", "/apis/resource.k8s.io/v1/resourceslices", _slice_on("g6"), token=installed["p5"]
+    )
+    body = json.loads(out)
+    # A ValidatingAdmissionPolicy denial: 422 Invalid, naming the policy and its message.
+    assert (code, body["reason"]) == (422, "Invalid"), body
+    assert "ValidatingAdmissionPolicy 'gpu-dra-driver-resourceslices'" in body["message"]
+    assert (
+        "the kubelet plugin on node p5 may not modify ResourceSlices of node g6" in body["message"]
+    )
+
+
+async def test_a_plugin_may_write_its_own_nodes_slice(
+    cluster: ControlPlane, installed: dict[str, str]
+) -> None:
+    code, out = cluster.raw(
+        "POST", "/apis/resource.k8s.io/v1/resourceslices?dryRun=All", _slice_on("g6"),
+        token=installed["g6"],
+    )  # fmt: skip
+    assert code == 201, out
+
+
+async def test_a_plugin_cannot_read_secrets(
+    cluster: ControlPlane, installed: dict[str, str]
+) -> None:
+    code, out = cluster.raw("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", token=installed["p5"])
+    body = json.loads(out)
+    assert code == 403, body
+    assert body["reason"] == "Forbidden"
+    assert (
+        f'User "system:serviceaccount:{NAMESPACE}:{SA}" cannot list resource "secrets"'
+        in body["message"]
+    )
