@@ -28,7 +28,8 @@ test: lint
 # The real Kubernetes components, built from their Go modules once per machine and version
 # (cached in ~/.cache/gpu-dra-e2e, or $$GPU_DRA_E2E_CACHE).
 e2e-build: $(STAMP)
-	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd
+	bash tests/e2e/deps.sh
+	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd
 
 # The e2e tier against those components; pytest's addopts exclude it from `make test`.
 e2e: e2e-build

@@ -59,23 +59,28 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+_EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def issue(pki: Path, name: str, subject: str, extension: str) -> tuple[Path, Path]:
+    """A certificate and key signed by the CA in ``pki``: (cert, key)."""
+    _openssl("req", *_EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
+             cwd=pki)  # fmt: skip
+    (pki / f"{name}.ext").write_text(extension + "\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "3", "-out", f"{name}.crt",
+             "-extfile", f"{name}.ext", cwd=pki)  # fmt: skip
+    return pki / f"{name}.crt", pki / f"{name}.key"
+
+
 def make_pki(pki: Path) -> None:
     """CA, apiserver serving cert, admin client cert and a service-account key (EC P-256)."""
     pki.mkdir(parents=True, exist_ok=True)
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3",
+    _openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3",
              "-subj", "/CN=gpu-dra-e2e-ca", cwd=pki)  # fmt: skip
     sans = "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"
-    for name, subj, ext in (
-        ("apiserver", "/CN=kube-apiserver", sans),
-        ("admin", "/O=system:masters/CN=e2e-admin", "extendedKeyUsage=clientAuth"),
-    ):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj,
-                 cwd=pki)  # fmt: skip
-        (pki / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "3", "-out", f"{name}.crt",
-                 "-extfile", f"{name}.ext", cwd=pki)  # fmt: skip
+    issue(pki, "apiserver", "/CN=kube-apiserver", sans)
+    issue(pki, "admin", "/O=system:masters/CN=e2e-admin", "extendedKeyUsage=clientAuth")
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
     _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 

@@ -11,12 +11,10 @@ each outcome is compared with what ``gpu-dra explain`` predicts from the same sl
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,16 +24,25 @@ import pytest_asyncio
 import yaml
 
 from driver.tools.allocation import explain_claim
-from tests.chart_render import NAMESPACE, render
+from tests.chart_render import NAMESPACE
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, kubeconfig
+from tests.e2e.kube import (
+    DRIVER,
+    EXTENDED_RESOURCE_MINORS,
+    SA,
+    await_until,
+    install_chart,
+    node_object,
+    patch_node_ready,
+    plugin_token,
+)
 from tests.pluginharness import NodeDirs, PluginProcess
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
 EXAMPLES = Path(__file__).resolve().parents[2] / "charts" / "examples"
-DRIVER = "gpu.nvidia.com"
 # node name -> simulated profile
 NODES = {
     "p5": "p5.48xlarge",
@@ -44,66 +51,6 @@ NODES = {
     "g6": "g6.xlarge",
 }
 GPUS = {"p5": 8, "g6e": 4, "p4d": 8, "g6": 1}
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout:.0f} s")
-        time.sleep(0.1)
-
-
-async def await_until(what: str, check: Callable[[], Any], wait_s: float = 60) -> Any:
-    return await asyncio.to_thread(wait_until, what, check, wait_s)
-
-
-def node_object(name: str, profile: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "node.kubernetes.io/instance-type": profile,
-                "nvidia.com/gpu.present": "true",
-            },
-        },
-    }
-
-
-def node_status() -> dict[str, Any]:
-    resources = {"cpu": "96", "memory": "1000Gi", "pods": "110", "ephemeral-storage": "500Gi"}
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return {
-        "status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "e2e: a Node without a kubelet, heartbeats off",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
-                }
-            ],
-        }
-    }
-
-
-def chart_objects() -> list[dict[str, Any]]:
-    return [o for o in render() if o["kind"] != "DaemonSet"]
-
-
-# The chart's ServiceAccount: the plugin's identity.
-(SA,) = [o["metadata"]["name"] for o in chart_objects() if o["kind"] == "ServiceAccount"]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -116,64 +63,17 @@ async def cluster() -> AsyncIterator[ControlPlane]:
         await cp.stop()
 
 
-def plugin_token(cp: ControlPlane, node: str) -> str:
-    """A token for the chart's ServiceAccount bound to a Pod on ``node``, as the kubelet gets."""
-    pod = cp.create({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"gpu-dra-plugin-{node}", "namespace": NAMESPACE},
-        "spec": {"serviceAccountName": SA, "nodeName": node,
-                 "containers": [{"name": "plugin", "image": "gpu-dra-driver:e2e"}]},
-    })  # fmt: skip
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {
-            "audiences": [],
-            "expirationSeconds": 3600,
-            "boundObjectRef": {
-                "kind": "Pod", "apiVersion": "v1",
-                "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"],
-            },
-        },
-    }  # fmt: skip
-    out = cp.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SA}/token", request)
-    token: str = out["status"]["token"]
-    return token
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def installed(cluster: ControlPlane) -> dict[str, str]:
     """The chart applied, the Nodes created; returns node -> plugin token."""
     cp = cluster
-    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    for obj in chart_objects():
-        if obj["kind"] != "Namespace":
-            cp.create(obj, NAMESPACE)
+    install_chart(cp)
     tokens = {}
     for node, profile in NODES.items():
         cp.create(node_object(node, profile))
-        _patch_status(cp, node)
+        patch_node_ready(cp, node)
         tokens[node] = plugin_token(cp, node)
     return tokens
-
-
-def _patch_status(cp: ControlPlane, node: str) -> None:
-    code, out = cp.raw(
-        "PATCH",
-        f"/api/v1/nodes/{node}/status",
-        node_status(),
-        content_type="application/merge-patch+json",
-    )
-    assert code == 200, out
-    # The TaintNodesByCondition admission plugin taints every new Node not-ready; the
-    # node-lifecycle controller (off here) would lift it once the Node reports Ready.
-    code, out = cp.raw(
-        "PATCH",
-        f"/api/v1/nodes/{node}",
-        {"spec": {"taints": None}},
-        content_type="application/merge-patch+json",
-    )
-    assert code == 200, out
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -280,8 +180,33 @@ def _pod_outcome(cp: ControlPlane, ns: str, name: str) -> tuple[str, str] | None
     return None
 
 
+IMPLICIT = "ResourceClaim"  # the claim the scheduler makes for a legacy pod
+
+
+def implicit_claim(pod: dict[str, Any], classes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the scheduler creates for a pod asking an extended resource a class serves."""
+    (limits,) = [c["resources"]["limits"] for c in pod["spec"]["containers"]]
+    (name, count), *_ = limits.items()
+    (served,) = [c for c in classes if c["spec"].get("extendedResourceName") == name]
+    request = {"deviceClassName": served["metadata"]["name"], "count": int(count)}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": IMPLICIT,
+        "metadata": {"name": "implicit", "annotations": {"e2e/implicit": "true"}},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": request}]}},
+    }
+
+
 def _claim_for(cp: ControlPlane, ns: str, pod: dict[str, Any]) -> dict[str, Any] | None:
     live = cp.call("GET", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+    extended = live.get("status", {}).get("extendedResourceClaimStatus")
+    if extended:
+        found: dict[str, Any] = cp.call(
+            "GET",
+            f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
+            f"{extended['resourceClaimName']}",
+        )
+        return found
     for ref in pod["spec"].get("resourceClaims") or []:
         name = ref.get("resourceClaimName")
         if not name:
@@ -339,7 +264,9 @@ async def test_scheduler_agrees_with_explain(
     claims = [d for d in docs if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")]
     pods = [d for d in docs if d["kind"] == "Pod"]
     if not claims:
-        pytest.skip(f"{example}: a Pod with extended resources and no claim (extendedResourceName)")
+        if MINOR not in EXTENDED_RESOURCE_MINORS:
+            pytest.skip(f"{example}: extendedResourceName needs DRAExtendedResource (1.36+)")
+        claims = [implicit_claim(pods[0], classes)]
     (claim,) = claims
     predicted = explain_claim(claim, slices=slices, classes=classes)
     namespaces = {}
@@ -349,7 +276,8 @@ async def test_scheduler_agrees_with_explain(
         cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
         await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
-        cp.create(claim, ns)
+        if "e2e/implicit" not in (claim["metadata"].get("annotations") or {}):
+            cp.create(claim, ns)
         cp.create(_pin(pods[0], node), ns)
     mismatches = []
     try:

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Debian packages a real node of the e2e tier needs: runc, the CNI plugins, a static busybox
+# (the workload image), and a static libc for the sandbox image. Installed only when missing.
+set -euo pipefail
+need=()
+[ -x /usr/sbin/runc ] || need+=(runc)
+[ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins)
+[ -x /bin/busybox ] || need+=(busybox-static)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+command -v openssl >/dev/null || need+=(openssl)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "e2e: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+    exit 1
+  fi
+  echo "e2e: installing ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi

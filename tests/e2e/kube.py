@@ -1,0 +1,136 @@
+"""What the e2e levels share: waits, Node objects, the chart installed, plugin tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.chart_render import NAMESPACE, render
+from tests.e2e.cluster import ControlPlane
+
+DRIVER = "gpu.nvidia.com"
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} after {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+async def await_until(what: str, check: Callable[[], Any], wait_s: float = 60) -> Any:
+    return await asyncio.to_thread(wait_until, what, check, wait_s)
+
+
+def node_object(name: str, profile: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "node.kubernetes.io/instance-type": profile,
+                "nvidia.com/gpu.present": "true",
+            },
+        },
+    }
+
+
+def node_status() -> dict[str, Any]:
+    resources = {"cpu": "96", "memory": "1000Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "e2e: a Node without a kubelet, heartbeats off",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+    }
+
+
+# Kubernetes minors that serve DeviceClass.spec.extendedResourceName (DRAExtendedResource
+# is beta and on from 1.36; alpha and off before).
+EXTENDED_RESOURCE_MINORS = frozenset({"1.36", "1.37"})
+
+
+def chart_objects(minor: str | None = None) -> list[dict[str, Any]]:
+    """The chart's objects but the DaemonSet; legacy pods served where ``minor`` can."""
+    sets = ["deviceClasses.gpu.extendedResourceName.enabled=true"]
+    return [
+        o
+        for o in render((), sets if minor in EXTENDED_RESOURCE_MINORS else ())
+        if o["kind"] != "DaemonSet"
+    ]
+
+
+# The chart's ServiceAccount: the plugin's identity.
+(SA,) = [o["metadata"]["name"] for o in chart_objects() if o["kind"] == "ServiceAccount"]
+
+
+def plugin_token(cp: ControlPlane, node: str) -> str:
+    """A token for the chart's ServiceAccount bound to a Pod on ``node``, as the kubelet gets."""
+    pod = cp.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"gpu-dra-plugin-{node}", "namespace": NAMESPACE},
+        "spec": {"serviceAccountName": SA, "nodeName": node,
+                 "containers": [{"name": "plugin", "image": "gpu-dra-driver:e2e"}]},
+    })  # fmt: skip
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "audiences": [],
+            "expirationSeconds": 3600,
+            "boundObjectRef": {
+                "kind": "Pod", "apiVersion": "v1",
+                "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"],
+            },
+        },
+    }  # fmt: skip
+    out = cp.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SA}/token", request)
+    token: str = out["status"]["token"]
+    return token
+
+
+def patch_node_ready(cp: ControlPlane, node: str) -> None:
+    code, out = cp.raw(
+        "PATCH",
+        f"/api/v1/nodes/{node}/status",
+        node_status(),
+        content_type="application/merge-patch+json",
+    )
+    assert code == 200, out
+    # The TaintNodesByCondition admission plugin taints every new Node not-ready; the
+    # node-lifecycle controller (off here) would lift it once the Node reports Ready.
+    code, out = cp.raw(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        {"spec": {"taints": None}},
+        content_type="application/merge-patch+json",
+    )
+    assert code == 200, out
+
+
+def install_chart(cp: ControlPlane) -> None:
+    """The chart's namespace, RBAC, admission policies and DeviceClasses (no DaemonSet)."""
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for obj in chart_objects(cp.minor):
+        if obj["kind"] != "Namespace":
+            cp.create(obj, NAMESPACE)

@@ -1,0 +1,204 @@
+"""A real node on this VM: containerd 2.x with CDI, and a real kubelet.
+
+This VM has cgroup v1 and no systemd as PID 1, so the kubelet runs with the cgroupfs
+driver (``failCgroupV1: false``) and relaxed eviction thresholds; runc and the CNI plugins
+come from Debian's packages. Pods run on the host network; containerd still needs a CNI
+configuration (loopback only) or the node stays NotReady. No registry is reachable: the
+images come from :mod:`tests.e2e.images`, imported into containerd's ``k8s.io`` namespace
+under the names the pods use, the sandbox image pinned in containerd's config.
+
+All processes are started through the :class:`ControlPlane` so that its sweep and stop
+cover them; :func:`unmount_under` removes the kubelet's mounts (projected volumes) so the
+tree can be deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.e2e import build, images
+from tests.e2e.cluster import ControlPlane, free_port, issue, kubeconfig
+
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+CNI_BIN = Path("/usr/lib/cni")
+DEPENDENCIES = {
+    "runc": Path(RUNC),
+    "CNI plugins": CNI_BIN / "loopback",
+    "busybox-static": images.BUSYBOX,
+}
+
+
+def missing_dependencies() -> list[str]:
+    return [name for name, path in DEPENDENCIES.items() if not path.exists()]
+
+
+def unmount_under(root: Path) -> None:
+    """Lazily unmount every mount point below ``root``, deepest first."""
+    prefix = str(root.resolve()) + "/"
+    points = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4]
+            if point.startswith(prefix):
+                points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+@dataclass
+class RealNode:
+    cp: ControlPlane
+    name: str
+    root: Path
+    images: tuple[str, ...]
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.root / "containerd.sock"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.root / "pod-logs"
+
+    def _containerd_config(self) -> str:
+        r = self.root
+        return f"""
+version = 3
+root = "{r / "containerd" / "root"}"
+state = "{r / "containerd" / "state"}"
+
+[grpc]
+  address = "{self.containerd_socket}"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{SANDBOX_IMAGE}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_cdi = true
+  cdi_spec_dirs = ["{self.cdi_root}"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{RUNC}"
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{CNI_BIN}"]
+    conf_dir = "{r / "cni"}"
+"""
+
+    def _kubelet_config(self) -> dict[str, object]:
+        gates = {k: v for k, v in _gates(self.cp).items()}
+        config: dict[str, object] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(self.cp.pki / "ca.crt")},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "cgroupDriver": "cgroupfs",
+            "failCgroupV1": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "address": "127.0.0.1",
+            "port": free_port(),
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": free_port(),
+            "failSwapOn": False,
+            "evictionHard": {
+                "memory.available": "1Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "podLogsDir": str(self.pod_logs),
+            "resolvConf": "",
+            "localStorageCapacityIsolation": False,
+            "makeIPTablesUtilChains": False,
+            "serializeImagePulls": False,
+            "featureGates": gates,
+        }
+        return config
+
+    async def start(self) -> None:
+        missing = missing_dependencies()
+        if missing:
+            raise RuntimeError(f"missing for a real node: {', '.join(missing)} (apt-get install "
+                               "runc containernetworking-plugins busybox-static)")  # fmt: skip
+        ctd = build.build_containerd()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "cni").mkdir(exist_ok=True)
+        (self.root / "cni" / "10-loopback.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "loopback", "plugins": [{"type": "loopback"}],
+        }))  # fmt: skip
+        self.cdi_root.mkdir(exist_ok=True)
+        config = self.root / "containerd.toml"
+        config.write_text(self._containerd_config())
+        env_path = f"{ctd}:{os.environ.get('PATH', '')}"
+        os.environ["PATH"] = env_path  # containerd finds its shim on PATH
+        await self.cp.spawn(f"containerd-{self.name}", [str(ctd / "containerd"), "--config",
+                                                        str(config)])  # fmt: skip
+        await self.cp.wait_for("containerd", self.containerd_socket.is_socket, 60)
+        await asyncio.to_thread(self._import_images, ctd)
+        cert, key = issue(self.cp.pki, f"kubelet-{self.name}",
+                          f"/O=system:nodes/CN=system:node:{self.name}",
+                          "extendedKeyUsage=clientAuth")  # fmt: skip
+        kc = self.root / "kubelet.kubeconfig"
+        kc.write_text(kubeconfig(self.cp.server, self.cp.pki / "ca.crt", cert=cert, key=key))
+        kconf = self.root / "kubelet.yaml"
+        kconf.write_text(json.dumps(self._kubelet_config()))
+        await self.cp.spawn(f"kubelet-{self.name}", [
+            str(self.cp.bindir / "kubelet"), f"--config={kconf}", f"--kubeconfig={kc}",
+            f"--root-dir={self.kubelet_dir}", f"--cert-dir={self.root / 'kubelet-pki'}",
+            f"--hostname-override={self.name}", "--node-ip=127.0.0.1", "--v=2",
+        ])  # fmt: skip
+        await self.cp.wait_for(f"node {self.name} Ready", self._ready, 120)
+
+    def _import_images(self, ctd: Path) -> None:
+        tars = self.root / "images"
+        tars.mkdir(exist_ok=True)
+        built = [images.pause_image(tars / "pause.tar", SANDBOX_IMAGE)]
+        built += [images.busybox_image(tars / f"busybox-{i}.tar", ref)
+                  for i, ref in enumerate(self.images)]  # fmt: skip
+        for tar in built:
+            subprocess.run([str(ctd / "ctr"), "--address", str(self.containerd_socket), "-n",
+                            "k8s.io", "images", "import", "--local", str(tar)],
+                           check=True, capture_output=True)  # fmt: skip
+
+    def _ready(self) -> bool:
+        code, body = self.cp.get(f"/api/v1/nodes/{self.name}")
+        if code != 200:
+            return False
+        for cond in json.loads(body).get("status", {}).get("conditions") or []:
+            if cond["type"] == "Ready":
+                return bool(cond["status"] == "True")
+        return False
+
+
+def _gates(cp: ControlPlane) -> dict[str, bool]:
+    from tests.e2e.cluster import FEATURE_GATES
+
+    return dict(FEATURE_GATES[cp.minor])

@@ -1,0 +1,278 @@
+"""Level 2: a real kubelet with containerd 2.x and CDI calls our plugin; containers run.
+
+One node on this VM (:mod:`tests.e2e.node`), our plugin beside its kubelet (started after
+it: a kubelet wipes its node's slices when it starts), the chart's classes and RBAC. Pods
+from the examples run busybox in place of their CUDA command and print what they got (the
+env var naming their GPU UUIDs, ``NVIDIA_VISIBLE_DEVICES``, the ``/dev/nvidia*`` nodes of
+the CDI spec: character devices made with mknod under a fake driver root) into their
+termination message, which the test reads from the pod status.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from tests.chart_render import NAMESPACE
+from tests.e2e import build
+from tests.e2e.cluster import ControlPlane, kubeconfig
+from tests.e2e.kube import await_until, install_chart, plugin_token
+from tests.e2e.node import RealNode, missing_dependencies, unmount_under
+from tests.pluginharness import NodeDirs, PluginProcess
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
+
+MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
+EXAMPLES = Path(__file__).resolve().parents[2] / "charts" / "examples"
+NODE = "node-1"
+PROFILE = "p5.48xlarge"
+GPUS = 8
+# What each container prints into its termination message.
+REPORT = (
+    'echo "uuids=$GPU_DRA_VISIBLE_GPU_UUIDS visible=$NVIDIA_VISIBLE_DEVICES'
+    ' devices=$(ls /dev | grep nvidia | sort | tr "\\n" " ")" > /dev/termination-log'
+)
+
+
+@dataclass(frozen=True)
+class KubeletDirs(NodeDirs):
+    """The plugin's directories are the real kubelet's."""
+
+    kubelet_root: Path = Path("/nonexistent")
+    cdi_root: Path = Path("/nonexistent")
+
+    @property
+    def registry(self) -> Path:
+        return self.kubelet_root / "plugins_registry"
+
+    @property
+    def plugins(self) -> Path:
+        return self.kubelet_root / "plugins"
+
+    @property
+    def cdi(self) -> Path:
+        return self.cdi_root
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+def example_images() -> tuple[str, ...]:
+    refs = set()
+    for path in EXAMPLES.glob("*.yaml"):
+        for doc in _docs(path.name):
+            for c in doc.get("spec", {}).get("containers", []) if doc["kind"] == "Pod" else []:
+                refs.add(c["image"])
+    return tuple(sorted(refs))
+
+
+def runnable(pod: dict[str, Any]) -> dict[str, Any]:
+    """The example pod, running our report instead of its CUDA command."""
+    pod = copy.deepcopy(pod)
+    spec = pod["spec"]
+    spec["hostNetwork"] = True
+    spec["restartPolicy"] = "Never"
+    spec["terminationGracePeriodSeconds"] = 1
+    for c in spec["containers"]:
+        c["command"] = ["sh", "-c", REPORT]
+        c.pop("args", None)
+        c["imagePullPolicy"] = "IfNotPresent"
+    return pod
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def node() -> AsyncIterator[RealNode]:
+    missing = missing_dependencies()
+    if missing:
+        pytest.skip(f"a real node needs {', '.join(missing)}")
+    cp = ControlPlane(Path(f"/tmp/gpu-dra-e2e-{MINOR}-l2"), MINOR)
+    real = RealNode(cp, NODE, cp.root / "node", example_images())
+    try:
+        await cp.start()
+        install_chart(cp)
+        await real.start()
+        yield real
+    finally:
+        await cp.stop()
+        unmount_under(cp.root)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def plugin(node: RealNode) -> AsyncIterator[PluginProcess]:
+    cp = node.cp
+    token = plugin_token(cp, NODE)
+    dirs = KubeletDirs(node.root / "plugin", node.kubelet_dir, node.cdi_root)
+    dirs.root.mkdir(parents=True, exist_ok=True)
+    config = dirs.root / "kubeconfig"
+    config.write_text(kubeconfig(cp.server, cp.pki / "ca.crt", token=token))
+    proc = PluginProcess(
+        dirs,
+        kubeconfig=config,
+        node_name=NODE,
+        profile=PROFILE,
+        extra_env={"POD_NAMESPACE": NAMESPACE},
+    )
+    try:
+        await proc.wait_ready(120)
+        await proc.wait_log("registered with the kubelet|plugin_registered=True", 60)
+        yield proc
+    finally:
+        await proc.terminate()
+
+
+def _pod(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return cp.call("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def _finished(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    pod = _pod(cp, ns, name)
+    return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+
+def reports(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """container -> what it printed: uuids, visible, devices."""
+    out = {}
+    for status in pod["status"]["containerStatuses"]:
+        message = status["state"]["terminated"].get("message", "")
+        fields = dict(part.split("=", 1) for part in message.strip().split(" ", 2))
+        out[status["name"]] = fields
+    return out
+
+
+async def run_example(cp: ControlPlane, ns: str, example: str) -> list[dict[str, Any]]:
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    await await_until(
+        f"default SA in {ns}",
+        lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200,
+    )
+    pods = []
+    for doc in _docs(example):
+        if doc["kind"] == "Pod":
+            pods.append(cp.create(runnable(doc), ns))
+        else:
+            cp.create(doc, ns)
+    done = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        finished = await await_until(
+            f"pod {ns}/{name} finished", partial(_finished, cp, ns, name), 180
+        )
+        assert finished["status"]["phase"] == "Succeeded", json.dumps(finished["status"])
+        done.append(finished)
+    return done
+
+
+def spec_files(node: RealNode) -> list[Path]:
+    return sorted(node.cdi_root.glob("*.json"))
+
+
+async def delete_namespace_claims(cp: ControlPlane, ns: str) -> None:
+    cp.raw("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+    await await_until(f"pods of {ns} gone", lambda: not cp.call(
+        "GET", f"/api/v1/namespaces/{ns}/pods")["items"], 120)  # fmt: skip
+    claims = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
+    for c in claims:
+        cp.raw("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
+               f"{c['metadata']['name']}")  # fmt: skip
+    await await_until(f"claims of {ns} gone", lambda: not cp.call(
+        "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"],
+        120)  # fmt: skip
+
+
+async def test_the_kubelet_registers_the_plugin_and_slices_appear(
+    node: RealNode, plugin: PluginProcess
+) -> None:
+    cp = node.cp
+    slices = cp.call(
+        "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+    )["items"]
+    assert sum(len(s["spec"].get("devices") or []) for s in slices) == GPUS
+    assert (node.kubelet_dir / "plugins_registry").is_dir()
+
+
+async def test_one_gpu_pod_runs_with_its_cdi_edits(node: RealNode, plugin: PluginProcess) -> None:
+    cp = node.cp
+    (pod,) = await run_example(cp, "single", "single-gpu.yaml")
+    (report,) = reports(pod).values()
+    uuids = report["uuids"].split(",")
+    assert len(uuids) == 1 and uuids[0].startswith("GPU-")
+    assert report["visible"] == "void"
+    assert "nvidiactl" in report["devices"].split()
+    assert len([d for d in report["devices"].split() if d[len("nvidia") :].isdigit()]) == 1
+    assert len(spec_files(node)) == 1
+    await delete_namespace_claims(cp, "single")
+    await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
+
+
+async def test_two_containers_share_one_gpu(node: RealNode, plugin: PluginProcess) -> None:
+    cp = node.cp
+    (pod,) = await run_example(cp, "two-containers", "shared-gpu-two-containers.yaml")
+    got = reports(pod)
+    assert len(got) == 2
+    first, second = got.values()
+    assert first["uuids"] == second["uuids"] and len(first["uuids"].split(",")) == 1
+    await delete_namespace_claims(cp, "two-containers")
+    await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
+
+
+async def test_two_pods_share_one_claim(node: RealNode, plugin: PluginProcess) -> None:
+    cp = node.cp
+    pods = await run_example(cp, "two-pods", "shared-claim-two-pods.yaml")
+    uuids = {r["uuids"] for pod in pods for r in reports(pod).values()}
+    assert len(pods) == 2 and len(uuids) == 1
+    await delete_namespace_claims(cp, "two-pods")
+    await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
+
+
+async def test_sigkill_while_pods_start_then_restart(node: RealNode, plugin: PluginProcess) -> None:
+    """The plugin dies mid-flight; the kubelet retries against its successor."""
+    cp = node.cp
+    ns = "killed"
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    await await_until(
+        f"default SA in {ns}",
+        lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200,
+    )
+    docs = _docs("single-gpu.yaml")
+    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    cp.create(template, ns)
+    names = []
+    for i in range(3):
+        p = runnable(pod)
+        p["metadata"]["name"] = f"gpu-{i}"
+        cp.create(p, ns)
+        names.append(p["metadata"]["name"])
+    os.kill(plugin.pid, signal.SIGKILL)
+    plugin.proc.wait()
+    successor = PluginProcess(
+        plugin.dirs,
+        kubeconfig=plugin.dirs.root / "kubeconfig",
+        node_name=NODE,
+        profile=PROFILE,
+        extra_env={"POD_NAMESPACE": NAMESPACE},
+    )
+    plugin.proc = successor.proc  # the fixture's teardown stops the successor
+    plugin.log_path = successor.log_path
+    await successor.wait_ready(120)
+    seen = set()
+    for name in names:
+        finished = await await_until(f"pod {name} finished", partial(_finished, cp, ns, name), 240)
+        assert finished["status"]["phase"] == "Succeeded", json.dumps(finished["status"])
+        (report,) = reports(finished).values()
+        seen.add(report["uuids"])
+    assert len(seen) == 3  # three claims, three distinct GPUs
+    await delete_namespace_claims(cp, ns)
+    await await_until("no orphan spec", lambda: not spec_files(node), 60)
