@@ -241,10 +241,31 @@ def build_nvidia_ctk() -> Path:
     return out
 
 
+def build_runc() -> Path:
+    version = VERSIONS["runc"]["version"]
+    out = cache_root() / f"runc-{version}" / "runc"
+    if not out.exists():
+        pkg = "github.com/opencontainers/runc"
+        module = cache_root() / f"runc-{version}" / "module"
+        module.mkdir(parents=True, exist_ok=True)
+        upstream = _upstream_gomod(pkg, version, module)
+        go_line, _ = _directives(upstream)
+        (module / "go.mod").write_text(
+            f"module gpudra.test/runc\n\ngo {go_line}\n\nrequire {pkg} {version}\n"
+        )
+        (module / "tools.go").write_text(_tools_go([pkg]))
+        if not (module / "go.sum").exists():
+            _go(["mod", "tidy"], module)
+        # No seccomp tag: libseccomp is not needed for the tier's containers.
+        _build(module, pkg, out, f"-X main.version={version.removeprefix('v')}", cgo=True)
+    return out
+
+
 BUILDERS = {
     "kubernetes": lambda minor: build_kubernetes(k8s_version(minor)),
     "etcd": lambda minor: build_etcd(),
     "containerd": lambda minor: build_containerd(),
+    "runc": lambda minor: build_runc(),
     "nvidia-ctk": lambda minor: build_nvidia_ctk(),
 }
 

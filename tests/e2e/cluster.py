@@ -10,8 +10,8 @@ mid-way (SIGKILL, a CI timeout) is swept by the next one at start; :meth:`stop` 
 all, also on failure or SIGINT (the fixture's finally). The harness makes itself a child
 subreaper, so a grandchild (a containerd shim) re-parents to it and is reaped here.
 
-The node-lifecycle controller is off: Nodes without a kubelet would be tainted unreachable
-within a minute and their pods evicted. So are the controllers that need a cloud or a pod
+The node-lifecycle controller is off unless asked for: Nodes without a kubelet would be
+tainted unreachable within a minute and their pods evicted. So are the controllers that need a cloud or a pod
 network (service load balancers, routes, node IPAM).
 """
 
@@ -162,6 +162,8 @@ class Process:
 class ControlPlane:
     root: Path
     minor: str
+    # Off for Nodes without a kubelet (level 1); on where a real kubelet heartbeats (level 2).
+    node_lifecycle: bool = False
     processes: list[Process] = field(default_factory=list)
     api_port: int = 0
 
@@ -315,8 +317,9 @@ class ControlPlane:
         await self.spawn("kube-controller-manager", [
             str(self.bindir / "kube-controller-manager"), *common,
             f"--secure-port={free_port()}",
-            "--controllers=*,-node-lifecycle-controller,-cloud-node-lifecycle-controller,"
-            "-service-lb-controller,-node-route-controller,-node-ipam-controller",
+            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,"
+            "-node-route-controller,-node-ipam-controller"
+            + ("" if self.node_lifecycle else ",-node-lifecycle-controller"),
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}", "--use-service-account-credentials=true",
         ])  # fmt: skip

@@ -11,6 +11,8 @@ from tests.chart_render import NAMESPACE, render
 from tests.e2e.cluster import ControlPlane
 
 DRIVER = "gpu.nvidia.com"
+# The image of the stand-in plugin Pod a token is bound to (built locally for a real node).
+PLUGIN_POD_IMAGE = "gpu-dra-driver:e2e"
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
@@ -89,8 +91,11 @@ def plugin_token(cp: ControlPlane, node: str) -> str:
     pod = cp.create({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"gpu-dra-plugin-{node}", "namespace": NAMESPACE},
-        "spec": {"serviceAccountName": SA, "nodeName": node,
-                 "containers": [{"name": "plugin", "image": "gpu-dra-driver:e2e"}]},
+        # On a real node its kubelet runs it: host network, an image it has, idle.
+        "spec": {"serviceAccountName": SA, "nodeName": node, "hostNetwork": True,
+                 "containers": [{"name": "plugin", "image": PLUGIN_POD_IMAGE,
+                                 "imagePullPolicy": "IfNotPresent",
+                                 "command": ["sleep", "86400"]}]},
     })  # fmt: skip
     request = {
         "apiVersion": "authentication.k8s.io/v1",

@@ -173,7 +173,7 @@ state = "{r / "containerd" / "state"}"
         await self.cp.spawn(f"kubelet-{self.name}", [
             str(self.cp.bindir / "kubelet"), f"--config={kconf}", f"--kubeconfig={kc}",
             f"--root-dir={self.kubelet_dir}", f"--cert-dir={self.root / 'kubelet-pki'}",
-            f"--hostname-override={self.name}", "--node-ip=127.0.0.1", "--v=2",
+            f"--hostname-override={self.name}", "--v=2",
         ])  # fmt: skip
         await self.cp.wait_for(f"node {self.name} Ready", self._ready, 120)
 

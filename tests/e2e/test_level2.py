@@ -27,7 +27,7 @@ import yaml
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, kubeconfig
-from tests.e2e.kube import await_until, install_chart, plugin_token
+from tests.e2e.kube import PLUGIN_POD_IMAGE, await_until, install_chart, plugin_token
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
 from tests.pluginharness import NodeDirs, PluginProcess
 
@@ -75,7 +75,7 @@ def example_images() -> tuple[str, ...]:
         for doc in _docs(path.name):
             for c in doc.get("spec", {}).get("containers", []) if doc["kind"] == "Pod" else []:
                 refs.add(c["image"])
-    return tuple(sorted(refs))
+    return (*sorted(refs), PLUGIN_POD_IMAGE)
 
 
 def runnable(pod: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +97,7 @@ async def node() -> AsyncIterator[RealNode]:
     missing = missing_dependencies()
     if missing:
         pytest.skip(f"a real node needs {', '.join(missing)}")
-    cp = ControlPlane(Path(f"/tmp/gpu-dra-e2e-{MINOR}-l2"), MINOR)
+    cp = ControlPlane(Path(f"/tmp/gpu-dra-e2e-{MINOR}-l2"), MINOR, node_lifecycle=True)
     real = RealNode(cp, NODE, cp.root / "node", example_images())
     try:
         await cp.start()
@@ -141,6 +141,21 @@ def _finished(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
     return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
 
 
+async def wait_finished(
+    cp: ControlPlane, ns: str, name: str, wait_s: float = 180
+) -> dict[str, Any]:
+    try:
+        done: dict[str, Any] = await await_until(
+            f"pod {ns}/{name} finished", partial(_finished, cp, ns, name), wait_s
+        )
+    except TimeoutError as exc:
+        status = _pod(cp, ns, name).get("status")
+        events = cp.call("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+        said = [f"{e.get('reason')}: {e.get('message')}" for e in events]
+        raise TimeoutError(f"{exc}: status {json.dumps(status)}; events {said}") from exc
+    return done
+
+
 def reports(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
     """container -> what it printed: uuids, visible, devices."""
     out = {}
@@ -166,9 +181,7 @@ async def run_example(cp: ControlPlane, ns: str, example: str) -> list[dict[str,
     done = []
     for pod in pods:
         name = pod["metadata"]["name"]
-        finished = await await_until(
-            f"pod {ns}/{name} finished", partial(_finished, cp, ns, name), 180
-        )
+        finished = await wait_finished(cp, ns, name)
         assert finished["status"]["phase"] == "Succeeded", json.dumps(finished["status"])
         done.append(finished)
     return done
