@@ -82,6 +82,7 @@ CASES = [
     bad("true + 1 == 2", "1:6", "SPEC: the operator's position after true", oracle=True),
     bad("{'a': 1}.true == 1", "1:10", "SPEC grammar: true is no field name", oracle=True),
     bad("[1].all(if, true)", "1:9", "SPEC: reserved identifier", oracle=True),
+    bad("'a' inx", "1:5", "SPEC grammar: inx is an identifier, not in x", oracle=True),
     # Kubernetes' optional syntax, with and without blanks (cel-python: a parse error).
     unsupported("[1, ?optional.none()] == [1]", "K8S-ENV OptionalTypes: optional list element"),
     unsupported("{?'a': optional.none()} == {}", "K8S-ENV OptionalTypes: optional map entry"),

@@ -10,6 +10,7 @@ cel-python's tree leaves out or takes more loosely than the CEL specification (l
   negation except in a literal on its own (``-5``, but ``-(5.abs())`` for ``-5.abs()``);
 - a digit required after the ``.`` of a double (cel-python takes ``5.``);
 - reserved words, which cel-python takes as identifiers, rejected;
+- trailing commas in list and map literals (``[1, 2,]``) taken, as the specification does;
 - the optional syntax of Kubernetes CEL (``a.?b``, ``a[?k]``, ``[?x]``, ``{?k: v}``), a
   parse error to cel-python, recognised at that error and reported as not supported.
 
@@ -42,6 +43,7 @@ _INT64_MAX = (1 << 63) - 1
 # What may stand between an operand and the operator after it.
 _GAP = re.compile(r"(?:[\t\n\f\r ]+|//[^\n]*)*")
 _BAD_FLOAT = re.compile(r"\.(?![0-9])")
+_IDENT = re.compile(r"[_a-zA-Z0-9]+")
 
 _OPERATORS = {
     "conditionalor": "_||_",
@@ -106,8 +108,9 @@ def _grammar() -> "Lark":
         @staticmethod
         def ambiguous_literals(t: Token) -> Token:
             # cel-python's own callback makes its true/false tokens without a position.
-            kind = "BOOL_LIT" if t.value in ("true", "false") else t.type
-            return Token.new_borrow_pos(kind, t.value, t)
+            if t.value in ("true", "false"):
+                return Token.new_borrow_pos("BOOL_LIT", t.value, t)
+            return t
 
     # CELParser keeps one Lark per process in a class attribute; build ours aside from it.
     saved, CELParser.CEL_PARSER = CELParser.CEL_PARSER, None
@@ -158,13 +161,11 @@ def _optional(text: str, pos: int, stack: "list[Tree | Token]") -> CelUnsupporte
         return None
     if top.type in ("DOT", "LSQB") and _after_operand(stack, len(stack) - 1):
         return unsupported(_start(top), f"optional field selection '{top.value}?'")
-    if top.type == "COMMA" or (top.type in ("LSQB", "LBRACE") and _literal_bracket(stack) is top):
-        bracket = _literal_bracket(stack)
-        if bracket is not None and bracket.type == "LSQB":
-            return unsupported(pos, "optional list element '?'")
-        if bracket is not None:
-            return unsupported(pos, "optional map entry '?'")
-    return None
+    bracket = _literal_bracket(stack) if top.type in ("COMMA", "LSQB", "LBRACE") else None
+    if bracket is None:
+        return None
+    what = "list element" if bracket.type == "LSQB" else "map entry"
+    return unsupported(pos, f"optional {what} '?'")
 
 
 def _trailing_comma(err: "UnexpectedInput") -> int | None:
@@ -177,10 +178,8 @@ def _trailing_comma(err: "UnexpectedInput") -> int | None:
     top, bracket = _top(stack), _literal_bracket(stack)
     if top is None or top.type != "COMMA" or bracket is None:
         return None
-    return _start(top) if (bracket.type, err.token.type) in _CLOSING else None
-
-
-_CLOSING = {("LSQB", "RSQB"), ("LBRACE", "RBRACE")}
+    closes = {"LSQB": "RSQB", "LBRACE": "RBRACE"}[bracket.type]
+    return _start(top) if err.token.type == closes else None
 
 
 def _stack(err: "UnexpectedInput") -> "list[Tree | Token]":
@@ -259,7 +258,13 @@ class _Translator:
                 left, name = op, _OPERATORS[tree.data]
             else:
                 left, name = _trees(op)[0], _OPERATORS[op.data]
-            pending.append((name, self._after(left.meta.end_pos), right))
+            pos = self._after(left.meta.end_pos)
+            if name == "@in" and _IDENT.match(self._source, pos + 2):
+                # Lark matched the keyword as a prefix: a inb, x]index.
+                word = _IDENT.match(self._source, pos)
+                assert word is not None
+                raise self._fail(pos, f"Syntax error: unexpected {word.group()!r}")
+            pending.append((name, pos, right))
             tree = left
         node = self._unary(tree, depth)
         for name, pos, right in reversed(pending):
