@@ -7,9 +7,11 @@ cel-python's tree leaves out or takes more loosely than the CEL specification (l
 - string and bytes literals decoded, raw and triple-quoted ones too, with the escapes of the
   specification checked (cel-python keeps the source text);
 - int and uint literals range-checked; a ``-`` that cel-python lexes into a number is a
-  negation except in a literal on its own (``-5``, but ``-(5.abs())`` for ``-5.abs()``);
-- a digit required after the ``.`` of a double (cel-python takes ``5.``);
-- reserved words, which cel-python takes as identifiers, rejected;
+  negation except in a literal on its own (``-5``, but ``-(5[0])`` for ``-5[0]``);
+- a digit required after the ``.`` of a double (cel-python takes ``5.``, so ``5.f()`` is a
+  syntax error here: in this environment no method takes a number, so it fails either way);
+- reserved words, which cel-python takes as identifiers, rejected; so is ``a inb``, which
+  Lark reads as ``a in b``;
 - trailing commas in list and map literals (``[1, 2,]``) taken, as the specification does;
 - the optional syntax of Kubernetes CEL (``a.?b``, ``a[?k]``, ``[?x]``, ``{?k: v}``), a
   parse error to cel-python, recognised at that error and reported as not supported.
@@ -293,7 +295,7 @@ class _Translator:
         base = _trees(inner)[0]
         negate: int | None = None
         if suffixes and base.data == "literal" and _token(base, 0).startswith("-"):
-            # cel-python lexes -5 as one number; the specification negates 5.abs() instead.
+            # cel-python lexes -5 as one number: (-5)[0]; the specification reads -(5[0]).
             negate = _start(_token(base, 0))
             node = self._literal(_token(base, 0), signed=False)
         else:
