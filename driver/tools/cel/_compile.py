@@ -16,9 +16,9 @@ from driver.tools.cel import _eval as ev
 from driver.tools.cel import _functions as fn_table
 from driver.tools.cel import _library as lib
 from driver.tools.cel import _runtime as rt
+from driver.tools.cel._ast import Call, Ident, Index, ListLit, Lit, MapLit, Node, Select
 from driver.tools.cel._errors import CelCompileError, CelEvalError, CelUnsupportedError, position
 from driver.tools.cel._eval import Fn
-from driver.tools.cel._parser import Call, Ident, Index, ListLit, Lit, MapLit, Node, Select
 from driver.tools.cel._types import (
     BOOL,
     BYTES,
