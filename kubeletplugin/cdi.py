@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from driver.inventory import Gpu
-from kubeletplugin import names
+from kubeletplugin import dirs, names
 from kubeletplugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord, write_atomic
 
 VENDOR = "k8s.gpu.nvidia.com"
@@ -157,7 +157,7 @@ def write_spec(cdi_root: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
     try:
         write_atomic(path, content, fsync_dir=False)
     except FileNotFoundError:  # someone removed the CDI root: make it again, once
-        cdi_root.mkdir(parents=True, exist_ok=True)
+        dirs.ensure_dir(cdi_root, dirs.CDI_ROOT)
         write_atomic(path, content, fsync_dir=False)
     return path
 
