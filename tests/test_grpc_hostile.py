@@ -9,13 +9,18 @@ the plugin still prepares a valid claim afterwards.
 
 import hashlib
 import os
+import random
+import string
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from grpc_health.v1 import health_pb2
 
+from kubeletplugin import names
 from kubeletplugin.state import ClaimRef
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
@@ -135,3 +140,101 @@ async def test_an_invalid_claim_is_an_error_for_that_claim_only(node: Node, dirs
             assert entry.error.startswith(f"invalid claim {problem}"), entry.error
             assert not entry.devices
     assert _our_specs(dirs) == [f"k8s.gpu.nvidia.com-claim_{good.uid}.json"]
+
+
+# ---- fuzz ---------------------------------------------------------------------------------
+
+SEED = int(os.environ.get("GPU_DRA_FUZZ_SEED", "20261201"))
+REQUESTS = 150  # seeded, so a failure replays; the test's timeout bounds the time
+UUID = "0f8fad5b-d9cb-469f-a165-70867728950e"
+_BOUNDARY_UIDS = (
+    "",
+    ".",
+    "..",
+    "/",
+    "//",
+    TRAVERSAL,
+    "../victim",
+    "x/../../../../../../etc/passwd",
+    "a" * 255,
+    "a" * 256,
+    "a" * 4096,
+    "\x00",
+    UUID + "\x00",
+    UUID.upper(),
+    UUID + "/..",
+    UUID[:-1],
+    UUID + "0",
+    " " + UUID,
+    "\u2215victim",  # division slash: looks like "/"
+    "\U0001f600" * 9,
+)
+_BOUNDARY_NAMESPACES = ("default", "", "..", "../..", "a" * 64, "Default", "kube-system", "\x00")
+_BOUNDARY_NAMES = ("good", "", "..", "../../api/v1/secrets", "a/b", "a" * 254, "x?y", "%2e%2e")
+
+
+def _junk(rng: random.Random) -> str:
+    alphabet = string.printable + "\x00\u00e9\u2215\U0001f600/."
+    return "".join(rng.choice(alphabet) for _ in range(rng.choice((1, 8, 36, 64, 300))))
+
+
+def _fuzz_ref(rng: random.Random, real: ClaimRef) -> ClaimRef:
+    roll = rng.random()
+    if roll < 0.4:
+        uid = rng.choice(_BOUNDARY_UIDS)
+    elif roll < 0.6:
+        uid = str(uuid.UUID(int=rng.getrandbits(128), version=4))  # valid, no such claim
+    elif roll < 0.7:
+        uid = real.uid  # the real claim's uid under the wrong names
+    else:
+        uid = _junk(rng)
+    namespace = rng.choice(_BOUNDARY_NAMESPACES) if rng.random() < 0.7 else _junk(rng)
+    name = rng.choice(_BOUNDARY_NAMES) if rng.random() < 0.7 else _junk(rng)
+    if uid == real.uid and (namespace, name) == (real.namespace, real.name):
+        name = "not-" + name  # never the real claim itself: the fuzz prepares nothing
+    return ClaimRef(uid=uid, namespace=namespace, name=name)
+
+
+@pytest.mark.timeout(240)
+async def test_fuzzed_claim_references_touch_nothing_and_the_plugin_keeps_serving(
+    node: Node, dirs: NodeDirs
+) -> None:
+    rng = random.Random(SEED)
+    real = await create_claim(node.api, "good", node=NODE, devices=["gpu-0"])
+    before = _snapshot(dirs)
+    registration = node.plugin.paths.registration
+    async with (
+        await KubeletSim.register(registration) as v1,
+        await KubeletSim.register(registration, known_versions=("v1beta1.DRAPlugin",)) as v1beta1,
+    ):
+        for i in range(REQUESTS):
+            count = rng.choice((0, 1, 1, 2, 3, 8, 40))
+            refs = [_fuzz_ref(rng, real) for _ in range(count)]
+            refs += rng.sample(refs, min(len(refs), rng.choice((0, 0, 1))))  # a repeated uid
+            kubelet = rng.choice((v1, v1beta1))
+            context = f"seed {SEED} request {i}"
+            if rng.random() < 0.5:
+                prepared = await kubelet.prepare(refs)
+                assert set(prepared.claims) == {r.uid for r in refs}, context
+                for ref in refs:
+                    entry = prepared.claims[ref.uid]
+                    assert entry.error and not entry.devices, f"{context}: {ref!r}"
+                    if names.claim_error(ref.uid, ref.namespace, ref.name):
+                        assert entry.error.startswith("invalid claim"), f"{context}: {ref!r}"
+            else:
+                unprepared = await kubelet.unprepare(refs)
+                assert {u: e.error for u, e in unprepared.claims.items()} == {
+                    r.uid: "" for r in refs
+                }, context  # none of them was ever prepared: nothing to do
+        assert _snapshot(dirs) == before
+        assert _our_specs(dirs) == []
+
+        # Still serving: the real claim prepares, and unprepares.
+        assert await node.plugin.health() == health_pb2.HealthCheckResponse.SERVING
+        entry = (await v1.prepare([real])).claims[real.uid]
+        assert entry.error == ""
+        assert [d.device_name for d in entry.devices] == ["gpu-0"]
+        assert _our_specs(dirs) == [f"k8s.gpu.nvidia.com-claim_{real.uid}.json"]
+        assert (await v1.unprepare([real])).claims[real.uid].error == ""
+        assert _our_specs(dirs) == []
+    assert _snapshot(dirs) == before
