@@ -114,6 +114,7 @@ async def test_a_uid_cannot_traverse_out_of_the_cdi_root(node: Node, dirs: NodeD
     before = _snapshot(dirs)
     async with await KubeletSim.register(node.plugin.paths.registration) as kubelet:
         out = await kubelet.unprepare([ClaimRef(uid=TRAVERSAL, namespace="default", name="c")])
+        assert victim.read_text() == "decoy x.json\n"
         # Never prepared (prepare refuses such a uid): nothing to do.
         assert out.claims[TRAVERSAL].error == ""
         long_uid = "a" * 300  # over NAME_MAX
