@@ -312,6 +312,21 @@ def test_resourceslice_policy_binds_writes_to_own_node(default: list[dict[str, A
     assert "variables.slicePoolName == variables.userNodeName" in checks
 
 
+def test_claims_are_read_one_by_one_and_the_values_say_reads_cannot_be_narrowed(
+    default: list[dict[str, Any]],
+) -> None:
+    """RBAC cannot scope claim reads to a node: the grant is the narrowest there is (a get,
+    never a list or watch of every claim), and the values tell the operator the rest."""
+    claims = {
+        verb for verb, group, resource in rbac_grants(default) if resource == "resourceclaims"
+    }
+    assert claims == {"get"}
+    values = " ".join((chart_render.CHART_DIR / "values.yaml").read_text().split())
+    assert "every node's plugin can read every ResourceClaim in every namespace" in values.replace(
+        "# ", ""
+    )
+
+
 def test_lease_policy_binds_writes_to_own_lease(default: list[dict[str, Any]]) -> None:
     policy = named(default, "ValidatingAdmissionPolicy", "-leases")
     binding = named(default, "ValidatingAdmissionPolicyBinding", "-leases")

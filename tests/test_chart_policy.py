@@ -6,12 +6,14 @@ then every validation. Request and objects are dynamic maps, as the API server p
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cel_expr_python import cel
 
 from driver.controller.lease import lease_name
+from driver.resourceslice import build_resource_slices
 from tests.chart_render import render
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
@@ -165,6 +167,17 @@ def test_other_users_are_not_matched(policy: Policy) -> None:
         )
         == []
     )
+
+
+def test_the_pool_the_policy_allows_is_the_one_the_node_publishes(tmp_path: Path) -> None:
+    """The policy's pool rule and driver.resourceslice must agree, or every write is denied."""
+    from driver.discovery import discover
+    from driver.nvml.simulated import SimulatedNode
+
+    simulated = SimulatedNode("p5.48xlarge", "node-a", tmp_path, state_file=tmp_path / "none")
+    inventory = discover(simulated.nvml, sysfs_root=simulated.sysfs_root)
+    slices = build_resource_slices(inventory, driver_name="gpu.nvidia.com", node_name="node-a")
+    assert {s["spec"]["pool"]["name"] for s in slices} == {"node-a"}
 
 
 def lease_request(
