@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from driver.inventory import Gpu
+from kubeletplugin import dirs, names
 from kubeletplugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord, write_atomic
 
 VENDOR = "k8s.gpu.nvidia.com"
@@ -58,7 +59,7 @@ _SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def spec_path(cdi_root: Path, claim_uid: str) -> Path:
-    return cdi_root / f"{VENDOR}-{CLAIM_CLASS}_{claim_uid}.json"
+    return names.within(cdi_root, cdi_root / f"{VENDOR}-{CLAIM_CLASS}_{claim_uid}.json")
 
 
 def cdi_device_id(claim_uid: str, device_name: str) -> str:
@@ -156,7 +157,7 @@ def write_spec(cdi_root: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
     try:
         write_atomic(path, content, fsync_dir=False)
     except FileNotFoundError:  # someone removed the CDI root: make it again, once
-        cdi_root.mkdir(parents=True, exist_ok=True)
+        dirs.ensure_dir(cdi_root, dirs.CDI_ROOT)
         write_atomic(path, content, fsync_dir=False)
     return path
 

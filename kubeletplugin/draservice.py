@@ -19,6 +19,7 @@ from api.gen import dra_v1_pb2_grpc as v1_grpc
 from api.gen import dra_v1beta1_pb2 as v1beta1
 from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from driver.logs import kv
+from kubeletplugin import names
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
@@ -89,11 +90,22 @@ class DraService:
         response = v1.NodePrepareResourcesResponse()
         if not claims:
             return response
+        # A reference no API server could have produced is that claim's error, and is
+        # never used as a path or a URL; the other claims of the call go on.
+        results: dict[str, PrepareResult] = {}
+        valid = []
+        for claim in claims:
+            invalid = names.claim_error(claim.uid, claim.namespace, claim.name)
+            if invalid is None:
+                valid.append(claim)
+            else:
+                log.warning("refusing to prepare an invalid claim", extra=kv(error=invalid))
+                results[claim.uid] = PrepareResult(error=invalid)
         try:
-            results = await self._state.prepare(claims)
+            results.update(await self._state.prepare(valid) if valid else {})
         except Exception as exc:  # every claim still needs its own answer
-            log.exception("prepare failed for the whole call", extra=kv(claims=len(claims)))
-            results = {c.uid: PrepareResult(error=f"prepare failed: {exc}") for c in claims}
+            log.exception("prepare failed for the whole call", extra=kv(claims=len(valid)))
+            results.update({c.uid: PrepareResult(error=f"prepare failed: {exc}") for c in valid})
         for claim in claims:
             result = results.get(claim.uid) or PrepareResult(error="internal error: no result")
             entry = response.claims[claim.uid]
@@ -111,11 +123,15 @@ class DraService:
         response = v1.NodeUnprepareResourcesResponse()
         if not claims:
             return response
+        # Unprepare works by uid alone; a uid that is no UUID was never prepared here
+        # (prepare refuses it), so there is nothing to do, and it never becomes a path.
+        errors: dict[str, str] = {c.uid: "" for c in claims if not names.is_claim_uid(c.uid)}
+        valid = [c for c in claims if c.uid not in errors]
         try:
-            errors: Mapping[str, str] = await self._state.unprepare(claims)
+            errors.update(await self._state.unprepare(valid) if valid else {})
         except Exception as exc:
-            log.exception("unprepare failed for the whole call", extra=kv(claims=len(claims)))
-            errors = {c.uid: f"unprepare failed: {exc}" for c in claims}
+            log.exception("unprepare failed for the whole call", extra=kv(claims=len(valid)))
+            errors.update({c.uid: f"unprepare failed: {exc}" for c in valid})
         for claim in claims:
             error = errors.get(claim.uid, "internal error: no result")
             response.claims[claim.uid].error = error

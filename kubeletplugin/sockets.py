@@ -14,6 +14,7 @@ import grpc
 
 from driver.errors import PermanentError
 from driver.logs import kv
+from kubeletplugin import dirs
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class SocketServer:
         self._server = server
 
     async def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        dirs.ensure_dir(self.path.parent, dirs.PRIVATE)
         _remove_stale(self.path)
         try:
             self._server.add_insecure_port(f"unix://{self.path}")

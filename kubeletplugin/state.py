@@ -41,7 +41,7 @@ from kubernetes.aio.client import ApiClient
 from driver.errors import DriverError, PermanentError, RetryableError
 from driver.inventory import Inventory
 from driver.logs import kv
-from kubeletplugin import cdi, containertoolkit
+from kubeletplugin import cdi, containertoolkit, dirs
 from kubeletplugin.checkpoint import (
     Apply,
     Checkpoint,
@@ -179,8 +179,8 @@ class DeviceState:
             container_root=config.container_driver_root,
             host_root=config.nvidia_driver_root,
         )
-        await asyncio.to_thread(config.plugin_dir.mkdir, parents=True, exist_ok=True)
-        await asyncio.to_thread(config.cdi_root.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(dirs.ensure_dir, config.plugin_dir, dirs.PRIVATE, ours=True)
+        await asyncio.to_thread(dirs.ensure_dir, config.cdi_root, dirs.CDI_ROOT)
         state = cls(
             config,
             api_client,

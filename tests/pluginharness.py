@@ -77,6 +77,7 @@ class PluginProcess:
         pod_uid: str | None = None,
         crashpoint: str | None = None,
         extra_env: dict[str, str] | None = None,
+        umask: int = -1,  # -1: the test process's
     ) -> None:
         self.dirs = dirs
         self.paths = dirs.paths(pod_uid)
@@ -104,7 +105,9 @@ class PluginProcess:
             env["GPU_DRA_CRASHPOINT"] = crashpoint
         env.update(extra_env or {})
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, umask=umask
+            )
 
     @property
     def pid(self) -> int:

@@ -71,7 +71,9 @@ def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
             "RoleBinding",
             "DaemonSet",
             "DeviceClass",
-            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",  # resourceslices
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # leases
             "ValidatingAdmissionPolicyBinding",
         ]
     )
@@ -279,9 +281,14 @@ def test_cluster_role_is_least_privilege(default: list[dict[str, Any]]) -> None:
         ]
 
 
+def named(objects: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    (found,) = [o for o in by_kind(objects, kind) if o["metadata"]["name"].endswith(suffix)]
+    return found
+
+
 def test_resourceslice_policy_binds_writes_to_own_node(default: list[dict[str, Any]]) -> None:
-    policy = one(default, "ValidatingAdmissionPolicy")
-    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    policy = named(default, "ValidatingAdmissionPolicy", "-resourceslices")
+    binding = named(default, "ValidatingAdmissionPolicyBinding", "-resourceslices")
     sa = one(default, "ServiceAccount")["metadata"]
     spec = policy["spec"]
     assert binding["spec"] == {
@@ -302,6 +309,41 @@ def test_resourceslice_policy_binds_writes_to_own_node(default: list[dict[str, A
     checks = " ".join(v["expression"] for v in spec["validations"])
     assert 'variables.slice.spec.driver == "gpu.nvidia.com"' in checks
     assert "variables.sliceNodeName == variables.userNodeName" in checks
+    assert "variables.slicePoolName == variables.userNodeName" in checks
+
+
+def test_claims_are_read_one_by_one_and_the_values_say_reads_cannot_be_narrowed(
+    default: list[dict[str, Any]],
+) -> None:
+    """RBAC cannot scope claim reads to a node: the grant is the narrowest there is (a get,
+    never a list or watch of every claim), and the values tell the operator the rest."""
+    claims = {
+        verb for verb, group, resource in rbac_grants(default) if resource == "resourceclaims"
+    }
+    assert claims == {"get"}
+    values = " ".join((chart_render.CHART_DIR / "values.yaml").read_text().split())
+    assert "every node's plugin can read every ResourceClaim in every namespace" in values.replace(
+        "# ", ""
+    )
+
+
+def test_lease_policy_binds_writes_to_own_lease(default: list[dict[str, Any]]) -> None:
+    policy = named(default, "ValidatingAdmissionPolicy", "-leases")
+    binding = named(default, "ValidatingAdmissionPolicyBinding", "-leases")
+    sa = one(default, "ServiceAccount")["metadata"]
+    spec = policy["spec"]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
+    assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
+    (condition,) = spec["matchConditions"]
+    assert f'"system:serviceaccount:{sa["namespace"]}:{sa["name"]}"' in condition["expression"]
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    assert 'variables.leaseName == "gpu.nvidia.com-" + variables.userNodeName' in checks
 
 
 def test_policy_can_be_turned_off() -> None:

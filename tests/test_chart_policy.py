@@ -1,4 +1,4 @@
-"""The rendered ValidatingAdmissionPolicy, evaluated with the official CEL runtime.
+"""The rendered ValidatingAdmissionPolicies, evaluated with the official CEL runtime.
 
 cel-expr-python (the C++ CEL implementation) compiles and runs the policy's own expressions
 the way the API server's admission plugin does: variables in order, then the match condition,
@@ -6,11 +6,14 @@ then every validation. Request and objects are dynamic maps, as the API server p
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cel_expr_python import cel
 
+from driver.controller.lease import lease_name
+from driver.resourceslice import build_resource_slices
 from tests.chart_render import render
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
@@ -30,13 +33,27 @@ class Policy:
     plugin_user: str  # the username of the chart's service account
 
 
-@pytest.fixture(scope="module")
-def policy() -> Policy:
+def _policy(resource: str) -> Policy:
     objects = render()
-    (found,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (found,) = [
+        o
+        for o in objects
+        if o["kind"] == "ValidatingAdmissionPolicy"
+        and o["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == [resource]
+    ]
     (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
     meta = account["metadata"]
     return Policy(found["spec"], f"system:serviceaccount:{meta['namespace']}:{meta['name']}")
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return _policy("resourceslices")
+
+
+@pytest.fixture(scope="module")
+def lease_policy() -> Policy:
+    return _policy("leases")
 
 
 def admit(
@@ -47,12 +64,27 @@ def admit(
     user_node: str | None,
     driver: str = "gpu.nvidia.com",
     user: str | None = None,
+    pool: str | None = None,
 ) -> list[str]:
-    """The denial messages for one request; [] when admitted (or when the policy does not match)."""
-    spec: dict[str, Any] = {"driver": driver, "pool": {"name": "p"}}
+    """The denial messages for one request; [] when admitted (or when the policy does not match).
+
+    The slice's pool is named after its node unless ``pool`` says otherwise.
+    """
+    spec: dict[str, Any] = {"driver": driver, "pool": {"name": pool or slice_node or "p"}}
     if slice_node is not None:
         spec["nodeName"] = slice_node
     obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "spec": spec}
+    return evaluate(policy, operation=operation, obj=obj, user_node=user_node, user=user)
+
+
+def evaluate(
+    policy: Policy,
+    *,
+    operation: str,
+    obj: dict[str, Any],
+    user_node: str | None,
+    user: str | None = None,
+) -> list[str]:
     extra = {NODE_NAME_KEY: [user_node]} if user_node is not None else {}
     data: dict[str, Any] = {
         "request": {
@@ -91,8 +123,22 @@ def test_other_node_is_denied(policy: Policy, operation: str) -> None:
 
 
 def test_cluster_scoped_slice_is_denied(policy: Policy) -> None:
-    (denial,) = admit(policy, operation="CREATE", slice_node=None, user_node="node-a")
+    (denial,) = admit(
+        policy, operation="CREATE", slice_node=None, user_node="node-a", pool="node-a"
+    )
     assert "ResourceSlices without spec.nodeName" in denial
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+def test_a_slice_on_its_own_node_naming_another_nodes_pool_is_denied(
+    policy: Policy, operation: str
+) -> None:
+    denials = admit(
+        policy, operation=operation, slice_node="node-a", user_node="node-a", pool="node-b"
+    )
+    assert denials == [
+        "the kubelet plugin on node node-a may not modify ResourceSlices of pool node-b"
+    ]
 
 
 def test_other_driver_is_denied(policy: Policy) -> None:
@@ -121,3 +167,77 @@ def test_other_users_are_not_matched(policy: Policy) -> None:
         )
         == []
     )
+
+
+def test_the_pool_the_policy_allows_is_the_one_the_node_publishes(tmp_path: Path) -> None:
+    """The policy's pool rule and driver.resourceslice must agree, or every write is denied."""
+    from driver.discovery import discover
+    from driver.nvml.simulated import SimulatedNode
+
+    simulated = SimulatedNode("p5.48xlarge", "node-a", tmp_path, state_file=tmp_path / "none")
+    inventory = discover(simulated.nvml, sysfs_root=simulated.sysfs_root)
+    slices = build_resource_slices(inventory, driver_name="gpu.nvidia.com", node_name="node-a")
+    assert {s["spec"]["pool"]["name"] for s in slices} == {"node-a"}
+
+
+def lease_request(
+    lease_policy: Policy,
+    *,
+    operation: str,
+    name: str,
+    user_node: str | None,
+    user: str | None = None,
+) -> list[str]:
+    obj = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": "gpu-dra-driver"},
+        "spec": {"holderIdentity": "pod-x"},
+    }
+    return evaluate(lease_policy, operation=operation, obj=obj, user_node=user_node, user=user)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+def test_a_node_may_write_its_own_lease(lease_policy: Policy, operation: str) -> None:
+    assert (
+        lease_request(
+            lease_policy, operation=operation, name="gpu.nvidia.com-node-a", user_node="node-a"
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+@pytest.mark.parametrize("name", ["gpu.nvidia.com-node-b", "gpu.nvidia.com-node-a2", "other"])
+def test_a_node_may_not_write_another_nodes_lease(
+    lease_policy: Policy, operation: str, name: str
+) -> None:
+    assert lease_request(lease_policy, operation=operation, name=name, user_node="node-a") == [
+        "the kubelet plugin on node node-a may only modify the Lease gpu.nvidia.com-node-a, "
+        f"not {name}"
+    ]
+
+
+def test_a_lease_write_without_a_node_in_the_token_is_denied(lease_policy: Policy) -> None:
+    denials = lease_request(
+        lease_policy, operation="CREATE", name="gpu.nvidia.com-node-a", user_node=None
+    )
+    assert denials[0].startswith("the service account token carries no node name")
+
+
+def test_the_lease_policy_leaves_other_users_alone(lease_policy: Policy) -> None:
+    assert (
+        lease_request(
+            lease_policy,
+            operation="UPDATE",
+            name="gpu.nvidia.com-node-b",
+            user_node="node-a",
+            user="system:serviceaccount:kube-system:leader-election",
+        )
+        == []
+    )
+
+
+def test_the_lease_name_the_policy_allows_is_the_controllers() -> None:
+    """The policy and the controller must agree on the name, or every node would be denied."""
+    assert lease_name("gpu.nvidia.com", "node-a") == "gpu.nvidia.com-node-a"

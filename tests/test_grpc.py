@@ -29,6 +29,8 @@ from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
 from sandbox.kubeletsim import KubeletSim, choose_version
 
 DRIVER = "gpu.nvidia.com"
+# Claim uids as the API server makes them (the DRA service refuses any other).
+A, B, C, X = (f"{n}0000000-0000-4000-8000-000000000000" for n in "abcd")
 
 
 @dataclass
@@ -125,22 +127,22 @@ async def test_prepare_and_unprepare_over_each_version(
 ) -> None:
     async with _serve(short_dir) as plugin:
         plugin.preparer.results = {
-            "a": PrepareResult(
+            A: PrepareResult(
                 devices=(
                     _device("gpu-0", "gpus/h100", "gpus"),
                     _device("gpu-1", "x", share_id="s1"),
                 )
             ),
-            "b": PrepareResult(error="claim ns/claim-b not allocated"),
+            B: PrepareResult(error="claim ns/claim-b not allocated"),
         }
         async with await KubeletSim.register(
             plugin.paths.registration, known_versions=known
         ) as kubelet:
             assert kubelet.registration.version == known[0]
-            # "c" gets no result from the state: it must still get an entry, with an error.
-            response = await kubelet.prepare([_claim("a"), _claim("b"), _claim("c"), _claim("a")])
-            assert set(response.claims) == {"a", "b", "c"}
-            a = response.claims["a"]
+            # C gets no result from the state: it must still get an entry, with an error.
+            response = await kubelet.prepare([_claim(A), _claim(B), _claim(C), _claim(A)])
+            assert set(response.claims) == {A, B, C}
+            a = response.claims[A]
             assert a.error == ""
             assert [list(d.request_names) for d in a.devices] == [["gpus"], ["x"]]
             assert [d.device_name for d in a.devices] == ["gpu-0", "gpu-1"]
@@ -148,14 +150,14 @@ async def test_prepare_and_unprepare_over_each_version(
             assert not a.devices[0].HasField("share_id")
             # share_id exists on the v1 wire only.
             assert a.devices[1].HasField("share_id") == (known[0] == "v1.DRAPlugin")
-            assert response.claims["b"].error == "claim ns/claim-b not allocated"
-            assert not response.claims["b"].devices
-            assert "no result" in response.claims["c"].error
-            assert plugin.preparer.calls[0] == ("prepare", ("a", "b", "c"))
+            assert response.claims[B].error == "claim ns/claim-b not allocated"
+            assert not response.claims[B].devices
+            assert "no result" in response.claims[C].error
+            assert plugin.preparer.calls[0] == ("prepare", (A, B, C))
 
-            plugin.preparer.unprepare_errors = {"b": "disk full"}
-            out = await kubelet.unprepare([_claim("a"), _claim("b")])
-            assert {uid: r.error for uid, r in out.claims.items()} == {"a": "", "b": "disk full"}
+            plugin.preparer.unprepare_errors = {B: "disk full"}
+            out = await kubelet.unprepare([_claim(A), _claim(B)])
+            assert {uid: r.error for uid, r in out.claims.items()} == {A: "", B: "disk full"}
 
 
 async def test_rejected_registration_keeps_serving(
@@ -170,7 +172,7 @@ async def test_rejected_registration_keeps_serving(
         assert any(getattr(r, "error", "") == "duplicate endpoint" for r in caplog.records)
         # The kubelet retries later, and the plugin is still there to answer.
         async with await KubeletSim.register(plugin.paths.registration) as kubelet:
-            assert (await kubelet.unprepare([_claim("x")])).claims["x"].error == ""
+            assert (await kubelet.unprepare([_claim(X)])).claims[X].error == ""
         assert plugin.registration.registered is True
 
 
@@ -208,7 +210,7 @@ async def test_stale_own_socket_replaced_other_files_left_alone(short_dir: Path)
         _serve(short_dir, pod_uid="old") as again,
         await KubeletSim.register(again.paths.registration) as kubelet,
     ):
-        assert (await kubelet.unprepare([_claim("x")])).claims["x"].error == ""
+        assert (await kubelet.unprepare([_claim(X)])).claims[X].error == ""
     not_a_socket = short_dir / "plugins" / DRIVER / "dra-file.sock"
     not_a_socket.write_text("keep me")
     server = SocketServer(not_a_socket, grpc.aio.server())
@@ -237,7 +239,7 @@ async def test_two_pod_uids_serve_side_by_side(short_dir: Path) -> None:
         for plugin in (old, new):
             async with await KubeletSim.register(plugin.paths.registration) as kubelet:
                 assert kubelet.registration.info.endpoint == str(plugin.paths.dra)
-                assert (await kubelet.unprepare([_claim("x")])).claims["x"].error == ""
+                assert (await kubelet.unprepare([_claim(X)])).claims[X].error == ""
         # Stopping one leaves the other's sockets alone.
     assert not list((short_dir / "registry").iterdir())
 

@@ -49,7 +49,7 @@ from driver.controller.client import (
     ServerError,
     UnavailableError,
 )
-from driver.controller.lease import Candidate, PublisherLease
+from driver.controller.lease import LEASE_DURATION, Candidate, PublisherLease, lease_name
 from driver.controller.plan import InvalidPoolError, Plan, plan
 from driver.errors import DriverError, PermanentError, RetryableError
 from driver.inventory import Inventory
@@ -91,8 +91,8 @@ class SliceController:
     ``resync_period``: seconds between rediscoveries. ``identity``: this instance's
     name in the publisher Lease (default: host name plus a random suffix);
     ``namespace``: the Lease's namespace (default ``$POD_NAMESPACE``, else
-    ``default``). ``request_timeout`` bounds each API call; ``backoff_cap`` the delay
-    between retries.
+    ``default``); ``lease_duration`` its ``leaseDurationSeconds``. ``request_timeout``
+    bounds each API call; ``backoff_cap`` the delay between retries.
     """
 
     def __init__(
@@ -107,6 +107,7 @@ class SliceController:
         namespace: str | None = None,
         request_timeout: float = 30.0,
         backoff_cap: float = 30.0,
+        lease_duration: float = LEASE_DURATION,
     ) -> None:
         self._client = Client(api_client, request_timeout=request_timeout)
         self._node = node_name
@@ -118,11 +119,12 @@ class SliceController:
         self._lease = PublisherLease(
             self._client,
             namespace=namespace or os.environ.get("POD_NAMESPACE") or "default",
-            name=f"{driver_name}-{node_name}",
+            name=lease_name(driver_name, node_name),
             me=Candidate(
                 identity=identity or f"{socket.gethostname()}_{uuid.uuid4()}",
                 started=datetime.now(UTC),
             ),
+            duration=lease_duration,
         )
         self.published = asyncio.Event()
         self._node_uid = ""
@@ -177,6 +179,7 @@ class SliceController:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._discovery_loop(), name="slice-discovery")
                 tasks.create_task(self._reconcile_loop(), name="slice-reconcile")
+                tasks.create_task(self._lease.maintain(self._lease_freed), name="slice-lease")
         finally:
             await self._stop_watch()
             await self._release_lease()
@@ -516,6 +519,10 @@ class SliceController:
         self._gone[name] = None
         while len(self._gone) > _TOMBSTONES:
             self._gone.popitem(last=False)
+
+    def _lease_freed(self) -> None:
+        self._lease_recheck = True
+        self._dirty.set()
 
     async def _release_lease(self) -> None:
         if not self._lease.held:
