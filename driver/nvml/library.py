@@ -14,7 +14,6 @@ default loader path tried.
 
 import ctypes
 import logging
-import os
 import threading
 from pathlib import Path, PurePosixPath
 
