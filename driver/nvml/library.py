@@ -163,7 +163,7 @@ def load(driver_root: Path) -> Path:
         if not any(_same_file(found, m) for m in mapped):
             raise LibraryError(f"loaded {found}, but this process maps {mapped or 'no NVML'}")
         _check_symbols(found)
-        log.info("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
+        log.debug("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
         return found
 
 
