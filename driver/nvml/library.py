@@ -13,6 +13,7 @@ default loader path tried.
 """
 
 import ctypes
+import hashlib
 import logging
 import threading
 from pathlib import Path, PurePosixPath
@@ -64,6 +65,7 @@ SYMLINK_HOPS = 40  # as the kernel's limit
 
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
+_loaded_digest: str | None = None
 
 
 class LibraryNotFoundError(PermanentError):
@@ -117,41 +119,45 @@ def find(driver_root: Path) -> Path | None:
     return None
 
 
-def mapped_copies() -> list[Path]:
-    """The files of ``libnvidia-ml`` mapped into this process, from ``/proc/self/maps``."""
-    paths: list[Path] = []
+def mapped_copies() -> list[tuple[Path, int]]:
+    """``libnvidia-ml`` files mapped into this process and their inodes, from /proc/self/maps.
+
+    A path whose file was removed since (a finished test's root) keeps the kernel's
+    `` (deleted)`` mark.
+    """
+    copies: list[tuple[Path, int]] = []
     try:
         lines = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
-        return paths
+        return copies
     for line in lines:
         fields = line.split(maxsplit=5)
         if len(fields) == 6 and Path(fields[5]).name.startswith("libnvidia-ml.so"):
-            path = Path(fields[5])
-            if path not in paths:
-                paths.append(path)
-    return paths
+            copy = (Path(fields[5]), int(fields[4]))
+            if copy not in copies:
+                copies.append(copy)
+    return copies
 
 
 def load(driver_root: Path) -> Path:
     """Load the driver root's NVML (else the default loader path's) for pynvml; its path.
 
     Idempotent. Raises :class:`LibraryNotFoundError` naming every path tried, or
-    :class:`LibraryError` when the library lacks a symbol we call or another copy of it
-    is already loaded in this process (the loader keeps one per soname).
+    :class:`LibraryError` when the library lacks a symbol we call or another library of
+    that soname is already loaded in this process (the loader keeps one per soname).
     """
-    global _loaded
+    global _loaded, _loaded_digest
     with _lock:
         found = find(driver_root)
         already = mapped_copies()
         if already:
-            current = already[0]
-            if found is not None and not _same_file(found, current):
+            current, inode = already[0]
+            if found is not None and not _same_library(found, inode):
                 raise LibraryError(
                     f"{SONAME} is already loaded from {current}: this process cannot also "
                     f"load {found} (the loader keeps one library per soname)"
                 )
-            return current
+            return found or current
         if found is None:
             found = _from_default_path(driver_root)
         else:
@@ -160,8 +166,9 @@ def load(driver_root: Path) -> Path:
             except OSError as exc:
                 raise LibraryError(f"cannot load {found}: {exc}") from exc
         mapped = mapped_copies()
-        if not any(_same_file(found, m) for m in mapped):
+        if not any(inode == found.stat().st_ino for _, inode in mapped):
             raise LibraryError(f"loaded {found}, but this process maps {mapped or 'no NVML'}")
+        _loaded_digest = _digest(found)
         _check_symbols(found)
         log.debug("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
         return found
@@ -182,16 +189,21 @@ def _from_default_path(driver_root: Path) -> Path:
     mapped = mapped_copies()
     if not mapped:
         raise LibraryError(f"{SONAME} loaded from the default path but is not mapped")
-    return mapped[0]
+    return mapped[0][0]
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _same_library(found: Path, loaded_inode: int) -> bool:
+    """Whether ``found`` is the library loaded: the same file, or a copy of its bytes."""
     try:
-        if a.samefile(b):
+        if found.stat().st_ino == loaded_inode:
             return True
-        # A copy of the same bytes (two simulated roots in one test process) is the same
+        # Two simulated roots in one test process: a copy of the same build is the same
         # library; a different build is not.
-        return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
+        return _loaded_digest is not None and _digest(found) == _loaded_digest
     except OSError:
         return False
 
