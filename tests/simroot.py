@@ -54,3 +54,50 @@ def gpu_dra(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 def library_file(root: Path) -> Path:
     return root / "usr" / "lib64" / SONAME
+
+
+# Placeholder user-space driver files: tiny ELF libraries with the real sonames (the
+# toolkit's symlink and ldcache hooks read ELF), and the binaries nvidia-ctk mounts.
+DRIVER_LIBRARIES = {
+    "libcuda": "libcuda.so.1",
+    "libcudadebugger": "libcudadebugger.so.1",
+    "libnvidia-cfg": "libnvidia-cfg.so.1",
+    "libnvidia-nvvm": "libnvidia-nvvm.so.4",
+    "libnvidia-opencl": "libnvidia-opencl.so.1",
+    "libnvidia-ptxjitcompiler": "libnvidia-ptxjitcompiler.so.1",
+}
+DRIVER_BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
+
+
+def ctk_binary() -> Path | None:
+    """The nvidia-ctk that ``python -m tests.e2e.build nvidia-ctk`` built, if it did."""
+    from tests.e2e import build as e2e
+
+    version = e2e.VERSIONS["nvidia-container-toolkit"]["version"]
+    ctk = e2e.cache_root() / f"nvidia-container-toolkit-{version}" / "nvidia-ctk"
+    return ctk if ctk.is_file() else None
+
+
+def install_driver_files(root: Path, version: str, ctk: Path) -> None:
+    """The rest of a driver install next to the simulated NVML, and nvidia-ctk in usr/bin."""
+    lib_dir, bin_dir = root / "usr" / "lib64", root / "usr" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    empty = root / "empty.c"
+    empty.write_text("int placeholder;\n")
+    for name, soname in DRIVER_LIBRARIES.items():
+        out = lib_dir / f"{name}.so.{version}"
+        subprocess.run(
+            ["cc", "-shared", f"-Wl,-soname,{soname}", "-o", str(out), str(empty)], check=True
+        )
+    empty.unlink()
+    for name in DRIVER_BINARIES:
+        binary = bin_dir / name
+        binary.write_text("#!/bin/sh\n")
+        binary.chmod(0o755)
+    firmware = root / "lib" / "firmware" / "nvidia" / version
+    firmware.mkdir(parents=True, exist_ok=True)
+    (firmware / "gsp_ga10x.bin").write_bytes(b"")
+    try:
+        os.link(ctk, bin_dir / "nvidia-ctk")
+    except OSError:
+        shutil.copy2(ctk, bin_dir / "nvidia-ctk")
