@@ -352,7 +352,7 @@ static nvmlReturn_t init_locked(void) {
         free(next);
         return r;
     }
-    /* Copy field by field over the table, so that handles stay where they point. */
+    /* Copied over the table in place, so that handles stay where they point. */
     memcpy(&hw, next, sizeof hw);
     free(next);
     refcount++;
