@@ -76,7 +76,8 @@ class QueryFault:
 
     def code(self) -> int:
         """The ``nvmlReturn_t`` of the error."""
-        return int(self.exception().value)
+        error: Any = self.exception()  # pynvml sets .value on its error classes
+        return int(error.value)
 
 
 @dataclass(frozen=True, slots=True)
