@@ -66,6 +66,7 @@ SYMLINK_HOPS = 40  # as the kernel's limit
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
 _loaded_digest: str | None = None
+_served: dict[Path, Path] = {}  # driver roots already answered, and with which file
 
 
 class LibraryNotFoundError(PermanentError):
@@ -146,32 +147,38 @@ def load(driver_root: Path) -> Path:
     :class:`LibraryError` when the library lacks a symbol we call or another library of
     that soname is already loaded in this process (the loader keeps one per soname).
     """
-    global _loaded, _loaded_digest
     with _lock:
-        found = find(driver_root)
-        already = mapped_copies()
-        if already:
-            current, inode = already[0]
-            if found is not None and not _same_library(found, inode):
-                raise LibraryError(
-                    f"{SONAME} is already loaded from {current}: this process cannot also "
-                    f"load {found} (the loader keeps one library per soname)"
-                )
-            return found or current
-        if found is None:
-            found = _from_default_path(driver_root)
-        else:
-            try:
-                _loaded = ctypes.CDLL(str(found))
-            except OSError as exc:
-                raise LibraryError(f"cannot load {found}: {exc}") from exc
-        mapped = mapped_copies()
-        if not any(inode == found.stat().st_ino for _, inode in mapped):
-            raise LibraryError(f"loaded {found}, but this process maps {mapped or 'no NVML'}")
-        _loaded_digest = _digest(found)
-        _check_symbols(found)
-        log.debug("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
-        return found
+        if driver_root not in _served:
+            _served[driver_root] = _load(driver_root)
+        return _served[driver_root]
+
+
+def _load(driver_root: Path) -> Path:
+    global _loaded, _loaded_digest
+    found = find(driver_root)
+    already = mapped_copies()
+    if already:
+        current, inode = already[0]
+        if found is not None and not _same_library(found, inode):
+            raise LibraryError(
+                f"{SONAME} is already loaded from {current}: this process cannot also "
+                f"load {found} (the loader keeps one library per soname)"
+            )
+        return found or current
+    if found is None:
+        found = _from_default_path(driver_root)
+    else:
+        try:
+            _loaded = ctypes.CDLL(str(found))
+        except OSError as exc:
+            raise LibraryError(f"cannot load {found}: {exc}") from exc
+    mapped = mapped_copies()
+    if not any(inode == found.stat().st_ino for _, inode in mapped):
+        raise LibraryError(f"loaded {found}, but this process maps {mapped or 'no NVML'}")
+    _loaded_digest = _digest(found)
+    _check_symbols(found)
+    log.debug("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
+    return found
 
 
 def _from_default_path(driver_root: Path) -> Path:

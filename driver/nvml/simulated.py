@@ -87,7 +87,9 @@ class SimulatedNvml:
     def nvmlInit(self) -> None:
         library.load(self.root)
         with _init_lock:  # the variable and the init it is read by, together
-            os.environ[HARDWARE_ENV] = str(self.render())
+            path = str(self.render())
+            if os.environ.get(HARDWARE_ENV) != path:  # set once in a one-node process
+                os.environ[HARDWARE_ENV] = path
             pynvml.nvmlInit()
 
     def __getattr__(self, name: str) -> Any:
