@@ -173,7 +173,9 @@ def _load(driver_root: Path) -> Path:
         except OSError as exc:
             raise LibraryError(f"cannot load {found}: {exc}") from exc
     mapped = mapped_copies()
-    if not any(inode == found.stat().st_ino for _, inode in mapped):
+    # By inode, or by path: on overlayfs the maps may name the lower file's inode.
+    inode = found.stat().st_ino
+    if not any(i == inode or p == found for p, i in mapped):
         raise LibraryError(f"loaded {found}, but this process maps {mapped or 'no NVML'}")
     _loaded_digest = _digest(found)
     _check_symbols(found)
