@@ -211,7 +211,11 @@ class _Node:
         if self._backend is None:  # setup retries reuse the backend
             self._backend = self._exit_stack.enter_context(
                 nvml.backend(
-                    cfg.nvml, profile=cfg.profile, node_name=cfg.node_name, state_file=cfg.sim_state
+                    cfg.nvml,
+                    profile=cfg.profile,
+                    node_name=cfg.node_name,
+                    state_file=cfg.sim_state,
+                    driver_root=cfg.container_driver_root,
                 )
             )
         return self._backend

@@ -78,7 +78,9 @@ class PluginProcess:
         crashpoint: str | None = None,
         extra_env: dict[str, str] | None = None,
         umask: int = -1,  # -1: the test process's
+        driver_root: Path | None = None,
     ) -> None:
+        """Simulated NVML of ``profile``; with ``driver_root``, ``--nvml system`` over it."""
         self.dirs = dirs
         self.paths = dirs.paths(pod_uid)
         self.log_path = dirs.root / f"plugin-{pod_uid or 'main'}-{time.monotonic_ns()}.log"
@@ -92,11 +94,20 @@ class PluginProcess:
             f"--kubelet-registrar-directory-path={dirs.registry}",
             f"--kubelet-plugins-directory-path={dirs.plugins}",
             f"--cdi-root={dirs.cdi}",
-            f"--container-driver-root={dirs.root / 'driver-root'}",
-            "--nvml=simulated",
-            f"--profile={profile}",
             "--healthcheck-port=0",
         ]
+        if driver_root is None:
+            args += [
+                f"--container-driver-root={dirs.root / 'driver-root'}",
+                "--nvml=simulated",
+                f"--profile={profile}",
+            ]
+        else:  # one machine: the host sees the driver root where this process does
+            args += [
+                "--nvml=system",
+                f"--container-driver-root={driver_root}",
+                f"--nvidia-driver-root={driver_root}",
+            ]
         if pod_uid:
             args.append(f"--pod-uid={pod_uid}")
         env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "POD_UID")}

@@ -1,6 +1,10 @@
 import ctypes
 import inspect
 import logging
+import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pynvml
@@ -17,8 +21,10 @@ from driver.errors import PermanentError, RetryableError
 from driver.inventory import Inventory
 from driver.nvml import Nvml, backend
 from driver.nvml.faults import Faults, QueryFault, SimulationConfigError, write_state_file
+from driver.nvml.library import OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS
 from driver.nvml.profile import UnknownProfileError, load_profile, profile_names
-from driver.nvml.simulated import SimulatedNode, SimulatedNvml
+from driver.nvml.sim.build import library as built_library
+from driver.nvml.simulated import SimulatedNode
 
 
 def _node(
@@ -256,24 +262,57 @@ def test_bad_profile_and_state_are_clear_errors(tmp_path: Path) -> None:
         _discover(node)
 
 
-def test_real_nvml_without_a_driver_is_missing() -> None:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        pass
-    else:
+def test_real_nvml_without_a_driver_is_missing(tmp_path: Path) -> None:
+    # Its own process: this one has loaded the simulated library, which the loader would
+    # hand back for any later dlopen of the soname.
+    code = textwrap.dedent(
+        """
+        import ctypes, sys
+        from pathlib import Path
+        try:
+            ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            pass
+        else:
+            sys.exit(3)
+        from driver.discovery import discover
+        from driver.nvml import backend
+        from driver.nvml.library import LibraryNotFoundError
+        try:
+            with backend("system", driver_root=Path(sys.argv[1])) as (nvml, root):
+                discover(nvml, sysfs_root=root)
+        except LibraryNotFoundError as exc:
+            print(exc)
+            sys.exit(4)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    if result.returncode == 3:
         pytest.skip("this machine has the NVIDIA driver; the no-driver path cannot be shown")
-    with (
-        backend("system") as (nvml, sysfs_root),
-        pytest.raises(NvmlMissingError, match="libnvidia-ml"),
-    ):
-        discover(nvml, sysfs_root=sysfs_root)
+    assert result.returncode == 4, result.stderr
+    assert "libnvidia-ml.so.1" in result.stdout and str(tmp_path / "usr/lib64") in result.stdout
 
 
-def test_simulated_functions_have_pynvml_names_and_parameters() -> None:
+def _bound_symbols(name: str) -> set[str]:
+    """The C symbols a pynvml function binds, following the pynvml functions it calls."""
+    source = inspect.getsource(getattr(pynvml, name))
+    bound = set(re.findall(r'_nvmlGetFunctionPointer\("(\w+)"\)', source))
+    if bound:
+        return bound
+    called = set(re.findall(r"\b(nvml\w+)\(", source)) - {name}
+    return {symbol for callee in called for symbol in _bound_symbols(callee)}
+
+
+def test_every_function_we_call_is_a_symbol_of_the_simulated_library() -> None:
     names = [name for name in vars(Nvml) if name.startswith("nvml")]
     assert len(names) == 19
-    for name in names:
-        real = inspect.signature(getattr(pynvml, name))
-        simulated = inspect.signature(getattr(SimulatedNvml, name))
-        assert list(simulated.parameters)[1:] == list(real.parameters), name
+    bound = {symbol for name in names for symbol in _bound_symbols(name)}
+    # pynvml binds the _v2 only when given a struct version, which discovery never passes.
+    bound.remove("nvmlDeviceGetMemoryInfo_v2")
+    assert {"nvmlInitWithFlags", "nvmlDeviceGetCount_v2", "nvmlDeviceGetPciInfo_v3"} <= bound
+    # The table the loader checks a node's library against is exactly what pynvml binds.
+    assert bound | {"nvmlErrorString"} == set(REQUIRED_SYMBOLS) | set(OPTIONAL_SYMBOLS)
+    lib = ctypes.CDLL(str(built_library()))
+    assert [s for s in sorted(bound | {"nvmlErrorString"}) if not hasattr(lib, s)] == []

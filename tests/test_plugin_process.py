@@ -14,9 +14,12 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
+from driver.nvml.library import candidates
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
+from tests.simroot import ctk_binary, fake_root, host_has_nvml, install_driver_files
 
 NODE = "node-p"
 
@@ -168,6 +171,56 @@ async def test_two_pod_uids_serve_one_node(
         assert (await via_new.unprepare([same_gpu, other_gpu])).claims[other_gpu.uid].error == ""
     assert await new.terminate() == 0
     assert _specs(dirs) == []
+
+
+async def test_system_nvml_under_the_driver_root_registers_and_publishes(
+    kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess]
+) -> None:
+    # The library is only under the driver root, as in the DaemonSet's container.
+    api, kubeconfig = kube
+    ctk = ctk_binary()
+    if ctk is None:
+        pytest.skip("nvidia-ctk is not built: run python -m tests.e2e.build nvidia-ctk")
+    if host_has_nvml():
+        pytest.skip("this machine has an NVIDIA driver on the default library path")
+    root = dirs.root / "host"
+    node, env = fake_root(root, "g6e.12xlarge")
+    install_driver_files(root, node.profile.driver_version, ctk)
+    plugin = _start(processes, dirs, kubeconfig, driver_root=root, extra_env=env)
+    await plugin.wait_ready()
+    async with await KubeletSim.register(plugin.paths.registration) as kubelet:
+        assert kubelet.registration.info.name == "gpu.nvidia.com"
+    await _wait_for_slices(api)
+    from kubernetes.aio import client
+
+    slices = await client.ResourceV1Api(api).list_resource_slice(
+        field_selector=f"spec.nodeName={NODE}"
+    )
+    devices = [d for s in slices.items for d in s.spec.devices]
+    assert sorted(d.name for d in devices) == [f"gpu-{i}" for i in range(4)]
+    uuids = {d.attributes["uuid"].string for d in devices}
+    assert uuids == {g.uuid for g in node.nvml.gpus}
+    assert await plugin.terminate() == 0
+
+
+async def test_system_nvml_without_the_library_says_where_it_looked_and_stays_unready(
+    kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess]
+) -> None:
+    api, kubeconfig = kube
+    if host_has_nvml():
+        pytest.skip("this machine has an NVIDIA driver on the default library path")
+    root = dirs.root / "empty-root"
+    root.mkdir()
+    plugin = _start(processes, dirs, kubeconfig, driver_root=root)
+    line = (await plugin.wait_log(r".*not found under the driver root.*")).group(0)
+    for path in candidates(root):
+        assert str(path) in line
+    assert "--container-driver-root" in line
+    assert await plugin.health() == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert plugin.proc.poll() is None  # retrying in place, not crash-looping
+    assert not plugin.paths.registration.exists()
+    assert await _slice_count(api) == 0
+    assert await plugin.terminate() == 0
 
 
 def test_flags_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

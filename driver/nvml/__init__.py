@@ -1,13 +1,12 @@
-"""NVML access: the real ``pynvml`` module or the simulated one, behind one interface.
+"""NVML access: the real ``pynvml`` bindings over a ``libnvidia-ml.so.1``, behind one interface.
 
-:class:`Nvml` lists exactly the pynvml functions discovery calls. :func:`backend`
-gives the real module (importing it loads nothing: the C library is opened at
-``nvmlInit``) or a :class:`driver.nvml.simulated.SimulatedNvml`. Both raise pynvml's
-exception classes.
+:class:`Nvml` lists exactly the pynvml functions discovery calls. :func:`backend` loads
+the library of a driver root (:mod:`driver.nvml.library`) and gives the pynvml module, or,
+for simulated hardware, a fake driver root whose library is the simulated C one
+(:class:`driver.nvml.simulated.SimulatedNode`): one code path either way.
 
 A *sysfs root* is the directory that holds ``sys/`` (``/`` on a host); simulated
-nodes write theirs under a temporary directory, see
-:class:`driver.nvml.simulated.SimulatedNode`.
+nodes write theirs into their fake driver root.
 """
 
 import tempfile
@@ -54,16 +53,21 @@ def backend(
     node_name: str = "node",
     state_file: Path | None = None,
     sysfs_root: SysfsRoot = HOST_SYSFS_ROOT,
+    driver_root: Path = Path("/"),
 ) -> Iterator[tuple[Nvml, SysfsRoot]]:
     """The NVML and sysfs root discovery reads, for as long as the block runs.
 
-    ``"system"`` is the host's NVML over ``sysfs_root``. ``"simulated"`` brings
-    its own generated sysfs tree in a temporary directory, removed on exit.
-    Raises :class:`PermanentError` for a simulated backend without a profile.
+    ``"system"`` is the NVML library under ``driver_root`` (else on the default loader
+    path) over ``sysfs_root``. ``"simulated"`` brings its own driver root and sysfs tree
+    in a temporary directory, removed on exit. Raises :class:`PermanentError` when no
+    usable library is found, or for a simulated backend without a profile.
     """
     if kind == "system":
         import pynvml
 
+        from driver.nvml import library
+
+        library.load(driver_root)
         yield cast(Nvml, pynvml), sysfs_root
         return
     if kind != "simulated":
@@ -74,6 +78,6 @@ def backend(
         )
     from driver.nvml.simulated import SimulatedNode
 
-    with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as root:
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-sim-root-") as root:
         node = SimulatedNode(profile, node_name, Path(root), state_file=state_file)
-        yield node.nvml, node.sysfs_root
+        yield cast(Nvml, node.nvml), node.sysfs_root

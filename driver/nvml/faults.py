@@ -1,5 +1,8 @@
 """Faults for the simulated NVML: what can go wrong on a real node, on demand.
 
+They reach the simulated ``libnvidia-ml.so.1`` rendered into its hardware file
+(:mod:`driver.nvml.sim.hardware`), so a fault is an NVML return code of the C library.
+
 The same shape comes from three places, merged field by field (later wins):
 a profile's ``faults:`` section, the ``faults=`` a test passes, and the YAML
 state file re-read at every ``nvmlInit()``. The state file is how a test
@@ -19,6 +22,8 @@ State file format (every key optional; a missing or empty file means no faults):
     fabric: not-supported | zero | in-progress | completed   # GPU fabric info, every GPU
     fabricCluster: rack-a             # seed of the fabric cluster UUID (default: node name);
                                       # nodes with the same seed share one NVLink fabric
+    xidEvents:                        # XID events of a GPU (minor), for nvmlEventSetWait
+      - {gpu: 2, xid: 79}
     driverVersion: "535.104.05"       # as nvidia-smi prints it
     cudaDriverVersion: "12.2"         # CUDA driver API version
 """
@@ -45,10 +50,12 @@ _KEYS = {
     "failingQueries": "failing_queries",
     "fabric": "fabric",
     "fabricCluster": "fabric_cluster",
+    "xidEvents": "xid_events",
     "driverVersion": "driver_version",
     "cudaDriverVersion": "cuda_driver_version",
 }
 _CUDA_VERSION = re.compile(r"^(\d+)\.(\d+)$")
+_CALL = re.compile(r"^nvml\w{1,59}$")
 
 
 class SimulationConfigError(PermanentError):
@@ -67,6 +74,19 @@ class QueryFault:
         cls = getattr(pynvml, f"NVMLError_{self.error}")
         return cast(Exception, cls())
 
+    def code(self) -> int:
+        """The ``nvmlReturn_t`` of the error."""
+        error: Any = self.exception()  # pynvml sets .value on its error classes
+        return int(error.value)
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """GPU ``gpu`` (minor number) reports XID ``xid`` to event sets that watch it."""
+
+    gpu: int
+    xid: int
+
 
 @dataclass(frozen=True, slots=True)
 class Faults:
@@ -75,6 +95,7 @@ class Faults:
     nvml: NvmlState | None = None
     removed_gpus: frozenset[int] | None = None
     failing_queries: tuple[QueryFault, ...] | None = None
+    xid_events: tuple[XidEvent, ...] | None = None
     fabric: FabricState | None = None
     fabric_cluster: str | None = None
     driver_version: str | None = None
@@ -131,6 +152,8 @@ def _parse_field(key: str, value: Any, source: str) -> Any:
         return frozenset(value)
     if key == "failingQueries":
         return tuple(_query_fault(item, where) for item in _as_list(value, where))
+    if key == "xidEvents":
+        return tuple(_xid_event(item, where) for item in _as_list(value, where))
     if key == "cudaDriverVersion":
         text = str(value)
         if not _CUDA_VERSION.match(text):
@@ -149,12 +172,21 @@ def _query_fault(item: Any, where: str) -> QueryFault:
     if not isinstance(item, Mapping) or not {"gpu", "call"} <= set(item):
         raise SimulationConfigError(f"{where}: each entry needs gpu and call, got {item!r}")
     call = str(item["call"])
-    if not call.startswith("nvml"):
+    if not _CALL.match(call):
         raise SimulationConfigError(f"{where}: {call!r} is not an NVML function name")
     error = str(item.get("error", "Unknown"))
     if not hasattr(pynvml, f"NVMLError_{error}"):
         raise SimulationConfigError(f"{where}: pynvml has no NVMLError_{error}")
     return QueryFault(gpu=int(item["gpu"]), call=call, error=error)
+
+
+def _xid_event(item: Any, where: str) -> XidEvent:
+    if not isinstance(item, Mapping) or not {"gpu", "xid"} <= set(item):
+        raise SimulationConfigError(f"{where}: each entry needs gpu and xid, got {item!r}")
+    gpu, xid = item["gpu"], item["xid"]
+    if not isinstance(gpu, int) or not isinstance(xid, int) or gpu < 0 or xid < 0:
+        raise SimulationConfigError(f"{where}: gpu and xid must be non-negative integers")
+    return XidEvent(gpu=gpu, xid=xid)
 
 
 def cuda_version_number(text: str) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_nvml_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--nvml``, ``--profile``, ``--sim-state`` and ``--sysfs-root``."""
+    """``--nvml``, ``--profile``, ``--sim-state``, ``--sysfs-root``, ``--container-driver-root``."""
     parser.add_argument(
         "--nvml",
         choices=("system", "simulated"),
@@ -37,4 +37,12 @@ def add_nvml_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("/"),
         help="directory holding sys/ for PCIe root and NUMA lookups (default: /; "
         "simulated hardware brings its own)",
+    )
+    parser.add_argument(
+        "--container-driver-root",
+        type=Path,
+        metavar="DIR",
+        default=Path("/"),
+        help="where the NVIDIA driver root is (mounted) here; libnvidia-ml.so.1 is looked "
+        "for in its library directories, then on the default library path (default: /)",
     )

@@ -99,6 +99,7 @@ async def _main(args: argparse.Namespace) -> int:
         node_name=node_name,
         state_file=args.sim_state,
         sysfs_root=args.sysfs_root,
+        driver_root=args.container_driver_root,
     ) as (backend, sysfs_root):
 
         async def discover_now() -> Inventory:

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             node_name=node_name,
             state_file=args.sim_state,
             sysfs_root=args.sysfs_root,
+            driver_root=args.container_driver_root,
         ) as (backend, sysfs_root):
             inventory = discover(backend, sysfs_root=sysfs_root)
     except RetryableError as exc:

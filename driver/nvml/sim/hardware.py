@@ -1,0 +1,79 @@
+"""A profile's GPUs and their faults, as the line file the simulated library reads.
+
+Pure: the YAML parsing, validation and layering of faults stay in Python (profile.py,
+faults.py), so that the C side parses only ``key value`` lines of numbers and short text.
+"""
+
+from collections.abc import Iterable
+
+import pynvml
+
+from driver.nvml.faults import Faults, SimulationConfigError, cuda_version_number
+from driver.nvml.profile import Profile, SimGpu
+
+# Fabric state and status per FabricState, as NVML reports them.
+_FABRIC = {
+    "not-supported": (pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, pynvml.NVML_SUCCESS),
+    "zero": (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS),
+    "in-progress": (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_ERROR_NOT_READY),
+    "completed": (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS),
+}
+_INIT = {
+    "ok": "ok",
+    "missing": str(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND),
+    "not-loaded": str(pynvml.NVML_ERROR_DRIVER_NOT_LOADED),
+}
+PCI_DEVICE_ID = 0x233010DE
+MAX_GPUS = 512  # the C library's table
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def hardware_text(
+    profile: Profile, gpus: Iterable[SimGpu], faults: Faults, fabric_cluster: bytes
+) -> str:
+    """The file for ``gpus`` of ``profile`` with ``faults`` (already layered) applied."""
+    fabric = faults.fabric or profile.fabric
+    state, status = _FABRIC[fabric]
+    lines = [
+        f"# simulated NVML hardware: profile {_one_line(profile.name)}",
+        f"init {_INIT[faults.nvml or 'ok']}",
+        f"driver {_one_line(faults.driver_version or profile.driver_version)}",
+        f"cuda {cuda_version_number(faults.cuda_driver_version or profile.cuda_driver_version)}",
+        f"fabric {state} {status}",
+    ]
+    if fabric == "completed":
+        lines += [f"clique {profile.fabric_clique_id}", f"cluster {fabric_cluster.hex()}"]
+    removed = faults.removed_gpus or frozenset()
+    gpus = tuple(gpus)
+    if len(gpus) > MAX_GPUS:
+        raise SimulationConfigError(f"profile {profile.name}: more than {MAX_GPUS} GPUs")
+    minors = {gpu.minor for gpu in gpus}
+    for gpu in gpus:
+        major, minor = gpu.compute_capability
+        lines += [
+            f"gpu {gpu.minor}",
+            f"uuid {gpu.uuid}",
+            f"name {_one_line(gpu.name)}",
+            f"brand {gpu.brand}",
+            f"arch {gpu.architecture}",
+            f"cc {major} {minor}",
+            f"memory {gpu.memory_bytes}",
+            f"pci {gpu.pci_bus_id}",
+            f"pcidevid {PCI_DEVICE_ID:#x}",
+            f"mig {int(gpu.mig_capable)} {int(gpu.mig_enabled)}",
+            f"present {int(gpu.minor not in removed)}",
+        ]
+        for link in gpu.nvlinks:
+            remote = f" {link.remote_pci_bus_id}" if link.remote_pci_bus_id else ""
+            lines.append(f"link {link.remote_type}{remote}")
+    # A fault of a GPU the node does not have changes nothing.
+    for fault in faults.failing_queries or ():
+        if fault.gpu in minors:
+            lines.append(f"fail {fault.gpu} {fault.call} {fault.code()}")
+    for event in faults.xid_events or ():
+        if event.gpu in minors:
+            lines.append(f"xid {event.gpu} {event.xid}")
+    return "\n".join(lines) + "\n"
