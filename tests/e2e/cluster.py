@@ -11,8 +11,8 @@ all, also on failure or SIGINT (the fixture's finally). The harness makes itself
 subreaper, so a grandchild (a containerd shim) re-parents to it and is reaped here.
 
 The node-lifecycle controller is off unless asked for: Nodes without a kubelet would be
-tainted unreachable within a minute and their pods evicted. So are the controllers that need a cloud or a pod
-network (service load balancers, routes, node IPAM).
+tainted unreachable within a minute and their pods evicted. So are the controllers that need
+a cloud or a pod network (service load balancers, routes, node IPAM).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Debian packages a real node of the e2e tier needs: runc, the CNI plugins, a static busybox
-# (the workload image), and a static libc for the sandbox image. Installed only when missing.
+# Debian packages a real node of the e2e tier needs: the CNI plugins, a static busybox (the
+# workload image), and a static libc for the sandbox image and runc's nsexec. Installed only when missing.
 set -euo pipefail
 need=()
-[ -x /usr/sbin/runc ] || need+=(runc)
 [ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins)
 [ -x /bin/busybox ] || need+=(busybox-static)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+[ -e /usr/include/seccomp.h ] || need+=(libseccomp-dev)
 command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +26,8 @@ from tests.e2e import build, images
 from tests.e2e.cluster import ControlPlane, free_port, issue, kubeconfig
 
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
-RUNC = shutil.which("runc") or "/usr/sbin/runc"
 CNI_BIN = Path("/usr/lib/cni")
 DEPENDENCIES = {
-    "runc": Path(RUNC),
     "CNI plugins": CNI_BIN / "loopback",
     "busybox-static": images.BUSYBOX,
 }
@@ -92,6 +89,9 @@ state = "{r / "containerd" / "state"}"
     sandbox = "{SANDBOX_IMAGE}"
 
 [plugins."io.containerd.cri.v1.runtime"]
+  # This VM's root may not lower an OOM score (no CAP_SYS_RESOURCE); the kubelet asks
+  # -998 for sandboxes, and runc then fails ("can't get final child's PID from pipe").
+  restrict_oom_score_adj = true
   enable_cdi = true
   cdi_spec_dirs = ["{self.cdi_root}"]
   [plugins."io.containerd.cri.v1.runtime".containerd]
@@ -99,7 +99,7 @@ state = "{r / "containerd" / "state"}"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{RUNC}"
+        BinaryName = "{build.build_runc()}"
         SystemdCgroup = false
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["{CNI_BIN}"]
