@@ -168,7 +168,7 @@ class _Node:
 
     async def _device_plugin_present(self) -> str | None:
         # Raw JSON: importing CoreV1Api and its models costs 24 MiB of RSS.
-        from driver.controller.client import Client
+        from driver.kubeapi import Client
 
         node = await Client(self._api).request(
             "GET", f"/api/v1/nodes/{self._config.node_name}", verb="get", resource="nodes"

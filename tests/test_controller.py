@@ -15,10 +15,10 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.controller import ApiVersionMissingError, NodeNotFoundError, SliceController
-from driver.controller.client import ApiError, Client, GoneError
 from driver.discovery import NvmlNotReadyError, discover
 from driver.errors import RetryableError
 from driver.inventory import Inventory
+from driver.kubeapi import ApiError, Client, GoneError
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
 from sandbox.apiserver import LocalApiServer

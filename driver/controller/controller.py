@@ -38,7 +38,11 @@ from typing import Any
 from kubernetes.aio.client import ApiClient
 
 from driver.controller.backoff import Backoff
-from driver.controller.client import (
+from driver.controller.lease import Candidate, PublisherLease
+from driver.controller.plan import InvalidPoolError, Plan, plan
+from driver.errors import DriverError, PermanentError, RetryableError
+from driver.inventory import Inventory
+from driver.kubeapi import (
     WATCH_TIMEOUT_SECONDS,
     ApiError,
     Client,
@@ -49,10 +53,6 @@ from driver.controller.client import (
     ServerError,
     UnavailableError,
 )
-from driver.controller.lease import Candidate, PublisherLease
-from driver.controller.plan import InvalidPoolError, Plan, plan
-from driver.errors import DriverError, PermanentError, RetryableError
-from driver.inventory import Inventory
 from driver.logs import kv
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from driver.controller.client import Client, ConflictError, NotFoundError
+from driver.kubeapi import Client, ConflictError, NotFoundError
 from driver.logs import kv
 
 LEASE_VERBS = ("get", "create", "update")
