@@ -6,6 +6,7 @@ below is read from the server's request log.
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -310,6 +311,28 @@ async def test_pool_that_needs_two_slices(
     assert slice_writes(apiserver) == ["update"]  # only the second slice changed
     assert "gpu-150" not in device_names(apiserver)
     assert {s["spec"]["pool"]["generation"] for s in apiserver.objects(SLICES)} == {1}
+
+
+@pytest.mark.parametrize("profile", ["p5.48xlarge", "synthetic-200gpu"])
+async def test_discover_prints_the_names_the_controller_writes(
+    apiserver: LocalApiServer,
+    running: Running,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    profile: str,
+) -> None:
+    """One naming rule: what ``gpu-dra discover`` shows is what lands in the API server."""
+    from kubeletplugin.cli import main
+
+    argv = ["discover", "--nvml", "simulated", "--profile", profile, "--node-name", NODE]
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, [*argv, "-o", "json"]) == 0
+    printed = [s["metadata"]["name"] for s in json.loads(capsys.readouterr().out)["items"]]
+    controller = running.start(Hardware(tmp_path, profile=profile).discover)
+    await published(controller)
+    written = [s["metadata"]["name"] for s in apiserver.objects(SLICES)]
+    assert sorted(written) == sorted(printed)
+    assert printed[0] == f"00000-{DRIVER}-{NODE}"
 
 
 async def test_failed_discovery_keeps_published_slices(

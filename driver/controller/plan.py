@@ -6,7 +6,8 @@ scheduler and other drivers' tooling read pools the way that controller writes t
 
 * every desired slice becomes exactly one ResourceSlice, named
   ``<index as %0Nx, N = max(5, hex digits)>-<driver>-<node>``: upstream's
-  ``generateName`` prefix without the random suffix. A fixed name lets the API server
+  ``generateName`` prefix without the random suffix (:func:`driver.resourceslice.slice_name`,
+  which ``gpu-dra discover`` prints too). A fixed name lets the API server
   refuse a second slice for one index (409 AlreadyExists), so neither a create whose
   response got lost nor two instances starting at once can put a device twice into
   the pool. Only a name longer than 253 characters falls back to ``generateName``;
@@ -31,9 +32,7 @@ from typing import Any
 
 from driver.errors import PermanentError
 from driver.quantity import Quantity
-
-INDEX_MIN_LENGTH = 5
-_MAX_NAME_LENGTH = 253  # a DNS subdomain, as every object name
+from driver.resourceslice import index_length, slice_metadata
 
 _Obj = dict[str, Any]
 
@@ -60,21 +59,6 @@ class Plan:
     @property
     def writes(self) -> int:
         return len(self.deletes) + len(self.updates) + len(self.creates)
-
-
-def index_length(slice_count: int) -> int:
-    """Hex digits of the name prefix: enough for ``slice_count - 1``, at least five."""
-    return max(INDEX_MIN_LENGTH, len(f"{max(slice_count - 1, 0):x}"))
-
-
-def generate_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str:
-    return f"{index:0{index_length(slice_count)}x}-{driver_name}-{node_name}-"
-
-
-def slice_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str | None:
-    """The fixed name of slice ``index``; None when it would exceed 253 characters."""
-    name = generate_name(index, slice_count, driver_name, node_name)[:-1]
-    return name if len(name) <= _MAX_NAME_LENGTH else None
 
 
 def decode_index(name: str, expected_length: int) -> int | None:
@@ -247,13 +231,8 @@ def _created(index: int, desired: _Obj, pool: _Obj, owner: _Owner) -> _Obj:
     spec["driver"] = owner.driver_name
     spec["nodeName"] = owner.node_name
     count = pool["resourceSliceCount"]
-    name = slice_name(index, count, owner.driver_name, owner.node_name)
     metadata: _Obj = {
-        **(
-            {"name": name}
-            if name
-            else {"generateName": generate_name(index, count, owner.driver_name, owner.node_name)}
-        ),
+        **slice_metadata(index, count, owner.driver_name, owner.node_name),
         "ownerReferences": [
             {
                 "apiVersion": "v1",
