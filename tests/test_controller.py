@@ -438,6 +438,96 @@ async def test_node_deletion_garbage_collects_and_is_not_fought(
     assert obj["metadata"]["ownerReferences"][0]["uid"] == new_node["metadata"]["uid"]
 
 
+async def test_a_name_deleted_and_recreated_is_still_repaired(
+    apiserver: LocalApiServer,
+    running: Running,
+    hardware: Hardware,
+    api_client: Any,
+    pool: PoolWatch,
+) -> None:
+    """Slice names are fixed, so a deleted name comes back; its later edits must count.
+
+    Issue 13, defect 1: the deleted name was remembered and every later event for it
+    dropped, so an edit after the re-create stayed through every resync.
+    """
+    controller = running.start(hardware.discover)
+    await published(controller)
+    old = apiserver.objects(SLICES)[0]["metadata"]["uid"]
+    await Client(api_client).request(
+        "DELETE",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        verb="deletecollection",
+        resource=SLICES,
+        query=[("fieldSelector", f"spec.nodeName={NODE},spec.driver={DRIVER}")],
+    )
+    await pool.until(
+        lambda: [s["metadata"]["uid"] for s in apiserver.objects(SLICES)] not in ([], [old]),
+        "slices re-created",
+    )
+    [obj] = apiserver.objects(SLICES)
+    obj["spec"]["devices"] = obj["spec"]["devices"][:3]
+    await Client(api_client).request(
+        "PUT",
+        f"/apis/resource.k8s.io/v1/resourceslices/{obj['metadata']['name']}",
+        verb="update",
+        resource=SLICES,
+        body=obj,
+    )
+    await pool.until(lambda: device_names(apiserver) == sorted(GPUS), "edit after re-create")
+    assert len(apiserver.objects(SLICES)) == 1
+
+
+async def test_a_slice_the_controller_deleted_and_recreated_is_still_repaired(
+    apiserver: LocalApiServer, running: Running, tmp_path: Path, api_client: Any, pool: PoolWatch
+) -> None:
+    """The same through the controller's own delete: the pool shrinks to one slice, grows."""
+    hardware = Hardware(tmp_path, profile="synthetic-200gpu")
+    controller = running.start(hardware.discover)
+    await published(controller)
+    second = f"00001-{DRIVER}-{NODE}"
+    hardware.set(removedGpus=list(range(100, 200)))
+    await resync(controller)
+    assert [s["metadata"]["name"] for s in apiserver.objects(SLICES)] == [f"00000-{DRIVER}-{NODE}"]
+    hardware.set()
+    await resync(controller)
+    assert len(device_names(apiserver)) == 200
+    [obj] = [s for s in apiserver.objects(SLICES) if s["metadata"]["name"] == second]
+    obj["spec"]["devices"] = obj["spec"]["devices"][:3]
+    await Client(api_client).request(
+        "PUT",
+        f"/apis/resource.k8s.io/v1/resourceslices/{second}",
+        verb="update",
+        resource=SLICES,
+        body=obj,
+    )
+    await pool.until(lambda: len(device_names(apiserver)) == 200, "edit of a re-used name")
+
+
+async def test_node_recreated_gets_its_slices_without_a_resync(
+    apiserver: LocalApiServer, running: Running, hardware: Hardware, pool: PoolWatch
+) -> None:
+    """Issue 13, defect 5: the slices came back only at the next resync (10 minutes)."""
+    controller = running.start(hardware.discover)
+    await published(controller)
+    apiserver.delete("nodes", NODE)
+    # Wait until the controller has seen the owner go (its GET of the Node got a 404).
+    await pool.until(
+        lambda: any(
+            r.verb == "get" and r.resource == "nodes" and r.code == 404 for r in apiserver.requests
+        ),
+        "the controller noticed the deletion",
+    )
+    [new_node] = apiserver.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    uid = new_node["metadata"]["uid"]
+    await pool.until(
+        lambda: (
+            [s["metadata"]["ownerReferences"][0]["uid"] for s in apiserver.objects(SLICES)] == [uid]
+        ),
+        "slices owned by the new Node",
+    )
+    assert device_names(apiserver) == sorted(GPUS)
+
+
 # ---- faults ---------------------------------------------------------------------------------
 
 
@@ -465,6 +555,22 @@ async def test_server_errors_on_create_end_with_one_slice(
     assert calls(apiserver, "create") == 3
     assert slice_writes(apiserver) == ["create"]
     assert len(apiserver.objects(SLICES)) == 1
+
+
+async def test_a_rejected_relist_after_a_failed_write_is_retried(
+    apiserver: LocalApiServer, running: Running, hardware: Hardware, pool: PoolWatch
+) -> None:
+    """Issue 13, defect 4: a 400 on the relist left publishing stalled until the resync."""
+    controller = running.start(hardware.discover)
+    await published(controller)
+    apiserver.faults.fail("update", SLICES, code=500, times=1)
+    apiserver.faults.fail("list", SLICES, code=400, times=1)
+    hardware.set(removedGpus=[2])
+    controller.trigger()
+    await pool.until(
+        lambda: device_names(apiserver) == [g for g in GPUS if g != "gpu-2"], "retried"
+    )
+    assert calls(apiserver, "list") >= 2  # the refused relist, then one that worked
 
 
 async def test_update_timing_out_is_retried(

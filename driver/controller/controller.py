@@ -15,12 +15,21 @@ Two instances for one node (a surge upgrade) are arbitrated by a per-node Lease,
 created only once an instance sees slices it did not write: see
 :mod:`driver.controller.lease`. A node's first publish is one write.
 
-Correctness rests on one rule: *after any failed write, relist before planning
+Correctness rests on one rule: *after any failure or doubt, relist before planning
 again.* A create whose response got lost may have committed; a fresh list (a
 quorum read, issued after the failure) shows it, so the controller never creates a
 second slice for the same index. Successful writes go into ``observed`` at once (a
 mutation cache, as upstream's), and watch events older than what is cached are
-ignored, so an echo never looks like a missing slice.
+ignored, so an echo never looks like a missing slice. A delete leaves a tombstone
+(the deleted object's resourceVersion) that the next event for the name removes:
+slice names are fixed, so a deleted name is re-used, and its later events count.
+
+Every error class of :mod:`driver.kubeapi` is retried with a backoff; those that wait
+on a person (``ApiError.slow``: 401, 403, 400/422) with a ten times longer cap.
+
+When the Node is gone (a create finds no owner), its slices are not re-created; a
+GET of the Node, backing off, notices the Node coming back (a new UID) and
+republishes at once rather than at the next resync.
 """
 
 import asyncio
@@ -30,7 +39,6 @@ import os
 import random
 import socket
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -49,7 +57,6 @@ from driver.kubeapi import (
     ForbiddenError,
     GoneError,
     NotFoundError,
-    RejectedError,
     ServerError,
     UnavailableError,
 )
@@ -61,7 +68,6 @@ _Obj = dict[str, Any]
 _GROUP = "resource.k8s.io"
 _SLICES = f"/apis/{_GROUP}/v1/resourceslices"
 _RESOURCE = f"resourceslices.{_GROUP}"
-_TOMBSTONES = 256
 
 
 class ApiVersionMissingError(PermanentError):
@@ -129,9 +135,11 @@ class SliceController:
         self._node_gone = False
         self._desired: list[_Obj] | None = None
         self._observed: dict[str, _Obj] = {}
-        self._gone: OrderedDict[str, None] = OrderedDict()
+        # name -> resourceVersion of the slice deleted under that name; see _apply_event.
+        self._tombstones: dict[str, int] = {}
         self._stale = True  # observed must be (re)listed before planning
         self._watcher: asyncio.Task[None] | None = None
+        self._node_waiter: asyncio.Task[None] | None = None
         self._dirty = asyncio.Event()
         self._wake_discovery = asyncio.Event()
         self._lease_recheck = True
@@ -179,6 +187,7 @@ class SliceController:
                 tasks.create_task(self._reconcile_loop(), name="slice-reconcile")
         finally:
             await self._stop_watch()
+            await _stopped(self._node_waiter)
             await self._release_lease()
 
     # -- start-up checks --------------------------------------------------------
@@ -269,6 +278,8 @@ class SliceController:
 
     async def _reconcile_loop(self) -> None:
         backoff = Backoff(cap=self._backoff_cap)
+        # For what waits on a person (RBAC, a rejected object): retried, but seldom.
+        slow = Backoff(cap=10 * self._backoff_cap)
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -279,17 +290,15 @@ class SliceController:
                 # Upstream reports and does not retry: the next discovery brings a new pool.
                 log.error("not publishing an invalid pool", extra=kv(error=str(exc)))
                 await self._done(seq)
-            except RejectedError as exc:
-                self._stale = True
-                log.error("the API server rejected a slice", extra=kv(error=str(exc)))
-                await self._done(seq)
-            except (RetryableError, ForbiddenError, NotFoundError) as exc:
+            except (ApiError, RetryableError) as exc:
                 self._stale = True
                 self._report(exc, what="publish slices")
-                await asyncio.sleep(backoff.next_delay())
+                delay = slow if isinstance(exc, ApiError) and exc.slow else backoff
+                await asyncio.sleep(delay.next_delay())
                 self._dirty.set()
             else:
                 backoff.reset()
+                slow.reset()
                 await self._done(seq)
 
     async def _done(self, seq: int) -> None:
@@ -352,6 +361,8 @@ class SliceController:
             if not self._node_gone:
                 log.warning("node deleted; not re-creating its slices", extra=kv(node=self._node))
             self._node_gone = True
+            if self._node_waiter is None or self._node_waiter.done():
+                self._node_waiter = asyncio.create_task(self._wait_for_node(), name="node-wait")
             return Plan(todo.deletes, todo.updates, (), todo.generations)
         self._node_gone = False
         uid = str(node["metadata"]["uid"])
@@ -367,11 +378,29 @@ class SliceController:
             node_uid=uid,
         )
 
+    async def _wait_for_node(self) -> None:
+        """Poll the deleted Node until it is back, then reconcile (it gets its slices).
+
+        A GET while the Node is gone, not a watch: it needs no permission beyond ``get``
+        and costs nothing while the Node exists.
+        """
+        backoff = Backoff(cap=self._backoff_cap)
+        while True:
+            await asyncio.sleep(backoff.next_delay())
+            try:
+                await self._client.get_json(f"/api/v1/nodes/{self._node}", resource="nodes")
+            except (ApiError, RetryableError):
+                continue  # still gone, or the server is away: look again later
+            log.info("node is back; publishing its slices", extra=kv(node=self._node))
+            self._dirty.set()
+            return
+
     async def _apply(self, todo: Plan) -> None:
         for obj in todo.deletes:
             meta = obj["metadata"]
+            deleted: _Obj = {}
             with contextlib.suppress(NotFoundError):  # already gone: what we wanted
-                await self._client.request(
+                deleted = await self._client.request(
                     "DELETE",
                     f"{_SLICES}/{meta['name']}",
                     verb="delete",
@@ -385,7 +414,8 @@ class SliceController:
                         },
                     },
                 )
-            self._forget(meta["name"])
+            # The answer is the object as deleted; its version is that of the delete.
+            self._forget(meta["name"], max(_version(obj), _version(deleted)))
         for body in todo.updates:
             stored = await self._client.request(
                 "PUT",
@@ -440,6 +470,7 @@ class SliceController:
             query=[("fieldSelector", self._selector)],
         )
         self._observed = {obj["metadata"]["name"]: obj for obj in listed.get("items") or ()}
+        self._tombstones.clear()  # the list is newer than every delete before it
         if not self._observed.keys() <= self._written:
             self._rival_seen = True
         self._stale = False
@@ -494,13 +525,19 @@ class SliceController:
                 await asyncio.sleep(backoff.next_delay())
 
     def _apply_event(self, kind: str, obj: _Obj) -> bool:
-        """Fold a watch event into ``observed``; True when it changed anything."""
+        """Fold a watch event into ``observed``; True when it changed anything.
+
+        A tombstone lives until the next event for its name: that event is the echo of
+        the delete (or older news), dropped, or something newer (the name re-used),
+        applied. Either way the tombstone is gone, so no name is ignored for longer.
+        """
         name = obj.get("metadata", {}).get("name", "")
+        deleted = self._tombstones.pop(name, None)
+        if deleted is not None and 0 <= _version(obj) <= deleted:
+            return False  # an echo of what we deleted
         if kind == "DELETED":
-            self._forget(name)
+            self._observed.pop(name, None)
             return True
-        if name in self._gone:
-            return False  # an echo of something already deleted
         cached = self._observed.get(name)
         if cached is not None and _version(cached) >= _version(obj):
             return False  # our own write, already cached, or older news
@@ -508,14 +545,14 @@ class SliceController:
         return True
 
     def _remember(self, obj: _Obj) -> None:
-        self._observed[obj["metadata"]["name"]] = obj
-        self._written.add(obj["metadata"]["name"])
+        name = obj["metadata"]["name"]
+        self._observed[name] = obj
+        self._written.add(name)
+        self._tombstones.pop(name, None)
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, name: str, version: int) -> None:
         self._observed.pop(name, None)
-        self._gone[name] = None
-        while len(self._gone) > _TOMBSTONES:
-            self._gone.popitem(last=False)
+        self._tombstones[name] = version
 
     async def _release_lease(self) -> None:
         if not self._lease.held:
@@ -524,6 +561,12 @@ class SliceController:
             await asyncio.wait_for(asyncio.shield(self._lease.release()), 5.0)
         except (DriverError, TimeoutError, asyncio.CancelledError) as exc:
             log.warning("could not release the publisher lease", extra=kv(error=repr(exc)))
+
+
+async def _stopped(task: "asyncio.Task[None] | None") -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait([task])
 
 
 def _version(obj: _Obj) -> int:
