@@ -46,6 +46,7 @@ from typing import Any
 from kubernetes.aio.client import ApiClient
 
 from driver.controller.backoff import Backoff
+from driver.controller.capabilities import CapabilityGuard
 from driver.controller.lease import Candidate, PublisherLease
 from driver.controller.plan import InvalidPoolError, Plan, plan
 from driver.errors import DriverError, PermanentError, RetryableError
@@ -83,16 +84,22 @@ class SliceController:
 
     ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
     and closes it); ``discover`` returns the node's :class:`Inventory` and may raise
-    (``RetryableError`` for "not yet"); the slices are built from it by
-    ``driver.resourceslice.build_resource_slices``.
+    (``RetryableError`` for "not yet"); ``build_slices`` turns it into the desired
+    slices (default: ``driver.resourceslice.build_resource_slices``), which the
+    :class:`~driver.controller.capabilities.CapabilityGuard` fits to what the server keeps.
 
     ``run()`` works until cancelled, which leaves the slices in place (the kubelet
     removes a dead driver's slices itself) and releases the publisher lease. It raises
     :class:`ApiVersionMissingError` or :class:`NodeNotFoundError` at start when
-    publishing cannot work. ``published`` is set once the node's slices match the
-    first successful discovery (or a newer instance publishes them); readiness waits
-    for it. ``trigger()`` asks for a rediscovery; ``resync()`` also waits for its result
-    to be reconciled.
+    publishing cannot work.
+
+    ``published`` (readiness waits for it) is set the first time a reconcile ends with
+    the node's slices as desired: the plan needed no writes, or every write it sent
+    succeeded (not waiting for the watch to show them); or when a newer instance holds
+    the Lease and this one stands by. It is never cleared: it says the node's slices
+    were published once, not that they are current now. A pool the plan refuses
+    (``InvalidPoolError``) does not set it. ``trigger()`` asks for a rediscovery;
+    ``resync()`` also waits for its result to be reconciled.
 
     ``resync_period``: seconds between rediscoveries. ``identity``: this instance's
     name in the publisher Lease (default: host name plus a random suffix);
@@ -108,6 +115,7 @@ class SliceController:
         node_name: str,
         driver_name: str,
         discover: Callable[[], Awaitable[Inventory]],
+        build_slices: Callable[[Inventory], list[_Obj]] | None = None,
         resync_period: float = 60.0,
         identity: str | None = None,
         namespace: str | None = None,
@@ -118,6 +126,8 @@ class SliceController:
         self._node = node_name
         self._driver = driver_name
         self._discover = discover
+        self._build_slices = build_slices
+        self._guard = CapabilityGuard(self._client, driver_name=driver_name, node_name=node_name)
         self._resync_period = resync_period
         self._backoff_cap = backoff_cap
         self._selector = f"spec.driver={driver_name},spec.nodeName={node_name}"
@@ -255,10 +265,19 @@ class SliceController:
                 )
                 await self._wait_discovery(backoff.next_delay())
                 continue
+            if self._build_slices is not None:
+                desired = self._build_slices(inventory)
+            else:
+                desired = build_resource_slices(
+                    inventory, driver_name=self._driver, node_name=self._node
+                )
+            try:
+                desired = await self._guard.fit(desired)
+            except (ApiError, RetryableError) as exc:
+                self._report(exc, what="learn the API server's capabilities")
+                await self._wait_discovery(backoff.next_delay())
+                continue
             backoff.reset()
-            desired = build_resource_slices(
-                inventory, driver_name=self._driver, node_name=self._node
-            )
             if desired != self._desired:
                 log.info(
                     "discovered devices",

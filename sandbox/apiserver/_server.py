@@ -14,7 +14,7 @@ import yaml
 from aiohttp import web
 
 from driver.logs import kv
-from sandbox.apiserver import _discovery, _watch
+from sandbox.apiserver import _discovery, _gates, _watch
 from sandbox.apiserver import _patch as patching
 from sandbox.apiserver import _status as status
 from sandbox.apiserver import _validation as validation
@@ -73,9 +73,15 @@ class LocalApiServer:
         version: str = "1.34.0",
         history_limit: int = 100_000,
         bookmark_interval: float = 1.0,
+        feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
         self.version = version
-        self.store = Store(history_limit=history_limit, version=version)
+        # Gates not named are on: every field is kept unless a test switches its gate off.
+        self.store = Store(
+            history_limit=history_limit,
+            version=version,
+            disabled_gates=_gates.disabled_gates(feature_gates),
+        )
         # resource.k8s.io/v1 arrived in Kubernetes 1.34; an older server does not serve it.
         self.faults = Faults(serve_resource_v1=validation.release(version) >= (1, 34))
         self.requests = RequestLog()
@@ -304,6 +310,7 @@ class LocalApiServer:
                 code,
                 agent,
                 dropped,
+                dry_run="dryRun" in request.query,
             )
         )
 
@@ -350,9 +357,7 @@ class LocalApiServer:
         store, rt, ns = self.store, route.rt, route.namespace
         query = request.query
         field_validation = query.get("fieldValidation", "Warn")
-        if query.get("dryRun"):
-            # Refused rather than ignored: ignoring it would commit what the client meant to try.
-            raise ApiError(400, "dryRun is not supported by the local API server")
+        dry_run = _dry_run(query.getall("dryRun", []), route.verb)
         if route.verb == "get":
             assert route.name is not None
             return _json_response(store.get(rt, ns, route.name))
@@ -360,9 +365,14 @@ class LocalApiServer:
             return self._list(route, query)
         if route.verb == "create":
             obj, warnings = store.create(
-                rt, ns, await self._object_body(request, rt), field_validation=field_validation
+                rt,
+                ns,
+                await self._object_body(request, rt),
+                field_validation=field_validation,
+                dry_run=dry_run,
             )
-            request[_CREATED] = obj["metadata"]["name"]
+            if not dry_run:
+                request[_CREATED] = obj["metadata"]["name"]
             return _json_response(obj, 201, _warning_headers(warnings))
         if route.verb == "update":
             assert route.name is not None
@@ -373,6 +383,7 @@ class LocalApiServer:
                 await self._object_body(request, rt),
                 subresource=route.subresource,
                 field_validation=field_validation,
+                dry_run=dry_run,
             )
             return _json_response(obj, 200, _warning_headers(warnings))
         if route.verb == "patch":
@@ -524,6 +535,18 @@ def _warning_headers(warnings: list[str]) -> dict[str, str] | None:
 
 def _sort_key(obj: Obj) -> tuple[str, str]:
     return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def _dry_run(values: list[str], verb: str) -> bool:
+    """``dryRun=All`` on create and update; anything else that asks for it is refused."""
+    if not values:
+        return False
+    if any(v != "All" for v in values):
+        raise ApiError(400, f'dryRun: Unsupported value: "{values[0]}": supported values: "All"')
+    if verb not in ("create", "update"):
+        # Refused rather than ignored: ignoring it would commit what the client meant to try.
+        raise ApiError(400, f"dryRun on {verb} is not supported by the local API server")
+    return True
 
 
 def _encode_continue(key: tuple[str, str], rv: int) -> str:
