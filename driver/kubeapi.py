@@ -36,15 +36,15 @@ import asyncio
 import json
 import weakref
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import aiohttp
 from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
 
 from driver.errors import DriverError, PermanentError, RetryableError
+from driver.wire import Obj
 
-Obj = dict[str, Any]
 _Query = Sequence[tuple[str, str]]
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
 # client-go's reflector asks for a server-side watch timeout between 5 and 10 minutes.

@@ -21,14 +21,13 @@ import copy
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from driver.kubeapi import Client
 from driver.logs import kv
+from driver.wire import Obj as _Obj
 
 log = logging.getLogger(__name__)
 
-_Obj = dict[str, Any]
 _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 _RESOURCE = "resourceslices.resource.k8s.io"
 _PROBE = "gpu-dra.io/capability-probe"

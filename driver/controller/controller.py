@@ -41,7 +41,6 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
@@ -62,10 +61,10 @@ from driver.kubeapi import (
     UnavailableError,
 )
 from driver.logs import kv
+from driver.wire import Obj as _Obj
 
 log = logging.getLogger(__name__)
 
-_Obj = dict[str, Any]
 _GROUP = "resource.k8s.io"
 _SLICES = f"/apis/{_GROUP}/v1/resourceslices"
 _RESOURCE = f"resourceslices.{_GROUP}"

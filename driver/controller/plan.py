@@ -27,14 +27,13 @@ import copy
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from driver.errors import PermanentError
 from driver.quantity import Quantity
 from driver.resourceslice import index_length, slice_metadata
-
-_Obj = dict[str, Any]
+from driver.wire import Obj as _Obj
+from driver.wire import parse_time
 
 
 class InvalidPoolError(PermanentError):
@@ -295,12 +294,11 @@ def _same_taint(a: _Obj, b: _Obj) -> bool:
     # The server stamps timeAdded and stores whole seconds; only a real difference counts.
     ta, tb = a.get("timeAdded"), b.get("timeAdded")
     if ta and tb:
-        return abs((_parse_time(ta) - _parse_time(tb)).total_seconds()) <= 1.0
+        at, bt = parse_time(ta), parse_time(tb)
+        if at is None or bt is None:
+            return bool(ta == tb)
+        return abs((at - bt).total_seconds()) <= 1.0
     return True
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _keep_taint_times(current: list[_Obj] | None, desired: list[_Obj]) -> None:

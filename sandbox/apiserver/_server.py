@@ -14,6 +14,7 @@ import yaml
 from aiohttp import web
 
 from driver.logs import kv
+from driver.wire import Obj
 from sandbox.apiserver import _discovery, _gates, _watch
 from sandbox.apiserver import _patch as patching
 from sandbox.apiserver import _status as status
@@ -23,7 +24,6 @@ from sandbox.apiserver._resources import BY_PATH, RESOURCE_GROUP, RESOURCES, Res
 from sandbox.apiserver._selectors import parse_field_selector, parse_label_selector
 from sandbox.apiserver._status import ApiError
 from sandbox.apiserver._store import Store
-from sandbox.apiserver._table import Obj
 
 log = logging.getLogger(__name__)
 

@@ -13,20 +13,21 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from driver.wire import Obj, format_time
 from sandbox.apiserver import _gates as gates
 from sandbox.apiserver import _status as status
 from sandbox.apiserver import _validation as validation
 from sandbox.apiserver._resources import BY_KIND, BY_PATH, RESOURCES, ResourceType
 from sandbox.apiserver._selectors import FieldSelector
 from sandbox.apiserver._status import ApiError
-from sandbox.apiserver._table import Event, Key, Obj, Table, Watcher, encode_event
+from sandbox.apiserver._table import Event, Key, Table, Watcher, encode_event
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # upstream SimpleNameGenerator's alphabet
 _INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.now(UTC))
 
 
 class Store:
