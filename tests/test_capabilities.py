@@ -55,7 +55,7 @@ async def gated() -> AsyncIterator[Callable[..., Any]]:
 
 async def test_dry_run_create_checks_and_stores_nothing(gated: Callable[..., Any]) -> None:
     server, api = await gated()
-    body = probe_slices(DRIVER, NODE)[0]
+    body = probe_slices(DRIVER, NODE)["DRADeviceTaints"]
     answer = await Client(api).request(
         "POST",
         SLICES,
@@ -86,7 +86,7 @@ async def test_dry_run_create_checks_and_stores_nothing(gated: Callable[..., Any
 
 async def test_dry_run_other_values_and_verbs_are_refused(gated: Callable[..., Any]) -> None:
     server, api = await gated()
-    body = probe_slices(DRIVER, NODE)[0]
+    body = probe_slices(DRIVER, NODE)["DRADeviceTaints"]
     with pytest.raises(RejectedError, match='supported values: "All"'):
         await Client(api).request(
             "POST", SLICES, verb="create", resource="rs", query=[("dryRun", "Some")], body=body
@@ -105,7 +105,7 @@ async def test_a_gate_off_drops_its_fields_silently(gated: Callable[..., Any], g
     _, api = await gated(**{gate: False})
     stored = [
         await Client(api).request("POST", SLICES, verb="create", resource="rs", body=body)
-        for body in probe_slices(DRIVER, NODE)
+        for body in probe_slices(DRIVER, NODE).values()
     ]
     [field] = [g for g in GATED_FIELDS if g.gate == gate]
     assert not any(field.used_by(s["spec"]) for s in stored)
@@ -128,6 +128,22 @@ async def test_probe_finds_the_gates_that_are_off(gated: Callable[..., Any]) -> 
     assert found.dropped == {"DRADeviceTaints", "DRAConsumableCapacity"}
     assert found.version.startswith("v1.34")
     assert server.requests.writes() == [] and server.objects("resourceslices") == []
+
+
+async def test_a_refused_probe_counts_as_dropped_with_one_line(
+    gated: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, api = await gated()
+    server.faults.fail("create", "resourceslices", code=422, times=1)  # the first probe
+    found = await probe(Client(api), driver_name=DRIVER, node_name=NODE)
+    assert found.dropped == {GATED_FIELDS[0].gate}
+    lines = [
+        r.getMessage() for r in caplog.records if "refused the dry-run probe" in r.getMessage()
+    ]
+    assert lines == [
+        f"the API server refused the dry-run probe for {GATED_FIELDS[0].feature}; "
+        "taking them as not kept"
+    ]
 
 
 def test_fit_leaves_out_unsafe_devices_and_strips_harmless_fields() -> None:

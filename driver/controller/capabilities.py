@@ -9,8 +9,8 @@ allocations or binding conditions.
 
 :class:`CapabilityGuard` is shared by every device kind. The first time the desired
 slices use a gated field, it learns the server's version (``/version``) and which
-fields survive a server-side dry-run create of a probe slice using all of them (one
-GET and two dry-run POSTs, once per process; a GPU node that uses none costs nothing).
+fields survive a server-side dry-run create of a probe slice using them (one GET and
+one dry-run POST per gate, once per process; a GPU node that uses none costs nothing).
 For each dropped field a kind uses it logs one line and falls back: a field that only
 relaxes allocation (``allowMultipleAllocations``) is published without it; a device
 that would be unsafe without its field (a taint keeps it from being scheduled, counters
@@ -22,7 +22,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from driver.kubeapi import Client
+from driver.errors import RetryableError
+from driver.kubeapi import ApiError, Client
 from driver.logs import kv
 from driver.wire import Obj as _Obj
 
@@ -85,64 +86,84 @@ class Capabilities:
     dropped: frozenset[str]  # gates whose fields the server drops
 
 
-def probe_slices(driver_name: str, node_name: str) -> list[_Obj]:
-    """Two slices (devices and counters may not share one) using every gated field."""
+# Per gate, the smallest valid slice spec that uses its fields: one probe per gate, so a
+# server that refuses one probe (a validation rule of its version) costs only that gate.
+_PROBES: dict[str, _Obj] = {
+    "DRADeviceTaints": {
+        "devices": [
+            {"name": "probe", "taints": [{"key": _PROBE, "value": "probe", "effect": "NoSchedule"}]}
+        ]
+    },
+    "DRAPartitionableDevices": {
+        "sharedCounters": [{"name": "probe", "counters": {"probe": {"value": "1"}}}]
+    },
+    "DRAConsumableCapacity": {"devices": [{"name": "probe", "allowMultipleAllocations": True}]},
+    "DRADeviceBindingConditions": {
+        "devices": [
+            {
+                "name": "probe",
+                "bindsToNode": True,
+                "bindingConditions": [_PROBE],
+                "bindingFailureConditions": [f"{_PROBE}-failed"],
+            }
+        ]
+    },
+}
 
-    def body(spec: _Obj) -> _Obj:
-        return {
+
+def probe_slices(driver_name: str, node_name: str) -> dict[str, _Obj]:
+    """Per gate, a slice of this driver and node using that gate's fields."""
+    return {
+        gate: {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
             "metadata": {"generateName": f"{driver_name}-{node_name}-probe-"},
             "spec": {
                 "driver": driver_name,
+                "nodeName": node_name,
                 "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-                **spec,
+                **copy.deepcopy(spec),
             },
         }
-
-    device = {
-        "name": "probe",
-        "taints": [{"key": _PROBE, "value": "probe", "effect": "NoSchedule"}],
-        "consumesCounters": [{"counterSet": "probe", "counters": {"probe": {"value": "1"}}}],
-        "allowMultipleAllocations": True,
-        "bindsToNode": True,
-        "bindingConditions": [_PROBE],
-        "bindingFailureConditions": [f"{_PROBE}-failed"],
+        for gate, spec in _PROBES.items()
     }
-    return [
-        body({"nodeName": node_name, "devices": [device]}),
-        body(
-            {
-                "nodeName": node_name,
-                "sharedCounters": [{"name": "probe", "counters": {"probe": {"value": "1"}}}],
-            }
-        ),
-    ]
 
 
 async def probe(client: Client, *, driver_name: str, node_name: str) -> Capabilities:
     """The server's version and the gates whose fields a dry-run create drops.
 
-    Raises what :class:`driver.kubeapi.Client` raises.
+    A probe the server refuses (a 4xx: its validation, an admission policy) counts as
+    dropped, with one line saying why. Raises what :class:`driver.kubeapi.Client`
+    raises for the rest (no answer, 5xx: worth a retry).
     """
     version = await client.get_json("/version", resource="/version")
-    kept = [
-        await client.request(
-            "POST", _SLICES, verb="create", resource=_RESOURCE, query=[("dryRun", "All")], body=body
-        )
-        for body in probe_slices(driver_name, node_name)
-    ]
-    specs = [obj.get("spec") or {} for obj in kept]
-    dropped = frozenset(
-        g.gate
-        for g in GATED_FIELDS
-        if not any(
-            any(s.get(f) for f in g.spec_fields)
-            or any(d.get(f) for d in s.get("devices") or () for f in g.device_fields)
-            for s in specs
-        )
+    dropped: set[str] = set()
+    for gated in GATED_FIELDS:
+        body = probe_slices(driver_name, node_name)[gated.gate]
+        try:
+            answer = await client.request(
+                "POST",
+                _SLICES,
+                verb="create",
+                resource=_RESOURCE,
+                query=[("dryRun", "All")],
+                body=body,
+            )
+        except ApiError as exc:
+            if isinstance(exc, RetryableError):
+                raise
+            log.warning(
+                f"the API server refused the dry-run probe for {gated.feature}; "
+                "taking them as not kept",
+                extra=kv(node=node_name, gate=gated.gate, error=str(exc)),
+            )
+            dropped.add(gated.gate)
+            continue
+        if not gated.used_by(answer.get("spec") or {}):
+            dropped.add(gated.gate)
+    return Capabilities(
+        version=str(version.get("gitVersion") or "unknown"), dropped=frozenset(dropped)
     )
-    return Capabilities(version=str(version.get("gitVersion") or "unknown"), dropped=dropped)
 
 
 def fit(desired: Iterable[_Obj], dropped: frozenset[str]) -> tuple[list[_Obj], dict[str, int]]:

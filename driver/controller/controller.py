@@ -203,12 +203,14 @@ class SliceController:
 
     async def _retrying(self, call: Callable[[], Awaitable[_Obj]], what: str) -> _Obj:
         backoff = Backoff(cap=self._backoff_cap)
+        slow = Backoff(cap=10 * self._backoff_cap)
         while True:
             try:
                 return await call()
-            except (RetryableError, ForbiddenError) as exc:
+            except (ApiError, RetryableError) as exc:
                 self._report(exc, what=what)
-                await asyncio.sleep(backoff.next_delay())
+                delay = slow if isinstance(exc, ApiError) and exc.slow else backoff
+                await asyncio.sleep(delay.next_delay())
 
     async def _check_api(self) -> None:
         async def group() -> _Obj:
