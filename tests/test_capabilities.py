@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
+from driver import kubeclient
 from driver.controller import SliceController
 from driver.controller.capabilities import GATED_FIELDS, fit, probe, probe_slices
 from driver.inventory import Inventory
@@ -46,7 +47,7 @@ async def gated() -> AsyncIterator[Callable[..., Any]]:
 
     yield open_server
     for server, api in opened:
-        await api.close()
+        await kubeclient.close(api)
         await server.stop()
 
 

@@ -2,6 +2,7 @@
 
 import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from driver.controller.backoff import Backoff
 from driver.controller.lease import (
@@ -17,7 +18,7 @@ START = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 ME = Candidate(identity="me", started=START)
 
 
-def lease(holder: str | None, acquired: datetime | None) -> dict[str, object]:
+def lease(holder: str | None, acquired: datetime | None) -> dict[str, Any]:
     spec: dict[str, object] = {}
     if holder is not None:
         spec["holderIdentity"] = holder
