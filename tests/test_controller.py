@@ -275,6 +275,25 @@ async def test_steady_state_costs_no_requests_over_many_resyncs(
     assert [r.verb for r in apiserver.requests if r.verb != "watch"] == []
 
 
+async def test_a_relisting_trigger_plans_from_a_fresh_list(
+    apiserver: LocalApiServer, running: Running, hardware: Hardware
+) -> None:
+    """What SIGHUP does: an operator's doubt costs one list, and repairs what the watch missed."""
+    controller = running.start(hardware.discover)
+    await published(controller)
+    [obj] = apiserver.objects(SLICES)
+    obj["spec"]["devices"] = obj["spec"]["devices"][:3]
+    apiserver.put(obj, silent=True)  # a change no watch delivers
+    apiserver.requests.clear()
+    await resync(controller)
+    assert slice_writes(apiserver) == []  # the watched state looks right: nothing to do
+    controller.trigger(relist=True)
+    await resync(controller)
+    assert calls(apiserver, "list") == 1
+    assert slice_writes(apiserver) == ["update"]
+    assert device_names(apiserver) == sorted(GPUS)
+
+
 async def test_gpu_disappearing_is_one_update_keeping_the_generation(
     apiserver: LocalApiServer, running: Running, hardware: Hardware
 ) -> None:

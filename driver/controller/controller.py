@@ -170,8 +170,14 @@ class SliceController:
 
     # -- public ---------------------------------------------------------------
 
-    def trigger(self) -> None:
-        """Rediscover now (SIGHUP, health events); returns at once."""
+    def trigger(self, *, relist: bool = False) -> None:
+        """Rediscover now (SIGHUP, health events); returns at once.
+
+        ``relist``: also plan from a fresh list rather than the watched state, for when
+        someone doubts it (an operator's SIGHUP); it costs one list.
+        """
+        if relist:
+            self._stale = True
         self._requested += 1
         self._wake_discovery.set()
 

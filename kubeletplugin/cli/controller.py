@@ -125,13 +125,13 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 async def _run_until_signal(controller: "SliceController") -> None:
-    """SIGHUP rediscovers; SIGTERM and SIGINT stop, leaving the slices in place."""
+    """SIGHUP rediscovers and relists; SIGTERM and SIGINT stop, leaving the slices in place."""
     import asyncio
     import signal
 
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(controller.run(), name="slice-controller")
-    loop.add_signal_handler(signal.SIGHUP, controller.trigger)
+    loop.add_signal_handler(signal.SIGHUP, lambda: controller.trigger(relist=True))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:

@@ -162,9 +162,14 @@ class LocalApiServer:
         found = (o for k, o in table.objects.items() if namespace is None or k[0] == namespace)
         return copy.deepcopy(sorted(found, key=_sort_key))
 
-    def put(self, obj: Obj) -> Obj:
-        """Create or overwrite an object without validation (watchers see the change)."""
-        return copy.deepcopy(self.store.put(obj))
+    def put(self, obj: Obj, *, silent: bool = False) -> Obj:
+        """Create or overwrite an object without validation (watchers see the change).
+
+        ``silent``: overwrite an existing object at its resourceVersion, with no event,
+        as if every watch had missed the change (the real server never does this; a
+        client's cache goes just as wrong through a bug or a lost update of its own).
+        """
+        return copy.deepcopy(self.store.put(obj, silent=silent))
 
     def seed(self, *objs: Obj) -> list[Obj]:
         return [self.put(o) for o in objs]

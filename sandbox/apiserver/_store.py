@@ -401,11 +401,12 @@ class Store:
                 continue  # another owner is still alive
             self._remove(rt, key, obj)
 
-    def put(self, obj: Obj) -> Obj:
+    def put(self, obj: Obj, *, silent: bool = False) -> Obj:
         """Create or overwrite an object directly, bypassing validation (test setup).
 
         Quantities are still canonicalized, so seeded objects read back as the real
-        server would return them.
+        server would return them. ``silent`` overwrites an existing object keeping its
+        resourceVersion and tells no watcher: a change some client's watch missed.
         """
         rt = BY_KIND[(obj["apiVersion"], obj["kind"])]
         namespace = obj["metadata"].get("namespace") or ("default" if rt.namespaced else None)
@@ -421,6 +422,12 @@ class Store:
         meta.setdefault("creationTimestamp", _now())
         if rt.generation:
             meta.setdefault("generation", 1)
+        if silent:
+            if old is None:
+                raise KeyError(f"no {rt.kind} {key[1]} to overwrite silently")
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            table.put(key, new)
+            return new
         rv = self._next_rv()
         meta["resourceVersion"] = str(rv)
         table.put(key, new)
