@@ -17,7 +17,13 @@ from kubernetes.aio import client as k8s
 
 from driver import kubeclient
 from driver.controller import SliceController
-from driver.controller.capabilities import GATED_FIELDS, fit, probe, probe_slices
+from driver.controller.capabilities import (
+    GATED_FIELDS,
+    fit,
+    probe,
+    probe_slices,
+    uses_gated_fields,
+)
 from driver.inventory import Inventory
 from driver.kubeapi import Client, RejectedError
 from driver.resourceslice import build_resource_slices
@@ -159,6 +165,11 @@ def test_fit_leaves_out_unsafe_devices_and_strips_harmless_fields() -> None:
     assert counts == {"DRADeviceTaints": 1, "DRAConsumableCapacity": 1}
     assert desired[0]["spec"]["devices"] == devices  # the input is left alone
     assert fit(desired, frozenset()) == (desired, {})
+    assert uses_gated_fields(desired)
+    assert uses_gated_fields(
+        [{"spec": {"devices": [{"capacity": {"m": {"requestPolicy": {"default": "1"}}}}]}}]
+    )
+    assert not uses_gated_fields([{"spec": {"devices": [{"name": "plain", "capacity": {}}]}}])
 
 
 def with_gated_fields(inventory: Inventory) -> list[dict[str, Any]]:

@@ -80,6 +80,27 @@ GATED_FIELDS = (
 )
 
 
+_DEVICE_FIELDS = frozenset(f for g in GATED_FIELDS for f in g.device_fields)
+_SPEC_FIELDS = frozenset(f for g in GATED_FIELDS for f in g.spec_fields)
+
+
+def uses_gated_fields(slices: Iterable[_Obj]) -> bool:
+    """Whether any slice sets a gated field (the check every resync of every node pays)."""
+    for obj in slices:
+        spec = obj.get("spec") or {}
+        if any(spec.get(f) for f in _SPEC_FIELDS):
+            return True
+        for device in spec.get("devices") or ():
+            if not _DEVICE_FIELDS.isdisjoint(device) and any(device.get(f) for f in _DEVICE_FIELDS):
+                return True
+            if any(
+                isinstance(c, dict) and c.get("requestPolicy")
+                for c in (device.get("capacity") or {}).values()
+            ):
+                return True
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     version: str  # the server's gitVersion
@@ -231,7 +252,7 @@ class CapabilityGuard:
 
     async def fit(self, desired: list[_Obj]) -> list[_Obj]:
         """``desired`` as this server will keep it; raises what the probe raises."""
-        if not any(g.used_by(s.get("spec") or {}) for g in GATED_FIELDS for s in desired):
+        if not uses_gated_fields(desired):
             return desired
         if self._capabilities is None:
             self._capabilities = await probe(
