@@ -13,7 +13,7 @@ HTTP                class                        retry
 ==================  ===========================  =====================================
 no answer, reset    :class:`UnavailableError`    backoff (a write's outcome is unknown)
 429, 5xx            :class:`ServerError`         backoff
-409                 :class:`ConflictError`       re-read, then at once
+409                 :class:`ConflictError`       re-read, then retry (backoff)
 410                 :class:`GoneError`           list again
 200, not JSON       :class:`BadResponseError`    backoff
 401                 :class:`UnauthorizedError`   slow backoff (credentials rotate)
