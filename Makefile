@@ -29,7 +29,7 @@ test: lint
 # (cached in ~/.cache/gpu-dra-e2e, or $$GPU_DRA_E2E_CACHE).
 e2e-build: $(STAMP)
 	bash tests/e2e/deps.sh
-	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd
+	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd runc
 
 # The e2e tier against those components; pytest's addopts exclude it from `make test`.
 e2e: e2e-build

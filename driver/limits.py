@@ -30,23 +30,24 @@ MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
 MAX_BINDING_CONDITIONS = 4
 
+# The one copy of Kubernetes' name rules (the local API server and the tools use them too).
 # Matched with fullmatch: ``$`` would also accept a trailing newline.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VALUE_KEYS = ("bool", "int", "string", "version", "bools", "ints", "strings", "versions")
 _LIST_KEYS = frozenset({"bools", "ints", "strings", "versions"})
 
 
 def is_dns_label(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value) is not None
+    return isinstance(value, str) and len(value) <= 63 and DNS_LABEL.fullmatch(value) is not None
 
 
 def is_dns_subdomain(value: object, max_length: int = 253) -> bool:
     return (
         isinstance(value, str)
         and len(value) <= max_length
-        and _DNS_SUBDOMAIN.fullmatch(value) is not None
+        and DNS_SUBDOMAIN.fullmatch(value) is not None
     )
 
 
@@ -87,7 +88,7 @@ def _qualified_name_error(name: str) -> str | None:
     domain, sep, ident = name.rpartition("/")
     if sep and not is_dns_subdomain(domain, MAX_DOMAIN):
         return f"domain {domain!r} must be a DNS subdomain of at most {MAX_DOMAIN} characters"
-    if len(ident) > MAX_ID or _C_IDENTIFIER.fullmatch(ident) is None:
+    if len(ident) > MAX_ID or C_IDENTIFIER.fullmatch(ident) is None:
         return f"{ident!r} must be a C identifier of at most {MAX_ID} characters"
     return None
 

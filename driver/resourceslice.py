@@ -102,13 +102,36 @@ def split_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
     return chunks or [[]]
 
 
-def slice_name(node_name: str, driver_name: str, index: int) -> str:
-    """``<node>-<driver>-<index>``, hashed down to stay a DNS subdomain of <= 253 characters."""
-    name = f"{node_name}-{driver_name}-{index}"
-    if len(name) <= 253:
-        return name
-    digest = hashlib.sha256(f"{node_name}/{driver_name}".encode()).hexdigest()[:16]
-    return f"slice-{digest}-{index}"
+INDEX_MIN_LENGTH = 5
+_MAX_NAME_LENGTH = 253  # a DNS subdomain, as every object name
+
+
+def index_length(slice_count: int) -> int:
+    """Hex digits of the name prefix: enough for ``slice_count - 1``, at least five."""
+    return max(INDEX_MIN_LENGTH, len(f"{max(slice_count - 1, 0):x}"))
+
+
+def generate_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str:
+    """Upstream's ``generateName`` prefix for slice ``index`` of a pool of ``slice_count``."""
+    return f"{index:0{index_length(slice_count)}x}-{driver_name}-{node_name}-"
+
+
+def slice_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str | None:
+    """The one naming rule: the fixed name of slice ``index``, as the controller writes it
+    and ``gpu-dra discover`` prints it; None when it would exceed 253 characters (the
+    object then gets :func:`generate_name` and the server's random suffix)."""
+    name = generate_name(index, slice_count, driver_name, node_name)[:-1]
+    return name if len(name) <= _MAX_NAME_LENGTH else None
+
+
+def slice_metadata(
+    index: int, slice_count: int, driver_name: str, node_name: str
+) -> dict[str, str]:
+    """``{"name": ...}``, or ``{"generateName": ...}`` when no fixed name fits."""
+    name = slice_name(index, slice_count, driver_name, node_name)
+    if name is not None:
+        return {"name": name}
+    return {"generateName": generate_name(index, slice_count, driver_name, node_name)}
 
 
 def build_resource_slices(
@@ -120,7 +143,7 @@ def build_resource_slices(
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": {"name": slice_name(node_name, driver_name, i)},
+            "metadata": slice_metadata(i, len(chunks), driver_name, node_name),
             "spec": {
                 "driver": driver_name,
                 "nodeName": node_name,

@@ -7,17 +7,15 @@ the opaque config that applies to it.
 """
 
 import functools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from kubernetes.aio.client import ApiClient
-from kubernetes.aio.client.exceptions import ApiException
 
 from api.config import ConfigError, GpuConfig, decode_gpu_config, validate_gpu_config
 from driver.errors import PermanentError, RetryableError
+from driver.kubeapi import ApiError, Client, NotFoundError
 
 _FETCH_TIMEOUT_S = 20.0
 _CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
@@ -61,19 +59,16 @@ class ClaimPlan:
     devices: tuple[PlannedDevice, ...]
 
 
-def _claim_not_found(status: int, body: bytes, ref: ClaimRef) -> bool:
+def _claim_not_found(exc: ApiError, ref: ClaimRef) -> bool:
     """A 404 about this claim, not one about the API path.
 
     A cluster that does not serve resource.k8s.io/v1 (or a proxy in the way) also answers
     404; taking that for "every claim is gone" would unprepare the whole node.
     """
-    if status != 404:
+    if not isinstance(exc, NotFoundError):
         return False
-    try:
-        status_obj = json.loads(body)
-    except ValueError:
-        return False
-    details = status_obj.get("details") if isinstance(status_obj, dict) else None
+    status_obj = exc.status_object
+    details = status_obj.get("details")
     return (
         isinstance(details, dict)
         and status_obj.get("reason") == "NotFound"
@@ -82,60 +77,36 @@ def _claim_not_found(status: int, body: bytes, ref: ClaimRef) -> bool:
     )
 
 
-async def _get_claim(api_client: ApiClient, ref: ClaimRef) -> tuple[int, str, bytes]:
-    """GET the claim: (status, reason, body). Raises on no answer.
+async def _get_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
+    """GET the claim as a wire-form dict; raises :class:`ApiError`.
 
-    Through the ``ApiClient`` (server, TLS, token) but not its typed models: decoding
-    a ResourceClaim into them costs more CPU than the rest of a prepare, and we want
-    the wire-form dict anyway.
+    Raw JSON, not the typed models: decoding a ResourceClaim into them costs more CPU
+    than the rest of a prepare, and we want the wire-form dict anyway.
     """
-    params = await api_client.param_serialize(
-        method="GET",
-        resource_path=_CLAIM_PATH,
-        path_params={"namespace": ref.namespace, "name": ref.name},
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-    )
-    try:
-        response = await api_client.call_api(*params, _request_timeout=_FETCH_TIMEOUT_S)
-    except ApiException as exc:  # the client's own retries (Retry-After) gave up
-        body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
-        return int(exc.status or 0), str(exc.reason), body
-    data: bytes = await response.response.read()  # read() hands the connection back
-    return int(response.status), str(response.reason), data
+    path = _CLAIM_PATH.format(namespace=ref.namespace, name=ref.name)
+    client = Client(api_client, request_timeout=_FETCH_TIMEOUT_S)
+    return await client.get_json(path, resource="resourceclaims")
 
 
 async def fetch_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
     """The claim in wire form (camelCase dict)."""
     try:
-        status, reason, body = await _get_claim(api_client, ref)
-    except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-        raise ClaimFetchError(f"retrieve claim {ref}: {exc!r}") from exc
-    if status != 200:
-        error = ClaimError if _claim_not_found(status, body, ref) else ClaimFetchError
-        raise error(f"retrieve claim {ref}: {status} {reason}")
-    try:
-        claim = json.loads(body)
-    except ValueError as exc:
-        raise ClaimFetchError(f"retrieve claim {ref}: the answer is not JSON: {exc}") from exc
-    if not isinstance(claim, dict):
-        raise ClaimFetchError(f"retrieve claim {ref}: the answer is not a JSON object")
-    return claim
+        return await _get_claim(api_client, ref)
+    except ApiError as exc:
+        error = ClaimError if _claim_not_found(exc, ref) else ClaimFetchError
+        message = exc.status_object.get("message") or exc
+        detail = f"{exc.status} {message}" if exc.status else exc
+        raise error(f"retrieve claim {ref}: {detail}") from exc
 
 
 async def claim_is_gone(api_client: ApiClient, ref: ClaimRef) -> bool | None:
     """True only on proof (404, or the name now holds another UID); None when unknown."""
     try:
-        status, _, body = await _get_claim(api_client, ref)
-    except (TimeoutError, OSError, aiohttp.ClientError):
-        return None
-    if status != 200:
-        return True if _claim_not_found(status, body, ref) else None
-    try:
-        uid = json.loads(body)["metadata"]["uid"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return bool(uid != ref.uid)
+        claim = await _get_claim(api_client, ref)
+    except ApiError as exc:
+        return True if _claim_not_found(exc, ref) else None
+    uid = (claim.get("metadata") or {}).get("uid")
+    return None if uid is None else bool(uid != ref.uid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
-"""The node process: kubelet plugin, slice controller and health service in one event loop.
+"""The node process: kubelet plugin, slice controller and probe service in one event loop.
 
-Order matters. The health service comes up first (NOT_SERVING), so probes get
+Order matters. The probe service comes up first (NOT_SERVING), so probes get
 an answer while setup runs. Setup (device-plugin guard, NVML, discovery, claim
 state) retries instead of exiting: a crash-looping pod helps no one, a
 NOT_SERVING one with a clear log line does. Then the DRA socket, then the
@@ -29,7 +29,7 @@ from driver.errors import DriverError, PermanentError
 from driver.inventory import Inventory
 from driver.logs import kv
 from kubeletplugin import draservice
-from kubeletplugin.health import HealthServer
+from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
 from kubeletplugin.state import DeviceState, StateConfig
@@ -86,23 +86,23 @@ async def run(config: NodeConfig, stop: asyncio.Event) -> int:
     except PermanentError as exc:
         log.error("invalid configuration", extra=kv(error=exc))
         return 2
-    health = HealthServer(paths, port=config.healthcheck_port)
+    probes = ProbeServer(paths, port=config.healthcheck_port)
     try:
-        await health.start()
+        await probes.start()
     except OSError as exc:
-        log.error("cannot serve the health service", extra=kv(error=exc))
+        log.error("cannot serve the probe service", extra=kv(error=exc))
         return 2
     try:
         api_client = await kubeclient.api_client(config.kubeconfig, component="kubelet-plugin")
     except Exception as exc:
-        await health.stop()
+        await probes.stop()
         log.error("cannot configure the Kubernetes client", extra=kv(error=exc))
         return 2
     try:
-        return await _Node(config, paths, health, api_client).run(stop)
+        return await _Node(config, paths, probes, api_client).run(stop)
     finally:
         await kubeclient.close(api_client)
-        await health.stop()
+        await probes.stop()
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:
@@ -117,12 +117,12 @@ class _Node:
         self,
         config: NodeConfig,
         paths: SocketPaths,
-        health: HealthServer,
+        probes: ProbeServer,
         api_client: client.ApiClient,
     ) -> None:
         self._config = config
         self._paths = paths
-        self._health = health
+        self._probes = probes
         self._api = api_client
         self._servers: list[SocketServer] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -137,7 +137,7 @@ class _Node:
             if state is None:
                 return 0
             await self._serve(state)
-            self._health.set_ready()
+            self._probes.set_ready()
             log.info(
                 "kubelet plugin ready",
                 extra=kv(node=self._config.node_name, driver=self._config.driver_name),
@@ -158,7 +158,7 @@ class _Node:
                 reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc}"
             except Exception as exc:  # API errors of the kubernetes client, NVML errors
                 reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc!r}"
-            self._health.set_not_ready(reason)
+            self._probes.set_not_ready(reason)
             if reason != last:  # one line per distinct problem, not one per retry
                 log.error(reason, extra=kv(node=self._config.node_name))
                 last = reason
@@ -168,7 +168,7 @@ class _Node:
 
     async def _device_plugin_present(self) -> str | None:
         # Raw JSON: importing CoreV1Api and its models costs 24 MiB of RSS.
-        from driver.controller.client import Client
+        from driver.kubeapi import Client
 
         node = await Client(self._api).request(
             "GET", f"/api/v1/nodes/{self._config.node_name}", verb="get", resource="nodes"
@@ -262,7 +262,7 @@ class _Node:
             # A background loop only ends by failing: restart the whole process.
             exc = task.exception()
             log.error("background task ended", extra=kv(task=task.get_name(), error=repr(exc)))
-        self._health.set_not_ready("a background task failed")
+        self._probes.set_not_ready("a background task failed")
         return 1
 
     async def _shutdown(self) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import helm_python
 import yaml
 
-from sandbox.demo._manifests import CHART_DIR, render_chart
+from sandbox.demo._manifests import CHART_DIR as CHART_DIR  # re-exported for the tests
+from sandbox.demo._manifests import render_chart
 
 EKS_VALUES = CHART_DIR / "values-eks.yaml"
 NAMESPACE = "gpu-dra-driver"

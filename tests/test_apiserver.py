@@ -468,13 +468,19 @@ async def test_json_patch(api_client: Any) -> None:
     assert err.value.status == 422
 
 
-async def test_dry_run_is_refused_not_committed(api_client: Any, apiserver: LocalApiServer) -> None:
-    with pytest.raises(client.ApiException) as err:
-        await typed_api(client.ResourceV1Api, api_client).create_resource_slice(
-            slice_body("n1", name="s1"), dry_run="All"
-        )
-    assert err.value.status == 400
+async def test_dry_run_is_answered_or_refused_never_committed(
+    api_client: Any, apiserver: LocalApiServer
+) -> None:
+    api = typed_api(client.ResourceV1Api, api_client)
+    answered = await api.create_resource_slice(slice_body("n1", name="s1"), dry_run="All")
+    assert answered.metadata.name == "s1"
     assert apiserver.objects("resourceslices") == []
+    await api.create_resource_slice(slice_body("n1", name="s1"))
+    # Not served on delete: refused, since ignoring it would commit what was meant as a try.
+    with pytest.raises(client.ApiException) as err:
+        await api.delete_resource_slice("s1", dry_run="All")
+    assert err.value.status == 400
+    assert len(apiserver.objects("resourceslices")) == 1
 
 
 async def test_finalizers_delay_deletion(api_client: Any, apiserver: LocalApiServer) -> None:

@@ -6,6 +6,7 @@ below is read from the server's request log.
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,10 +16,10 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.controller import ApiVersionMissingError, NodeNotFoundError, SliceController
-from driver.controller.client import ApiError, Client, GoneError
 from driver.discovery import NvmlNotReadyError, discover
 from driver.errors import RetryableError
 from driver.inventory import Inventory
+from driver.kubeapi import ApiError, Client, GoneError
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
 from sandbox.apiserver import LocalApiServer
@@ -274,6 +275,25 @@ async def test_steady_state_costs_no_requests_over_many_resyncs(
     assert [r.verb for r in apiserver.requests if r.verb != "watch"] == []
 
 
+async def test_a_relisting_trigger_plans_from_a_fresh_list(
+    apiserver: LocalApiServer, running: Running, hardware: Hardware
+) -> None:
+    """What SIGHUP does: an operator's doubt costs one list, and repairs what the watch missed."""
+    controller = running.start(hardware.discover)
+    await published(controller)
+    [obj] = apiserver.objects(SLICES)
+    obj["spec"]["devices"] = obj["spec"]["devices"][:3]
+    apiserver.put(obj, silent=True)  # a change no watch delivers
+    apiserver.requests.clear()
+    await resync(controller)
+    assert slice_writes(apiserver) == []  # the watched state looks right: nothing to do
+    controller.trigger(relist=True)
+    await resync(controller)
+    assert calls(apiserver, "list") == 1
+    assert slice_writes(apiserver) == ["update"]
+    assert device_names(apiserver) == sorted(GPUS)
+
+
 async def test_gpu_disappearing_is_one_update_keeping_the_generation(
     apiserver: LocalApiServer, running: Running, hardware: Hardware
 ) -> None:
@@ -310,6 +330,28 @@ async def test_pool_that_needs_two_slices(
     assert slice_writes(apiserver) == ["update"]  # only the second slice changed
     assert "gpu-150" not in device_names(apiserver)
     assert {s["spec"]["pool"]["generation"] for s in apiserver.objects(SLICES)} == {1}
+
+
+@pytest.mark.parametrize("profile", ["p5.48xlarge", "synthetic-200gpu"])
+async def test_discover_prints_the_names_the_controller_writes(
+    apiserver: LocalApiServer,
+    running: Running,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    profile: str,
+) -> None:
+    """One naming rule: what ``gpu-dra discover`` shows is what lands in the API server."""
+    from kubeletplugin.cli import main
+
+    argv = ["discover", "--nvml", "simulated", "--profile", profile, "--node-name", NODE]
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, [*argv, "-o", "json"]) == 0
+    printed = [s["metadata"]["name"] for s in json.loads(capsys.readouterr().out)["items"]]
+    controller = running.start(Hardware(tmp_path, profile=profile).discover)
+    await published(controller)
+    written = [s["metadata"]["name"] for s in apiserver.objects(SLICES)]
+    assert sorted(written) == sorted(printed)
+    assert printed[0] == f"00000-{DRIVER}-{NODE}"
 
 
 async def test_failed_discovery_keeps_published_slices(
@@ -415,6 +457,96 @@ async def test_node_deletion_garbage_collects_and_is_not_fought(
     assert obj["metadata"]["ownerReferences"][0]["uid"] == new_node["metadata"]["uid"]
 
 
+async def test_a_name_deleted_and_recreated_is_still_repaired(
+    apiserver: LocalApiServer,
+    running: Running,
+    hardware: Hardware,
+    api_client: Any,
+    pool: PoolWatch,
+) -> None:
+    """Slice names are fixed, so a deleted name comes back; its later edits must count.
+
+    Issue 13, defect 1: the deleted name was remembered and every later event for it
+    dropped, so an edit after the re-create stayed through every resync.
+    """
+    controller = running.start(hardware.discover)
+    await published(controller)
+    old = apiserver.objects(SLICES)[0]["metadata"]["uid"]
+    await Client(api_client).request(
+        "DELETE",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        verb="deletecollection",
+        resource=SLICES,
+        query=[("fieldSelector", f"spec.nodeName={NODE},spec.driver={DRIVER}")],
+    )
+    await pool.until(
+        lambda: [s["metadata"]["uid"] for s in apiserver.objects(SLICES)] not in ([], [old]),
+        "slices re-created",
+    )
+    [obj] = apiserver.objects(SLICES)
+    obj["spec"]["devices"] = obj["spec"]["devices"][:3]
+    await Client(api_client).request(
+        "PUT",
+        f"/apis/resource.k8s.io/v1/resourceslices/{obj['metadata']['name']}",
+        verb="update",
+        resource=SLICES,
+        body=obj,
+    )
+    await pool.until(lambda: device_names(apiserver) == sorted(GPUS), "edit after re-create")
+    assert len(apiserver.objects(SLICES)) == 1
+
+
+async def test_a_slice_the_controller_deleted_and_recreated_is_still_repaired(
+    apiserver: LocalApiServer, running: Running, tmp_path: Path, api_client: Any, pool: PoolWatch
+) -> None:
+    """The same through the controller's own delete: the pool shrinks to one slice, grows."""
+    hardware = Hardware(tmp_path, profile="synthetic-200gpu")
+    controller = running.start(hardware.discover)
+    await published(controller)
+    second = f"00001-{DRIVER}-{NODE}"
+    hardware.set(removedGpus=list(range(100, 200)))
+    await resync(controller)
+    assert [s["metadata"]["name"] for s in apiserver.objects(SLICES)] == [f"00000-{DRIVER}-{NODE}"]
+    hardware.set()
+    await resync(controller)
+    assert len(device_names(apiserver)) == 200
+    [obj] = [s for s in apiserver.objects(SLICES) if s["metadata"]["name"] == second]
+    obj["spec"]["devices"] = obj["spec"]["devices"][:3]
+    await Client(api_client).request(
+        "PUT",
+        f"/apis/resource.k8s.io/v1/resourceslices/{second}",
+        verb="update",
+        resource=SLICES,
+        body=obj,
+    )
+    await pool.until(lambda: len(device_names(apiserver)) == 200, "edit of a re-used name")
+
+
+async def test_node_recreated_gets_its_slices_without_a_resync(
+    apiserver: LocalApiServer, running: Running, hardware: Hardware, pool: PoolWatch
+) -> None:
+    """Issue 13, defect 5: the slices came back only at the next resync (10 minutes)."""
+    controller = running.start(hardware.discover)
+    await published(controller)
+    apiserver.delete("nodes", NODE)
+    # Wait until the controller has seen the owner go (its GET of the Node got a 404).
+    await pool.until(
+        lambda: any(
+            r.verb == "get" and r.resource == "nodes" and r.code == 404 for r in apiserver.requests
+        ),
+        "the controller noticed the deletion",
+    )
+    [new_node] = apiserver.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    uid = new_node["metadata"]["uid"]
+    await pool.until(
+        lambda: (
+            [s["metadata"]["ownerReferences"][0]["uid"] for s in apiserver.objects(SLICES)] == [uid]
+        ),
+        "slices owned by the new Node",
+    )
+    assert device_names(apiserver) == sorted(GPUS)
+
+
 # ---- faults ---------------------------------------------------------------------------------
 
 
@@ -442,6 +574,22 @@ async def test_server_errors_on_create_end_with_one_slice(
     assert calls(apiserver, "create") == 3
     assert slice_writes(apiserver) == ["create"]
     assert len(apiserver.objects(SLICES)) == 1
+
+
+async def test_a_rejected_relist_after_a_failed_write_is_retried(
+    apiserver: LocalApiServer, running: Running, hardware: Hardware, pool: PoolWatch
+) -> None:
+    """Issue 13, defect 4: a 400 on the relist left publishing stalled until the resync."""
+    controller = running.start(hardware.discover)
+    await published(controller)
+    apiserver.faults.fail("update", SLICES, code=500, times=1)
+    apiserver.faults.fail("list", SLICES, code=400, times=1)
+    hardware.set(removedGpus=[2])
+    controller.trigger()
+    await pool.until(
+        lambda: device_names(apiserver) == [g for g in GPUS if g != "gpu-2"], "retried"
+    )
+    assert calls(apiserver, "list") >= 2  # the refused relist, then one that worked
 
 
 async def test_update_timing_out_is_retried(

@@ -9,13 +9,11 @@ import pytest
 from driver.controller.plan import (
     InvalidPoolError,
     decode_index,
-    generate_name,
-    index_length,
     plan,
 )
 from driver.inventory import Gpu, Inventory
 from driver.quantity import Quantity
-from driver.resourceslice import build_resource_slices
+from driver.resourceslice import build_resource_slices, generate_name, index_length
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"

@@ -388,7 +388,7 @@ def test_cluster_unreachable_or_no_kubeconfig_exits_2(
         claim = str(files["claim"])
         code, out, err = run(["-f", claim, "--cluster", "--kubeconfig", str(kubeconfig)], capsys)
     assert (code, out) == (2, "")
-    assert "list resourceslices: Cannot connect" in err
+    assert "list resourceslices: no answer from the API server: Cannot connect" in err
     missing = str(tmp_path / "missing")
     code, _, err = run(["-f", claim, "--cluster", "--kubeconfig", missing], capsys)
     assert code == 2

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver.errors import PermanentError
 from kubeletplugin import draservice
-from kubeletplugin.health import HealthServer
+from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import MAX_SOCKET_PATH, SocketPaths, SocketServer, socket_paths
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
@@ -254,7 +254,7 @@ async def _check(port: int, service: str = "") -> int:
 
 async def test_health_follows_readiness_and_the_sockets(short_dir: Path) -> None:
     async with _serve(short_dir) as plugin:
-        health = HealthServer(plugin.paths, port=0)
+        health = ProbeServer(plugin.paths, port=0)
         await health.start()
         try:
             assert health.port > 0

@@ -15,12 +15,21 @@ Two instances for one node (a surge upgrade) are arbitrated by a per-node Lease,
 created only once an instance sees slices it did not write: see
 :mod:`driver.controller.lease`. A node's first publish is one write.
 
-Correctness rests on one rule: *after any failed write, relist before planning
+Correctness rests on one rule: *after any failure or doubt, relist before planning
 again.* A create whose response got lost may have committed; a fresh list (a
 quorum read, issued after the failure) shows it, so the controller never creates a
 second slice for the same index. Successful writes go into ``observed`` at once (a
 mutation cache, as upstream's), and watch events older than what is cached are
-ignored, so an echo never looks like a missing slice.
+ignored, so an echo never looks like a missing slice. A delete leaves a tombstone
+(the deleted object's resourceVersion) that the next event for the name removes:
+slice names are fixed, so a deleted name is re-used, and its later events count.
+
+Every error class of :mod:`driver.kubeapi` is retried with a backoff; those that wait
+on a person (``ApiError.slow``: 401, 403, 400/422) with a ten times longer cap.
+
+When the Node is gone (a create finds no owner), its slices are not re-created; a
+GET of the Node, backing off, notices the Node coming back (a new UID) and
+republishes at once rather than at the next resync.
 """
 
 import asyncio
@@ -30,38 +39,35 @@ import os
 import random
 import socket
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
 from driver.controller.backoff import Backoff
-from driver.controller.client import (
+from driver.controller.capabilities import CapabilityGuard
+from driver.controller.lease import LEASE_DURATION, Candidate, PublisherLease, lease_name
+from driver.controller.plan import InvalidPoolError, Plan, plan
+from driver.errors import DriverError, PermanentError, RetryableError
+from driver.inventory import Inventory
+from driver.kubeapi import (
     WATCH_TIMEOUT_SECONDS,
     ApiError,
     Client,
     ForbiddenError,
     GoneError,
     NotFoundError,
-    RejectedError,
     ServerError,
     UnavailableError,
 )
-from driver.controller.lease import LEASE_DURATION, Candidate, PublisherLease, lease_name
-from driver.controller.plan import InvalidPoolError, Plan, plan
-from driver.errors import DriverError, PermanentError, RetryableError
-from driver.inventory import Inventory
 from driver.logs import kv
+from driver.wire import Obj as _Obj
 
 log = logging.getLogger(__name__)
 
-_Obj = dict[str, Any]
 _GROUP = "resource.k8s.io"
 _SLICES = f"/apis/{_GROUP}/v1/resourceslices"
 _RESOURCE = f"resourceslices.{_GROUP}"
-_TOMBSTONES = 256
 
 
 class ApiVersionMissingError(PermanentError):
@@ -77,16 +83,22 @@ class SliceController:
 
     ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
     and closes it); ``discover`` returns the node's :class:`Inventory` and may raise
-    (``RetryableError`` for "not yet"); the slices are built from it by
-    ``driver.resourceslice.build_resource_slices``.
+    (``RetryableError`` for "not yet"); ``build_slices`` turns it into the desired
+    slices (default: ``driver.resourceslice.build_resource_slices``), which the
+    :class:`~driver.controller.capabilities.CapabilityGuard` fits to what the server keeps.
 
     ``run()`` works until cancelled, which leaves the slices in place (the kubelet
     removes a dead driver's slices itself) and releases the publisher lease. It raises
     :class:`ApiVersionMissingError` or :class:`NodeNotFoundError` at start when
-    publishing cannot work. ``published`` is set once the node's slices match the
-    first successful discovery (or a newer instance publishes them); readiness waits
-    for it. ``trigger()`` asks for a rediscovery; ``resync()`` also waits for its result
-    to be reconciled.
+    publishing cannot work.
+
+    ``published`` (readiness waits for it) is set the first time a reconcile ends with
+    the node's slices as desired: the plan needed no writes, or every write it sent
+    succeeded (not waiting for the watch to show them); or when a newer instance holds
+    the Lease and this one stands by. It is never cleared: it says the node's slices
+    were published once, not that they are current now. A pool the plan refuses
+    (``InvalidPoolError``) does not set it. ``trigger()`` asks for a rediscovery;
+    ``resync()`` also waits for its result to be reconciled.
 
     ``resync_period``: seconds between rediscoveries. ``identity``: this instance's
     name in the publisher Lease (default: host name plus a random suffix);
@@ -102,6 +114,7 @@ class SliceController:
         node_name: str,
         driver_name: str,
         discover: Callable[[], Awaitable[Inventory]],
+        build_slices: Callable[[Inventory], list[_Obj]] | None = None,
         resync_period: float = 60.0,
         identity: str | None = None,
         namespace: str | None = None,
@@ -113,6 +126,8 @@ class SliceController:
         self._node = node_name
         self._driver = driver_name
         self._discover = discover
+        self._build_slices = build_slices
+        self._guard = CapabilityGuard(self._client, driver_name=driver_name, node_name=node_name)
         self._resync_period = resync_period
         self._backoff_cap = backoff_cap
         self._selector = f"spec.driver={driver_name},spec.nodeName={node_name}"
@@ -131,9 +146,11 @@ class SliceController:
         self._node_gone = False
         self._desired: list[_Obj] | None = None
         self._observed: dict[str, _Obj] = {}
-        self._gone: OrderedDict[str, None] = OrderedDict()
+        # name -> resourceVersion of the slice deleted under that name; see _apply_event.
+        self._tombstones: dict[str, int] = {}
         self._stale = True  # observed must be (re)listed before planning
         self._watcher: asyncio.Task[None] | None = None
+        self._node_waiter: asyncio.Task[None] | None = None
         self._dirty = asyncio.Event()
         self._wake_discovery = asyncio.Event()
         self._lease_recheck = True
@@ -155,8 +172,14 @@ class SliceController:
 
     # -- public ---------------------------------------------------------------
 
-    def trigger(self) -> None:
-        """Rediscover now (SIGHUP, health events); returns at once."""
+    def trigger(self, *, relist: bool = False) -> None:
+        """Rediscover now (SIGHUP, health events); returns at once.
+
+        ``relist``: also plan from a fresh list rather than the watched state, for when
+        someone doubts it (an operator's SIGHUP); it costs one list.
+        """
+        if relist:
+            self._stale = True
         self._requested += 1
         self._wake_discovery.set()
 
@@ -182,18 +205,21 @@ class SliceController:
                 tasks.create_task(self._lease.maintain(self._lease_freed), name="slice-lease")
         finally:
             await self._stop_watch()
+            await _stopped(self._node_waiter)
             await self._release_lease()
 
     # -- start-up checks --------------------------------------------------------
 
     async def _retrying(self, call: Callable[[], Awaitable[_Obj]], what: str) -> _Obj:
         backoff = Backoff(cap=self._backoff_cap)
+        slow = Backoff(cap=10 * self._backoff_cap)
         while True:
             try:
                 return await call()
-            except (RetryableError, ForbiddenError) as exc:
+            except (ApiError, RetryableError) as exc:
                 self._report(exc, what=what)
-                await asyncio.sleep(backoff.next_delay())
+                delay = slow if isinstance(exc, ApiError) and exc.slow else backoff
+                await asyncio.sleep(delay.next_delay())
 
     async def _check_api(self) -> None:
         async def group() -> _Obj:
@@ -249,10 +275,19 @@ class SliceController:
                 )
                 await self._wait_discovery(backoff.next_delay())
                 continue
+            if self._build_slices is not None:
+                desired = self._build_slices(inventory)
+            else:
+                desired = build_resource_slices(
+                    inventory, driver_name=self._driver, node_name=self._node
+                )
+            try:
+                desired = await self._guard.fit(desired)
+            except (ApiError, RetryableError) as exc:
+                self._report(exc, what="learn the API server's capabilities")
+                await self._wait_discovery(backoff.next_delay())
+                continue
             backoff.reset()
-            desired = build_resource_slices(
-                inventory, driver_name=self._driver, node_name=self._node
-            )
             if desired != self._desired:
                 log.info(
                     "discovered devices",
@@ -272,6 +307,8 @@ class SliceController:
 
     async def _reconcile_loop(self) -> None:
         backoff = Backoff(cap=self._backoff_cap)
+        # For what waits on a person (RBAC, a rejected object): retried, but seldom.
+        slow = Backoff(cap=10 * self._backoff_cap)
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -282,17 +319,15 @@ class SliceController:
                 # Upstream reports and does not retry: the next discovery brings a new pool.
                 log.error("not publishing an invalid pool", extra=kv(error=str(exc)))
                 await self._done(seq)
-            except RejectedError as exc:
-                self._stale = True
-                log.error("the API server rejected a slice", extra=kv(error=str(exc)))
-                await self._done(seq)
-            except (RetryableError, ForbiddenError, NotFoundError) as exc:
+            except (ApiError, RetryableError) as exc:
                 self._stale = True
                 self._report(exc, what="publish slices")
-                await asyncio.sleep(backoff.next_delay())
+                delay = slow if isinstance(exc, ApiError) and exc.slow else backoff
+                await asyncio.sleep(delay.next_delay())
                 self._dirty.set()
             else:
                 backoff.reset()
+                slow.reset()
                 await self._done(seq)
 
     async def _done(self, seq: int) -> None:
@@ -355,6 +390,8 @@ class SliceController:
             if not self._node_gone:
                 log.warning("node deleted; not re-creating its slices", extra=kv(node=self._node))
             self._node_gone = True
+            if self._node_waiter is None or self._node_waiter.done():
+                self._node_waiter = asyncio.create_task(self._wait_for_node(), name="node-wait")
             return Plan(todo.deletes, todo.updates, (), todo.generations)
         self._node_gone = False
         uid = str(node["metadata"]["uid"])
@@ -370,11 +407,29 @@ class SliceController:
             node_uid=uid,
         )
 
+    async def _wait_for_node(self) -> None:
+        """Poll the deleted Node until it is back, then reconcile (it gets its slices).
+
+        A GET while the Node is gone, not a watch: it needs no permission beyond ``get``
+        and costs nothing while the Node exists.
+        """
+        backoff = Backoff(cap=self._backoff_cap)
+        while True:
+            await asyncio.sleep(backoff.next_delay())
+            try:
+                await self._client.get_json(f"/api/v1/nodes/{self._node}", resource="nodes")
+            except (ApiError, RetryableError):
+                continue  # still gone, or the server is away: look again later
+            log.info("node is back; publishing its slices", extra=kv(node=self._node))
+            self._dirty.set()
+            return
+
     async def _apply(self, todo: Plan) -> None:
         for obj in todo.deletes:
             meta = obj["metadata"]
+            deleted: _Obj = {}
             with contextlib.suppress(NotFoundError):  # already gone: what we wanted
-                await self._client.request(
+                deleted = await self._client.request(
                     "DELETE",
                     f"{_SLICES}/{meta['name']}",
                     verb="delete",
@@ -388,7 +443,8 @@ class SliceController:
                         },
                     },
                 )
-            self._forget(meta["name"])
+            # The answer is the object as deleted; its version is that of the delete.
+            self._forget(meta["name"], max(_version(obj), _version(deleted)))
         for body in todo.updates:
             stored = await self._client.request(
                 "PUT",
@@ -443,6 +499,7 @@ class SliceController:
             query=[("fieldSelector", self._selector)],
         )
         self._observed = {obj["metadata"]["name"]: obj for obj in listed.get("items") or ()}
+        self._tombstones.clear()  # the list is newer than every delete before it
         if not self._observed.keys() <= self._written:
             self._rival_seen = True
         self._stale = False
@@ -497,13 +554,19 @@ class SliceController:
                 await asyncio.sleep(backoff.next_delay())
 
     def _apply_event(self, kind: str, obj: _Obj) -> bool:
-        """Fold a watch event into ``observed``; True when it changed anything."""
+        """Fold a watch event into ``observed``; True when it changed anything.
+
+        A tombstone lives until the next event for its name: that event is the echo of
+        the delete (or older news), dropped, or something newer (the name re-used),
+        applied. Either way the tombstone is gone, so no name is ignored for longer.
+        """
         name = obj.get("metadata", {}).get("name", "")
+        deleted = self._tombstones.pop(name, None)
+        if deleted is not None and 0 <= _version(obj) <= deleted:
+            return False  # an echo of what we deleted
         if kind == "DELETED":
-            self._forget(name)
+            self._observed.pop(name, None)
             return True
-        if name in self._gone:
-            return False  # an echo of something already deleted
         cached = self._observed.get(name)
         if cached is not None and _version(cached) >= _version(obj):
             return False  # our own write, already cached, or older news
@@ -511,14 +574,14 @@ class SliceController:
         return True
 
     def _remember(self, obj: _Obj) -> None:
-        self._observed[obj["metadata"]["name"]] = obj
-        self._written.add(obj["metadata"]["name"])
+        name = obj["metadata"]["name"]
+        self._observed[name] = obj
+        self._written.add(name)
+        self._tombstones.pop(name, None)
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, name: str, version: int) -> None:
         self._observed.pop(name, None)
-        self._gone[name] = None
-        while len(self._gone) > _TOMBSTONES:
-            self._gone.popitem(last=False)
+        self._tombstones[name] = version
 
     def _lease_freed(self) -> None:
         self._lease_recheck = True
@@ -531,6 +594,12 @@ class SliceController:
             await asyncio.wait_for(asyncio.shield(self._lease.release()), 5.0)
         except (DriverError, TimeoutError, asyncio.CancelledError) as exc:
             log.warning("could not release the publisher lease", extra=kv(error=repr(exc)))
+
+
+async def _stopped(task: "asyncio.Task[None] | None") -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait([task])
 
 
 def _version(obj: _Obj) -> int:

@@ -37,8 +37,8 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from driver.controller.client import Client, ConflictError, NotFoundError
 from driver.errors import DriverError
+from driver.kubeapi import Client, ConflictError, NotFoundError
 from driver.logs import kv
 
 LEASE_VERBS = ("get", "create", "update")

@@ -6,7 +6,8 @@ scheduler and other drivers' tooling read pools the way that controller writes t
 
 * every desired slice becomes exactly one ResourceSlice, named
   ``<index as %0Nx, N = max(5, hex digits)>-<driver>-<node>``: upstream's
-  ``generateName`` prefix without the random suffix. A fixed name lets the API server
+  ``generateName`` prefix without the random suffix (:func:`driver.resourceslice.slice_name`,
+  which ``gpu-dra discover`` prints too). A fixed name lets the API server
   refuse a second slice for one index (409 AlreadyExists), so neither a create whose
   response got lost nor two instances starting at once can put a device twice into
   the pool. Only a name longer than 253 characters falls back to ``generateName``;
@@ -26,16 +27,13 @@ import copy
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from driver.errors import PermanentError
 from driver.quantity import Quantity
-
-INDEX_MIN_LENGTH = 5
-_MAX_NAME_LENGTH = 253  # a DNS subdomain, as every object name
-
-_Obj = dict[str, Any]
+from driver.resourceslice import index_length, slice_metadata
+from driver.wire import Obj as _Obj
+from driver.wire import parse_time
 
 
 class InvalidPoolError(PermanentError):
@@ -60,21 +58,6 @@ class Plan:
     @property
     def writes(self) -> int:
         return len(self.deletes) + len(self.updates) + len(self.creates)
-
-
-def index_length(slice_count: int) -> int:
-    """Hex digits of the name prefix: enough for ``slice_count - 1``, at least five."""
-    return max(INDEX_MIN_LENGTH, len(f"{max(slice_count - 1, 0):x}"))
-
-
-def generate_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str:
-    return f"{index:0{index_length(slice_count)}x}-{driver_name}-{node_name}-"
-
-
-def slice_name(index: int, slice_count: int, driver_name: str, node_name: str) -> str | None:
-    """The fixed name of slice ``index``; None when it would exceed 253 characters."""
-    name = generate_name(index, slice_count, driver_name, node_name)[:-1]
-    return name if len(name) <= _MAX_NAME_LENGTH else None
 
 
 def decode_index(name: str, expected_length: int) -> int | None:
@@ -247,13 +230,8 @@ def _created(index: int, desired: _Obj, pool: _Obj, owner: _Owner) -> _Obj:
     spec["driver"] = owner.driver_name
     spec["nodeName"] = owner.node_name
     count = pool["resourceSliceCount"]
-    name = slice_name(index, count, owner.driver_name, owner.node_name)
     metadata: _Obj = {
-        **(
-            {"name": name}
-            if name
-            else {"generateName": generate_name(index, count, owner.driver_name, owner.node_name)}
-        ),
+        **slice_metadata(index, count, owner.driver_name, owner.node_name),
         "ownerReferences": [
             {
                 "apiVersion": "v1",
@@ -316,12 +294,11 @@ def _same_taint(a: _Obj, b: _Obj) -> bool:
     # The server stamps timeAdded and stores whole seconds; only a real difference counts.
     ta, tb = a.get("timeAdded"), b.get("timeAdded")
     if ta and tb:
-        return abs((_parse_time(ta) - _parse_time(tb)).total_seconds()) <= 1.0
+        at, bt = parse_time(ta), parse_time(tb)
+        if at is None or bt is None:
+            return bool(ta == tb)
+        return abs((at - bt).total_seconds()) <= 1.0
     return True
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _keep_taint_times(current: list[_Obj] | None, desired: list[_Obj]) -> None:

@@ -29,7 +29,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             "Discover this node's NVIDIA GPUs and keep its resource.k8s.io/v1 "
             "ResourceSlices in the API server equal to what was found: publish once, "
             "update when the hardware changes, restore slices others edit or delete. "
-            "Rediscovers every --resync-period seconds and on SIGHUP. SIGTERM or SIGINT "
+            "Rediscovers every --resync-period seconds; SIGHUP also re-reads the slices "
+            "from the API server before comparing. SIGTERM or SIGINT "
             "stops it and leaves the slices in place. Exit status: 0 after a signal, "
             f"{EXIT_PERMANENT} when publishing cannot work (no resource.k8s.io/v1, "
             "unknown node, bad arguments)."
@@ -126,13 +127,13 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 async def _run_until_signal(controller: "SliceController") -> None:
-    """SIGHUP rediscovers; SIGTERM and SIGINT stop, leaving the slices in place."""
+    """SIGHUP rediscovers and relists; SIGTERM and SIGINT stop, leaving the slices in place."""
     import asyncio
     import signal
 
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(controller.run(), name="slice-controller")
-    loop.add_signal_handler(signal.SIGHUP, controller.trigger)
+    loop.add_signal_handler(signal.SIGHUP, lambda: controller.trigger(relist=True))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:

@@ -5,11 +5,18 @@ CRUD, merge/JSON patch, list, watch with bookmarks and 410, DeleteCollection, ga
 collection of Node-owned objects) with the real server's validation, and lets a test inject
 faults and read a log of every request.
 
+Feature gates: ``LocalApiServer(feature_gates={"DRADeviceTaints": False, ...})`` makes it drop
+the ResourceSlice fields behind a gate that is off, silently, as the real server does (see
+``_gates``); gates not named are on. ``dryRun=All`` is served on create and update.
+
 Differences from the real server, on purpose: strategic merge patch is applied as a JSON merge
 patch (every list this project patches is atomic, where the two agree); server-side apply,
-``dryRun``, protobuf/CBOR, Table output and /openapi are not served (kubectl needs
-``--validate=false`` to create objects); garbage collection runs synchronously inside the
-owner's DELETE.
+``dryRun`` on patch and delete, protobuf/CBOR, Table output and /openapi are not served
+(kubectl needs ``--validate=false`` to create objects); garbage collection runs synchronously
+inside the owner's DELETE; a gated field is dropped on every write, also on an update of an
+object that already used it (the real server keeps it there); the default gate set has every
+gate on, where a real 1.34 or 1.35 server has the alpha gates (taints, counters, consumable
+capacity, binding conditions) off.
 """
 
 from sandbox.apiserver._faults import Faults, RequestLog, RequestRecord

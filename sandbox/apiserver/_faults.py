@@ -19,6 +19,7 @@ class RequestRecord:
     code: int
     user_agent: str
     dropped: bool = False  # the write committed but the response never reached the client
+    dry_run: bool = False  # ?dryRun=All: checked and answered, nothing stored
 
 
 class RequestLog:
@@ -53,11 +54,14 @@ class RequestLog:
         return sum(1 for r in self.snapshot() if _matches(r, verb, resource, name))
 
     def writes(self, resource: str | None = None) -> list[RequestRecord]:
-        """Successful writes (what a publisher must keep to a minimum)."""
+        """Successful writes (what a publisher must keep to a minimum); dry runs store nothing."""
         return [
             r
             for r in self.snapshot()
-            if r.verb in WRITE_VERBS and r.code < 400 and _matches(r, None, resource, None)
+            if r.verb in WRITE_VERBS
+            and r.code < 400
+            and not r.dry_run
+            and _matches(r, None, resource, None)
         ]
 
     def permissions(self) -> set[tuple[str, str, str]]:

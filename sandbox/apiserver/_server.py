@@ -14,7 +14,8 @@ import yaml
 from aiohttp import web
 
 from driver.logs import kv
-from sandbox.apiserver import _discovery, _watch
+from driver.wire import Obj
+from sandbox.apiserver import _discovery, _gates, _watch
 from sandbox.apiserver import _patch as patching
 from sandbox.apiserver import _status as status
 from sandbox.apiserver import _validation as validation
@@ -23,7 +24,6 @@ from sandbox.apiserver._resources import BY_PATH, RESOURCE_GROUP, RESOURCES, Res
 from sandbox.apiserver._selectors import parse_field_selector, parse_label_selector
 from sandbox.apiserver._status import ApiError
 from sandbox.apiserver._store import Store
-from sandbox.apiserver._table import Obj
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,15 @@ class LocalApiServer:
         version: str = "1.34.0",
         history_limit: int = 100_000,
         bookmark_interval: float = 1.0,
+        feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
         self.version = version
-        self.store = Store(history_limit=history_limit, version=version)
+        # Gates not named are on: every field is kept unless a test switches its gate off.
+        self.store = Store(
+            history_limit=history_limit,
+            version=version,
+            disabled_gates=_gates.disabled_gates(feature_gates),
+        )
         # resource.k8s.io/v1 arrived in Kubernetes 1.34; an older server does not serve it.
         self.faults = Faults(serve_resource_v1=validation.release(version) >= (1, 34))
         self.requests = RequestLog()
@@ -156,9 +162,14 @@ class LocalApiServer:
         found = (o for k, o in table.objects.items() if namespace is None or k[0] == namespace)
         return copy.deepcopy(sorted(found, key=_sort_key))
 
-    def put(self, obj: Obj) -> Obj:
-        """Create or overwrite an object without validation (watchers see the change)."""
-        return copy.deepcopy(self.store.put(obj))
+    def put(self, obj: Obj, *, silent: bool = False) -> Obj:
+        """Create or overwrite an object without validation (watchers see the change).
+
+        ``silent``: overwrite an existing object at its resourceVersion, with no event,
+        as if every watch had missed the change (the real server never does this; a
+        client's cache goes just as wrong through a bug or a lost update of its own).
+        """
+        return copy.deepcopy(self.store.put(obj, silent=silent))
 
     def seed(self, *objs: Obj) -> list[Obj]:
         return [self.put(o) for o in objs]
@@ -304,6 +315,7 @@ class LocalApiServer:
                 code,
                 agent,
                 dropped,
+                dry_run="dryRun" in request.query,
             )
         )
 
@@ -350,9 +362,7 @@ class LocalApiServer:
         store, rt, ns = self.store, route.rt, route.namespace
         query = request.query
         field_validation = query.get("fieldValidation", "Warn")
-        if query.get("dryRun"):
-            # Refused rather than ignored: ignoring it would commit what the client meant to try.
-            raise ApiError(400, "dryRun is not supported by the local API server")
+        dry_run = _dry_run(query.getall("dryRun", []), route.verb)
         if route.verb == "get":
             assert route.name is not None
             return _json_response(store.get(rt, ns, route.name))
@@ -360,9 +370,14 @@ class LocalApiServer:
             return self._list(route, query)
         if route.verb == "create":
             obj, warnings = store.create(
-                rt, ns, await self._object_body(request, rt), field_validation=field_validation
+                rt,
+                ns,
+                await self._object_body(request, rt),
+                field_validation=field_validation,
+                dry_run=dry_run,
             )
-            request[_CREATED] = obj["metadata"]["name"]
+            if not dry_run:
+                request[_CREATED] = obj["metadata"]["name"]
             return _json_response(obj, 201, _warning_headers(warnings))
         if route.verb == "update":
             assert route.name is not None
@@ -373,6 +388,7 @@ class LocalApiServer:
                 await self._object_body(request, rt),
                 subresource=route.subresource,
                 field_validation=field_validation,
+                dry_run=dry_run,
             )
             return _json_response(obj, 200, _warning_headers(warnings))
         if route.verb == "patch":
@@ -524,6 +540,18 @@ def _warning_headers(warnings: list[str]) -> dict[str, str] | None:
 
 def _sort_key(obj: Obj) -> tuple[str, str]:
     return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def _dry_run(values: list[str], verb: str) -> bool:
+    """``dryRun=All`` on create and update; anything else that asks for it is refused."""
+    if not values:
+        return False
+    if any(v != "All" for v in values):
+        raise ApiError(400, f'dryRun: Unsupported value: "{values[0]}": supported values: "All"')
+    if verb not in ("create", "update"):
+        # Refused rather than ignored: ignoring it would commit what the client meant to try.
+        raise ApiError(400, f"dryRun on {verb} is not supported by the local API server")
+    return True
 
 
 def _encode_continue(key: tuple[str, str], rv: int) -> str:

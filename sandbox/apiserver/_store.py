@@ -13,29 +13,35 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from driver.wire import Obj, format_time
+from sandbox.apiserver import _gates as gates
 from sandbox.apiserver import _status as status
 from sandbox.apiserver import _validation as validation
 from sandbox.apiserver._resources import BY_KIND, BY_PATH, RESOURCES, ResourceType
 from sandbox.apiserver._selectors import FieldSelector
 from sandbox.apiserver._status import ApiError
-from sandbox.apiserver._table import Event, Key, Obj, Table, Watcher, encode_event
+from sandbox.apiserver._table import Event, Key, Table, Watcher, encode_event
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # upstream SimpleNameGenerator's alphabet
 _INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.now(UTC))
 
 
 class Store:
     """All objects of the served types, one global resourceVersion counter."""
 
     def __init__(
-        self, history_limit: int = 100_000, version: str = validation.DEFAULT_VERSION
+        self,
+        history_limit: int = 100_000,
+        version: str = validation.DEFAULT_VERSION,
+        disabled_gates: frozenset[str] = frozenset(),
     ) -> None:
         self.rv = 1
         self.version = version
+        self.disabled_gates = disabled_gates
         self._tables = {rt: Table(rt, history_limit) for rt in RESOURCES}
         self._by_uid: dict[str, tuple[ResourceType, Key]] = {}
         self._dependents: dict[str, set[tuple[ResourceType, Key]]] = {}
@@ -111,9 +117,18 @@ class Store:
                 raise status.not_found(namespaces, namespace or "")
 
     def create(
-        self, rt: ResourceType, namespace: str | None, body: Obj, *, field_validation: str = "Warn"
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        body: Obj,
+        *,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
     ) -> tuple[Obj, list[str]]:
-        """Store a new object; returns it and warnings (unknown fields dropped)."""
+        """Store a new object; returns it and warnings (unknown fields dropped).
+
+        ``dry_run``: every check and default, nothing stored (no resourceVersion).
+        """
         self._check_namespace(rt, namespace)
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
@@ -163,6 +178,8 @@ class Store:
             obj["status"] = {"phase": "Pending"}
         elif rt.plural == "namespaces":
             obj["status"] = {"phase": "Active"}
+        if dry_run:
+            return obj, warnings
         rv = self._next_rv()
         meta["resourceVersion"] = str(rv)
         table.put(key, obj)
@@ -178,6 +195,8 @@ class Store:
         obj["kind"] = rt.kind
         name = obj["metadata"].get("name") or ""
         validation.canonicalize_quantities(rt, obj)
+        if rt.plural == "resourceslices":
+            gates.drop_disabled_fields(obj, self.disabled_gates)
         errors, unknown = validation.schema_errors(rt, obj, self.version)
         if unknown:
             if field_validation == "Strict":
@@ -204,6 +223,7 @@ class Store:
         *,
         subresource: str = "",
         field_validation: str = "Warn",
+        dry_run: bool = False,
     ) -> tuple[Obj, list[str]]:
         table = self._tables[rt]
         key = (namespace or "", name)
@@ -277,6 +297,8 @@ class Store:
             return old, warnings  # a no-op write: no new resourceVersion, no event
         if rt.generation and _spec_changed(old, obj):
             meta["generation"] = int(old_meta.get("generation", 1)) + 1
+        if dry_run:
+            return obj, warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             return self._remove(rt, key, obj), warnings
         rv = self._next_rv()
@@ -379,11 +401,12 @@ class Store:
                 continue  # another owner is still alive
             self._remove(rt, key, obj)
 
-    def put(self, obj: Obj) -> Obj:
+    def put(self, obj: Obj, *, silent: bool = False) -> Obj:
         """Create or overwrite an object directly, bypassing validation (test setup).
 
         Quantities are still canonicalized, so seeded objects read back as the real
-        server would return them.
+        server would return them. ``silent`` overwrites an existing object keeping its
+        resourceVersion and tells no watcher: a change some client's watch missed.
         """
         rt = BY_KIND[(obj["apiVersion"], obj["kind"])]
         namespace = obj["metadata"].get("namespace") or ("default" if rt.namespaced else None)
@@ -399,6 +422,12 @@ class Store:
         meta.setdefault("creationTimestamp", _now())
         if rt.generation:
             meta.setdefault("generation", 1)
+        if silent:
+            if old is None:
+                raise KeyError(f"no {rt.kind} {key[1]} to overwrite silently")
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            table.put(key, new)
+            return new
         rv = self._next_rv()
         meta["resourceVersion"] = str(rv)
         table.put(key, new)

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.wire import Obj
 from sandbox.apiserver._resources import ResourceType
 from sandbox.apiserver._selectors import FieldSelector
 
-Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
 
 _NODE_FIELD = "spec.nodeName"

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from driver.wire import Obj
 from sandbox.apiserver._faults import Faults, RequestLog
 from sandbox.apiserver._server import LocalApiServer
-from sandbox.apiserver._table import Obj
 
 T = TypeVar("T")
 

@@ -17,23 +17,22 @@ import jsonschema
 from referencing import Registry, Resource
 
 from driver import limits
+from driver.limits import DNS_LABEL, DNS_SUBDOMAIN
 from driver.quantity import Quantity
 from sandbox.apiserver._resources import ResourceType
 from sandbox.apiserver._status import ApiError
 
 DEFAULT_VERSION = "1.34.0"  # the oldest Kubernetes with resource.k8s.io/v1, what EKS runs
 
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SUBDOMAIN_MESSAGE = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
     "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+    f"for validation is '{DNS_SUBDOMAIN.pattern}')"
 )
 _LABEL_MESSAGE = (
     "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
     "must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+    f"for validation is '{DNS_LABEL.pattern}')"
 )
 
 Errors = list[tuple[str, str]]  # (field path, message)
@@ -179,9 +178,9 @@ def name_errors(rt: ResourceType, name: str) -> Errors:
     if not name:
         return [("metadata.name", "Required value: name or generateName is required")]
     if rt.plural == "namespaces":
-        ok, message, limit = bool(_DNS1123_LABEL.fullmatch(name)), _LABEL_MESSAGE, 63
+        ok, message, limit = bool(DNS_LABEL.fullmatch(name)), _LABEL_MESSAGE, 63
     else:
-        ok, message, limit = bool(_DNS1123_SUBDOMAIN.fullmatch(name)), _SUBDOMAIN_MESSAGE, 253
+        ok, message, limit = bool(DNS_SUBDOMAIN.fullmatch(name)), _SUBDOMAIN_MESSAGE, 253
     if not ok:
         return [("metadata.name", f'Invalid value: "{name}": {message}')]
     if len(name) > limit:
@@ -221,7 +220,7 @@ def label_errors(labels: Any) -> Errors:
                     f'Invalid value: "{key}": name part must be no more than 63 characters',
                 )
             )
-        elif prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix)):
+        elif prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix)):
             errors.append(
                 ("metadata.labels", f'Invalid value: "{key}": prefix part {_SUBDOMAIN_MESSAGE}')
             )

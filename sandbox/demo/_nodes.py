@@ -9,7 +9,6 @@ behind is removed with the work directory.
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import sys
 import time
@@ -17,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driver.errors import PermanentError, RetryableError
+from driver.limits import is_dns_label
 from kubeletplugin.sockets import SocketPaths, socket_paths
 
-_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
+_MAX_NODE_NAME = 32  # the demo's own bound, below a DNS label's 63
 _POLL_S = 0.05
 # The environment variables behind the plugin flags the demo leaves unset: a value
 # inherited from the caller's shell must not reach the simulated nodes.
@@ -43,7 +43,7 @@ def parse_nodes(text: str, known_profiles: list[str]) -> list[NodeSpec]:
         name, sep, profile = item.partition("=")
         if not sep or not name or not profile:
             raise DemoError(f"--nodes: {item!r} is not NAME=PROFILE")
-        if not _NODE_NAME.match(name):
+        if not is_dns_label(name) or len(name) > _MAX_NODE_NAME:
             raise DemoError(
                 f"--nodes: node name {name!r} must be a DNS label of at most 32 characters "
                 "(lowercase letters, digits, '-')"

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kubernetes.aio import client
 
 from driver.controller import SliceController, plan
-from driver.controller.client import Client
 from driver.discovery import discover
 from driver.inventory import Inventory
+from driver.kubeapi import Client
 from driver.nvml.simulated import SimulatedNode
 from driver.resourceslice import build_resource_slices
 from sandbox.apiserver import RequestRecord, ThreadedApiServer

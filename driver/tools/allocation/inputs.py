@@ -10,12 +10,15 @@ new document when the line begins with ``apiVersion:``.
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from driver.kubeapi import Client
 
 from driver.errors import PermanentError, RetryableError
 
@@ -179,26 +182,21 @@ def of_kinds(
     return out
 
 
-_Lister = Callable[..., Awaitable[Any]]
-
-
 async def read_cluster(api_client: Any) -> Inputs:
     """ResourceSlices, DeviceClasses, allocated ResourceClaims and Node labels from the API server.
 
     ``api_client`` is a ``kubernetes.aio.client.ApiClient``. Node labels are
     optional: without permission to list Nodes they stay unknown.
     """
-    from kubernetes.aio import client
+    from driver.kubeapi import Client
 
-    resource = client.ResourceV1Api(api_client)
-    slices = await _list_all(resource.list_resource_slice_without_preload_content, "resourceslices")
-    classes = await _list_all(resource.list_device_class_without_preload_content, "deviceclasses")
-    claims = await _list_all(
-        resource.list_resource_claim_for_all_namespaces_without_preload_content, "resourceclaims"
-    )
-    core = client.CoreV1Api(api_client)
+    api = Client(api_client)
+    group = "/apis/resource.k8s.io/v1"
+    slices = await _list_all(api, f"{group}/resourceslices", "resourceslices")
+    classes = await _list_all(api, f"{group}/deviceclasses", "deviceclasses")
+    claims = await _list_all(api, f"{group}/resourceclaims", "resourceclaims")
     try:
-        nodes = await _list_all(core.list_node_without_preload_content, "nodes")
+        nodes = await _list_all(api, "/api/v1/nodes", "nodes")
     except ClusterAccessError:
         labels = None
     else:
@@ -212,35 +210,22 @@ async def read_cluster(api_client: Any) -> Inputs:
     return Inputs(slices=slices, classes=classes, claims=allocated, node_labels=labels)
 
 
-async def _list_all(lister: _Lister, resource: str) -> list[dict[str, Any]]:
-    import aiohttp
+_HINTS = {
+    401: "check the kubeconfig credentials",
+    403: "grant list on {resource}",
+    404: "is resource.k8s.io/v1 served (Kubernetes 1.34+)?",
+}
 
-    items: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        try:
-            response = await lister(limit=500, _continue=token)
-            try:
-                status = response.status
-                body = await response.read()
-            finally:
-                response.release()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ClusterReadError(f"list {resource}: {exc}") from exc
-        if status in (401, 403, 404):
-            hint = {
-                401: "check the kubeconfig credentials",
-                403: f"grant list on {resource}",
-                404: "is resource.k8s.io/v1 served (Kubernetes 1.34+)?",
-            }[status]
-            raise ClusterAccessError(f"list {resource}: HTTP {status}: {hint}")
-        if status >= 300:
-            raise ClusterReadError(f"list {resource}: HTTP {status}: {body[:200]!r}")
-        try:
-            page = json.loads(body)
-        except ValueError as exc:
-            raise ClusterReadError(f"list {resource}: response is not JSON") from exc
-        items.extend(page.get("items") or ())
-        token = (page.get("metadata") or {}).get("continue") or None
-        if not token:
-            return items
+
+async def _list_all(api: "Client", path: str, resource: str) -> list[dict[str, Any]]:
+    from driver.kubeapi import ApiError
+
+    try:
+        return await api.list_all(path, resource=resource)
+    except ApiError as exc:
+        if exc.status in _HINTS:
+            hint = _HINTS[exc.status].format(resource=resource)
+            raise ClusterAccessError(f"list {resource}: HTTP {exc.status}: {hint}") from exc
+        if isinstance(exc, RetryableError):
+            raise ClusterReadError(str(exc)) from exc
+        raise ClusterAccessError(str(exc)) from exc

@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from driver.limits import MAX_DOMAIN, MAX_DRIVER_NAME, MAX_ID, is_dns_label, is_dns_subdomain
+from driver.limits import (
+    C_IDENTIFIER,
+    MAX_DOMAIN,
+    MAX_DRIVER_NAME,
+    MAX_ID,
+    is_dns_label,
+    is_dns_subdomain,
+)
 from driver.tools.validation import gates
 from driver.tools.validation.problems import Severity
 
@@ -25,7 +32,6 @@ MAX_TOLERATIONS = 16  # DeviceTolerationsMaxLength
 MAX_CEL_BYTES = 10 * 1024  # CELSelectorExpressionMaxLength
 MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength
 
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ALLOCATION_MODES = ("ExactCount", "All")
 _USES_ALLOW_MULTIPLE = re.compile(r"\ballowMultipleAllocations\b")
 
@@ -69,7 +75,7 @@ def _fully_qualified_name(name: str) -> str | None:
         return "must be a fully qualified name: <domain>/<name>, e.g. gpu.nvidia.com/nvlinkDomain"
     if not is_dns_subdomain(domain, MAX_DOMAIN):
         return f"domain {domain!r} must be a DNS subdomain of at most 63 characters"
-    if not _C_IDENTIFIER.fullmatch(ident) or len(ident) > MAX_ID:
+    if not C_IDENTIFIER.fullmatch(ident) or len(ident) > MAX_ID:
         return f"name {ident!r} must be a C identifier of at most 32 characters"
     return None
 

@@ -1,5 +1,7 @@
 """``grpc.health.v1`` on a TCP port, for the DaemonSet's startup and liveness probes.
 
+Named for the probes, not "health": the health of devices is another thing.
+
 For service "" (readiness, startup), SERVING means: the node process finished
 its setup (``ready``) and both its sockets answer a real call right now. The
 check goes through the sockets, as the kubelet would, so a wedged server or a
@@ -45,7 +47,7 @@ async def probe(paths: SocketPaths) -> str:
     return ""
 
 
-class HealthServer:
+class ProbeServer:
     """Answers ``Check``: service "" NOT_SERVING until ``ready``, "liveness" while alive."""
 
     def __init__(self, paths: SocketPaths, *, port: int) -> None:

@@ -1,0 +1,284 @@
+"""What the API server keeps of a ResourceSlice: the fields behind feature gates.
+
+A server whose gate is off does not refuse a gated field: it drops it, and the write
+succeeds. A publisher that does not notice compares what it wants (with the field)
+with what it reads back (without), finds a difference, and rewrites the slice on every
+event, forever. EKS 1.34 and 1.35 cannot enable alpha gates, so this is the normal
+case there, for every device kind that needs device taints, shared counters, multiple
+allocations or binding conditions.
+
+:class:`CapabilityGuard` is shared by every device kind. The first time the desired
+slices use a gated field, it learns the server's version (``/version``) and which
+fields survive a server-side dry-run create of a probe slice using them (one GET and
+one dry-run POST per gate, once per process; a GPU node that uses none costs nothing).
+For each dropped field a kind uses it logs one line and falls back: a field that only
+relaxes allocation (``allowMultipleAllocations``) is published without it; a device
+that would be unsafe without its field (a taint keeps it from being scheduled, counters
+keep partitions from overlapping, binding conditions delay its use) is left out.
+"""
+
+import copy
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from driver.errors import RetryableError
+from driver.kubeapi import ApiError, Client
+from driver.logs import kv
+from driver.wire import Obj as _Obj
+
+log = logging.getLogger(__name__)
+
+_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+_RESOURCE = "resourceslices.resource.k8s.io"
+_PROBE = "gpu-dra.io/capability-probe"
+
+
+@dataclass(frozen=True, slots=True)
+class GatedField:
+    """Fields one feature gate switches, and what a kind gets when the gate is off."""
+
+    feature: str
+    gate: str
+    device_fields: tuple[str, ...] = ()
+    spec_fields: tuple[str, ...] = ()
+    leave_out: bool = True  # the fallback: leave the device out (else: drop the field)
+
+    def used_by_device(self, device: _Obj) -> bool:
+        if any(device.get(f) for f in self.device_fields):
+            return True
+        return self.gate == "DRAConsumableCapacity" and any(
+            isinstance(c, dict) and c.get("requestPolicy")
+            for c in (device.get("capacity") or {}).values()
+        )
+
+    def used_by(self, spec: _Obj) -> bool:
+        return any(spec.get(f) for f in self.spec_fields) or any(
+            self.used_by_device(d) for d in spec.get("devices") or ()
+        )
+
+
+GATED_FIELDS = (
+    GatedField("device taints", "DRADeviceTaints", device_fields=("taints",)),
+    GatedField(
+        "shared counters",
+        "DRAPartitionableDevices",
+        device_fields=("consumesCounters", "nodeName", "nodeSelector", "allNodes"),
+        spec_fields=("sharedCounters", "perDeviceNodeSelection"),
+    ),
+    GatedField(
+        "multiple allocations",
+        "DRAConsumableCapacity",
+        device_fields=("allowMultipleAllocations",),
+        leave_out=False,
+    ),
+    GatedField(
+        "binding conditions",
+        "DRADeviceBindingConditions",
+        device_fields=("bindsToNode", "bindingConditions", "bindingFailureConditions"),
+    ),
+)
+
+
+_DEVICE_FIELDS = frozenset(f for g in GATED_FIELDS for f in g.device_fields)
+_SPEC_FIELDS = frozenset(f for g in GATED_FIELDS for f in g.spec_fields)
+
+
+def uses_gated_fields(slices: Iterable[_Obj]) -> bool:
+    """Whether any slice sets a gated field (the check every resync of every node pays)."""
+    for obj in slices:
+        spec = obj.get("spec") or {}
+        if any(spec.get(f) for f in _SPEC_FIELDS):
+            return True
+        for device in spec.get("devices") or ():
+            if not _DEVICE_FIELDS.isdisjoint(device) and any(device.get(f) for f in _DEVICE_FIELDS):
+                return True
+            if any(
+                isinstance(c, dict) and c.get("requestPolicy")
+                for c in (device.get("capacity") or {}).values()
+            ):
+                return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    version: str  # the server's gitVersion
+    dropped: frozenset[str]  # gates whose fields the server drops
+
+
+# Per gate, the smallest valid slice spec that uses its fields: one probe per gate, so a
+# server that refuses one probe (a validation rule of its version) costs only that gate.
+_PROBES: dict[str, _Obj] = {
+    "DRADeviceTaints": {
+        "devices": [
+            {"name": "probe", "taints": [{"key": _PROBE, "value": "probe", "effect": "NoSchedule"}]}
+        ]
+    },
+    "DRAPartitionableDevices": {
+        "sharedCounters": [{"name": "probe", "counters": {"probe": {"value": "1"}}}]
+    },
+    "DRAConsumableCapacity": {"devices": [{"name": "probe", "allowMultipleAllocations": True}]},
+    "DRADeviceBindingConditions": {
+        "devices": [
+            {
+                "name": "probe",
+                "bindsToNode": True,
+                "bindingConditions": [_PROBE],
+                "bindingFailureConditions": [f"{_PROBE}-failed"],
+            }
+        ]
+    },
+}
+
+
+def probe_slices(driver_name: str, node_name: str) -> dict[str, _Obj]:
+    """Per gate, a slice of this driver and node using that gate's fields."""
+    return {
+        gate: {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{driver_name}-{node_name}-probe-"},
+            "spec": {
+                "driver": driver_name,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+                **copy.deepcopy(spec),
+            },
+        }
+        for gate, spec in _PROBES.items()
+    }
+
+
+async def probe(client: Client, *, driver_name: str, node_name: str) -> Capabilities:
+    """The server's version and the gates whose fields a dry-run create drops.
+
+    A probe the server refuses (a 4xx: its validation, an admission policy) counts as
+    dropped, with one line saying why. Raises what :class:`driver.kubeapi.Client`
+    raises for the rest (no answer, 5xx: worth a retry).
+    """
+    version = await client.get_json("/version", resource="/version")
+    dropped: set[str] = set()
+    for gated in GATED_FIELDS:
+        body = probe_slices(driver_name, node_name)[gated.gate]
+        try:
+            answer = await client.request(
+                "POST",
+                _SLICES,
+                verb="create",
+                resource=_RESOURCE,
+                query=[("dryRun", "All")],
+                body=body,
+            )
+        except ApiError as exc:
+            if isinstance(exc, RetryableError):
+                raise
+            log.warning(
+                f"the API server refused the dry-run probe for {gated.feature}; "
+                "taking them as not kept",
+                extra=kv(node=node_name, gate=gated.gate, error=str(exc)),
+            )
+            dropped.add(gated.gate)
+            continue
+        if not gated.used_by(answer.get("spec") or {}):
+            dropped.add(gated.gate)
+    return Capabilities(
+        version=str(version.get("gitVersion") or "unknown"), dropped=frozenset(dropped)
+    )
+
+
+def fit(desired: Iterable[_Obj], dropped: frozenset[str]) -> tuple[list[_Obj], dict[str, int]]:
+    """Pure: the desired slices without what the server drops, and per gate the
+    number of devices left out (or stripped of the field)."""
+    gated = [g for g in GATED_FIELDS if g.gate in dropped]
+    counts = {g.gate: 0 for g in gated}
+    out: list[_Obj] = []
+    for obj in desired:
+        spec = obj.get("spec") or {}
+        if not any(g.used_by(spec) for g in gated):
+            out.append(obj)
+            continue
+        fitted = copy.deepcopy(obj)
+        new_spec = fitted["spec"]
+        for g in gated:
+            for field in g.spec_fields:
+                new_spec.pop(field, None)
+        devices = []
+        for device in new_spec.get("devices") or ():
+            hits = [g for g in gated if g.used_by_device(device)]
+            for g in hits:
+                counts[g.gate] += 1
+            if any(g.leave_out for g in hits):
+                continue
+            for g in hits:
+                for field in g.device_fields:
+                    device.pop(field, None)
+                for capacity in (device.get("capacity") or {}).values():
+                    if isinstance(capacity, dict):
+                        capacity.pop("requestPolicy", None)
+            devices.append(device)
+        if "devices" in new_spec or not new_spec.get("sharedCounters"):
+            new_spec["devices"] = devices
+        out.append(fitted)
+    return _without_empty(out), counts
+
+
+def _without_empty(slices: list[_Obj]) -> list[_Obj]:
+    """Slices left with nothing (a counters slice of a server without counters) go, but a
+    pool keeps at least one slice, so it is published (empty) rather than left stale."""
+    kept = [s for s in slices if s["spec"].get("devices") or s["spec"].get("sharedCounters")]
+    pools = {s["spec"]["pool"]["name"] for s in kept}
+    for s in slices:
+        pool = s["spec"]["pool"]["name"]
+        if pool not in pools:
+            kept.append(s)
+            pools.add(pool)
+    return kept
+
+
+class CapabilityGuard:
+    """Learns the server's capabilities on first need and fits desired slices to them."""
+
+    def __init__(self, client: Client, *, driver_name: str, node_name: str) -> None:
+        self._client = client
+        self._driver = driver_name
+        self._node = node_name
+        self._capabilities: Capabilities | None = None
+        self._reported: set[str] = set()
+
+    @property
+    def capabilities(self) -> Capabilities | None:
+        return self._capabilities
+
+    async def fit(self, desired: list[_Obj]) -> list[_Obj]:
+        """``desired`` as this server will keep it; raises what the probe raises."""
+        if not uses_gated_fields(desired):
+            return desired
+        if self._capabilities is None:
+            self._capabilities = await probe(
+                self._client, driver_name=self._driver, node_name=self._node
+            )
+            log.info(
+                "learned the API server's capabilities",
+                extra=kv(
+                    node=self._node,
+                    server_version=self._capabilities.version,
+                    gates_off=",".join(sorted(self._capabilities.dropped)) or "none",
+                ),
+            )
+        fitted, counts = fit(desired, self._capabilities.dropped)
+        for g in GATED_FIELDS:
+            if counts.get(g.gate) and g.gate not in self._reported:
+                self._reported.add(g.gate)
+                fallback = "left out" if g.leave_out else f"published without {g.feature}"
+                log.warning(
+                    f"the API server drops {g.feature} (feature gate {g.gate} is off): "
+                    f"devices that need them are {fallback}",
+                    extra=kv(
+                        node=self._node,
+                        server_version=self._capabilities.version,
+                        gate=g.gate,
+                        devices=counts[g.gate],
+                    ),
+                )
+        return fitted

@@ -1,0 +1,249 @@
+"""The capability guard against the local API server with feature gates switched off.
+
+The server drops gated fields silently, as the real one does; without the guard a
+kind that uses them is rewritten on every event. Here a second kind of slice (GPUs
+with a taint, a counter, multiple allocations) goes through the real controller.
+"""
+
+import asyncio
+import copy
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.aio import client as k8s
+
+from driver import kubeclient
+from driver.controller import SliceController
+from driver.controller.capabilities import (
+    GATED_FIELDS,
+    fit,
+    probe,
+    probe_slices,
+    uses_gated_fields,
+)
+from driver.inventory import Inventory
+from driver.kubeapi import Client, RejectedError
+from driver.resourceslice import build_resource_slices
+from sandbox.apiserver import LocalApiServer
+from tests.test_controller import DRIVER, NODE, Hardware
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+TIMEOUT = 10.0
+ALL_GATES = [g.gate for g in GATED_FIELDS]
+
+
+async def served(gates: dict[str, bool]) -> tuple[LocalApiServer, k8s.ApiClient]:
+    server = LocalApiServer(bookmark_interval=0.2, feature_gates=gates)
+    await server.start()
+    server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    return server, k8s.ApiClient(k8s.Configuration(host=server.url))
+
+
+@pytest.fixture
+async def gated() -> AsyncIterator[Callable[..., Any]]:
+    opened: list[tuple[LocalApiServer, k8s.ApiClient]] = []
+
+    async def open_server(**gates: bool) -> tuple[LocalApiServer, k8s.ApiClient]:
+        pair = await served(gates)
+        opened.append(pair)
+        return pair
+
+    yield open_server
+    for server, api in opened:
+        await kubeclient.close(api)
+        await server.stop()
+
+
+# ---- the local API server: dryRun and gates -------------------------------------------------
+
+
+async def test_dry_run_create_checks_and_stores_nothing(gated: Callable[..., Any]) -> None:
+    server, api = await gated()
+    body = probe_slices(DRIVER, NODE)["DRADeviceTaints"]
+    answer = await Client(api).request(
+        "POST",
+        SLICES,
+        verb="create",
+        resource="resourceslices",
+        query=[("dryRun", "All")],
+        body=body,
+    )
+    assert answer["metadata"]["name"].startswith(f"{DRIVER}-{NODE}-probe-")
+    assert "resourceVersion" not in answer["metadata"]
+    assert answer["spec"]["devices"][0]["taints"][0]["key"] == "gpu-dra.io/capability-probe"
+    assert server.objects("resourceslices") == []
+    assert server.requests.writes() == []  # a dry run is no write
+    [record] = [r for r in server.requests if r.verb == "create"]
+    assert record.dry_run and record.code == 201
+    # Validation still runs: a bad object is refused as it would be without dryRun.
+    body["spec"]["devices"][0]["name"] = "Not_A_Label"
+    with pytest.raises(RejectedError):
+        await Client(api).request(
+            "POST",
+            SLICES,
+            verb="create",
+            resource="resourceslices",
+            query=[("dryRun", "All")],
+            body=body,
+        )
+
+
+async def test_dry_run_other_values_and_verbs_are_refused(gated: Callable[..., Any]) -> None:
+    server, api = await gated()
+    body = probe_slices(DRIVER, NODE)["DRADeviceTaints"]
+    with pytest.raises(RejectedError, match='supported values: "All"'):
+        await Client(api).request(
+            "POST", SLICES, verb="create", resource="rs", query=[("dryRun", "Some")], body=body
+        )
+    body["metadata"] = {"name": "s"}
+    await Client(api).request("POST", SLICES, verb="create", resource="rs", body=body)
+    with pytest.raises(RejectedError, match="dryRun on delete is not supported"):
+        await Client(api).request(
+            "DELETE", f"{SLICES}/s", verb="delete", resource="rs", query=[("dryRun", "All")]
+        )
+    assert len(server.objects("resourceslices")) == 1
+
+
+@pytest.mark.parametrize("gate", ALL_GATES)
+async def test_a_gate_off_drops_its_fields_silently(gated: Callable[..., Any], gate: str) -> None:
+    _, api = await gated(**{gate: False})
+    stored = [
+        await Client(api).request("POST", SLICES, verb="create", resource="rs", body=body)
+        for body in probe_slices(DRIVER, NODE).values()
+    ]
+    [field] = [g for g in GATED_FIELDS if g.gate == gate]
+    assert not any(field.used_by(s["spec"]) for s in stored)
+    for other in GATED_FIELDS:
+        if other.gate != gate:
+            assert any(other.used_by(s["spec"]) for s in stored), other.gate
+
+
+def test_an_unknown_gate_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown feature gate"):
+        LocalApiServer(feature_gates={"DRANoSuchGate": False})
+
+
+# ---- the guard --------------------------------------------------------------------------------
+
+
+async def test_probe_finds_the_gates_that_are_off(gated: Callable[..., Any]) -> None:
+    server, api = await gated(DRADeviceTaints=False, DRAConsumableCapacity=False)
+    found = await probe(Client(api), driver_name=DRIVER, node_name=NODE)
+    assert found.dropped == {"DRADeviceTaints", "DRAConsumableCapacity"}
+    assert found.version.startswith("v1.34")
+    assert server.requests.writes() == [] and server.objects("resourceslices") == []
+
+
+async def test_a_refused_probe_counts_as_dropped_with_one_line(
+    gated: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, api = await gated()
+    server.faults.fail("create", "resourceslices", code=422, times=1)  # the first probe
+    found = await probe(Client(api), driver_name=DRIVER, node_name=NODE)
+    assert found.dropped == {GATED_FIELDS[0].gate}
+    lines = [
+        r.getMessage() for r in caplog.records if "refused the dry-run probe" in r.getMessage()
+    ]
+    assert lines == [
+        f"the API server refused the dry-run probe for {GATED_FIELDS[0].feature}; "
+        "taking them as not kept"
+    ]
+
+
+def test_fit_leaves_out_unsafe_devices_and_strips_harmless_fields() -> None:
+    devices = [
+        {"name": "tainted", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+        {"name": "shared", "allowMultipleAllocations": True},
+        {"name": "plain"},
+    ]
+    desired = [{"spec": {"pool": {"name": NODE}, "devices": devices}}]
+    fitted, counts = fit(desired, frozenset({"DRADeviceTaints", "DRAConsumableCapacity"}))
+    assert [d for d in fitted[0]["spec"]["devices"]] == [{"name": "shared"}, {"name": "plain"}]
+    assert counts == {"DRADeviceTaints": 1, "DRAConsumableCapacity": 1}
+    assert desired[0]["spec"]["devices"] == devices  # the input is left alone
+    assert fit(desired, frozenset()) == (desired, {})
+    assert uses_gated_fields(desired)
+    assert uses_gated_fields(
+        [{"spec": {"devices": [{"capacity": {"m": {"requestPolicy": {"default": "1"}}}}]}}]
+    )
+    assert not uses_gated_fields([{"spec": {"devices": [{"name": "plain", "capacity": {}}]}}])
+
+
+def with_gated_fields(inventory: Inventory) -> list[dict[str, Any]]:
+    """A kind that needs gated fields: GPUs, one of them tainted, all shareable."""
+    slices = build_resource_slices(inventory, driver_name=DRIVER, node_name=NODE)
+    slices = copy.deepcopy(slices)
+    for device in slices[0]["spec"]["devices"]:
+        device["allowMultipleAllocations"] = True
+    slices[0]["spec"]["devices"][0]["taints"] = [
+        {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    ]
+    return slices
+
+
+async def test_a_kind_needing_dropped_fields_gets_one_line_and_no_rewrite_loop(
+    gated: Callable[..., Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="driver")
+    server, api = await gated(DRADeviceTaints=False, DRAConsumableCapacity=False)
+    hardware = Hardware(tmp_path)
+    controller = SliceController(
+        api,
+        node_name=NODE,
+        driver_name=DRIVER,
+        discover=hardware.discover,
+        build_slices=with_gated_fields,
+        request_timeout=2.0,
+        backoff_cap=0.2,
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.wait_for(controller.published.wait(), TIMEOUT)
+        for _ in range(5):
+            await asyncio.wait_for(controller.resync(), TIMEOUT)
+        writes = [r.verb for r in server.requests.writes("resourceslices")]
+        assert writes == ["create"]  # once, then never rewritten
+        [obj] = server.objects("resourceslices")
+        names = [d["name"] for d in obj["spec"]["devices"]]
+        assert names == [f"gpu-{i}" for i in range(1, 8)]  # the tainted GPU is left out
+        assert not any("allowMultipleAllocations" in d for d in obj["spec"]["devices"])
+        lines = [r.getMessage() for r in caplog.records if "the API server drops" in r.getMessage()]
+        assert lines == [
+            "the API server drops device taints (feature gate DRADeviceTaints is off): "
+            "devices that need them are left out",
+            "the API server drops multiple allocations (feature gate DRAConsumableCapacity is "
+            "off): devices that need them are published without multiple allocations",
+        ]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_server_with_every_gate_on_gets_every_field(
+    gated: Callable[..., Any], tmp_path: Path
+) -> None:
+    server, api = await gated()
+    hardware = Hardware(tmp_path)
+    controller = SliceController(
+        api,
+        node_name=NODE,
+        driver_name=DRIVER,
+        discover=hardware.discover,
+        build_slices=with_gated_fields,
+        request_timeout=2.0,
+        backoff_cap=0.2,
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.wait_for(controller.published.wait(), TIMEOUT)
+        await asyncio.wait_for(controller.resync(), TIMEOUT)
+        [obj] = server.objects("resourceslices")
+        assert len(obj["spec"]["devices"]) == 8
+        assert obj["spec"]["devices"][0]["taints"][0]["value"] == "xid-79"
+        assert [r.verb for r in server.requests.writes("resourceslices")] == ["create"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
