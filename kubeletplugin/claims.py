@@ -8,9 +8,10 @@ the opaque config that applies to it.
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+from urllib.parse import quote
 
 import aiohttp
 from kubernetes.aio.client import ApiClient
@@ -82,33 +83,47 @@ def _claim_not_found(status: int, body: bytes, ref: ClaimRef) -> bool:
     )
 
 
-async def _get_claim(api_client: ApiClient, ref: ClaimRef) -> tuple[int, str, bytes]:
-    """GET the claim: (status, reason, body). Raises on no answer.
+class ClaimReader:
+    """GET a claim as raw JSON, through the ``ApiClient``'s connection pool, TLS and
+    credentials but none of its typed machinery (request building, model decoding:
+    more CPU than the rest of a prepare, and we want the wire-form dict anyway).
+    What every call shares (the URL prefix, the headers) is built once."""
 
-    Through the ``ApiClient`` (server, TLS, token) but not its typed models: decoding
-    a ResourceClaim into them costs more CPU than the rest of a prepare, and we want
-    the wire-form dict anyway.
-    """
-    params = await api_client.param_serialize(
-        method="GET",
-        resource_path=_CLAIM_PATH,
-        path_params={"namespace": ref.namespace, "name": ref.name},
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-    )
-    try:
-        response = await api_client.call_api(*params, _request_timeout=_FETCH_TIMEOUT_S)
-    except ApiException as exc:  # the client's own retries (Retry-After) gave up
-        body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
-        return int(exc.status or 0), str(exc.reason), body
-    data: bytes = await response.response.read()  # read() hands the connection back
-    return int(response.status), str(response.reason), data
+    def __init__(self, api_client: ApiClient) -> None:
+        self._api = api_client
+        self._configuration = api_client.configuration
+        self._host = str(self._configuration.host).rstrip("/")
+        self._headers = {"Accept": "application/json", "User-Agent": str(api_client.user_agent)}
+        # The kubernetes package leaves it untyped.
+        self._request = cast(Callable[..., Awaitable[Any]], api_client.rest_client.request)
+
+    async def get(self, ref: ClaimRef) -> tuple[int, str, bytes]:
+        """(status, reason, body). Raises on no answer."""
+        url = self._host + _CLAIM_PATH.format(
+            namespace=quote(ref.namespace, safe=""), name=quote(ref.name, safe="")
+        )
+        headers = self._headers
+        # Per call: the in-cluster token is re-read by the client's hook when it rotates.
+        token = await self._configuration.get_api_key_with_prefix(
+            "BearerToken", alias="authorization"
+        )
+        if token:
+            headers = {**headers, "Authorization": str(token)}
+        try:
+            response = await self._request(
+                "GET", url, headers=headers, _request_timeout=_FETCH_TIMEOUT_S
+            )
+        except ApiException as exc:  # the client's own retries (Retry-After) gave up
+            body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
+            return int(exc.status or 0), str(exc.reason), body
+        data: bytes = await response.read()  # read() hands the connection back
+        return int(response.status), str(response.reason), data
 
 
-async def fetch_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
+async def fetch_claim(reader: ClaimReader, ref: ClaimRef) -> dict[str, Any]:
     """The claim in wire form (camelCase dict)."""
     try:
-        status, reason, body = await _get_claim(api_client, ref)
+        status, reason, body = await reader.get(ref)
     except (TimeoutError, OSError, aiohttp.ClientError) as exc:
         raise ClaimFetchError(f"retrieve claim {ref}: {exc!r}") from exc
     if status != 200:
@@ -123,10 +138,10 @@ async def fetch_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
     return claim
 
 
-async def claim_is_gone(api_client: ApiClient, ref: ClaimRef) -> bool | None:
+async def claim_is_gone(reader: ClaimReader, ref: ClaimRef) -> bool | None:
     """True only on proof (404, or the name now holds another UID); None when unknown."""
     try:
-        status, _, body = await _get_claim(api_client, ref)
+        status, _, body = await reader.get(ref)
     except (TimeoutError, OSError, aiohttp.ClientError):
         return None
     if status != 200:

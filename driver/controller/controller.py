@@ -52,7 +52,6 @@ from driver.controller.client import (
 from driver.controller.lease import Candidate, PublisherLease
 from driver.controller.plan import InvalidPoolError, Plan, plan
 from driver.errors import DriverError, PermanentError, RetryableError
-from driver.inventory import Inventory
 from driver.logs import kv
 
 log = logging.getLogger(__name__)
@@ -76,9 +75,10 @@ class SliceController:
     """Keeps one node's ResourceSlices equal to what discovery finds.
 
     ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
-    and closes it); ``discover`` returns the node's :class:`Inventory` and may raise
-    (``RetryableError`` for "not yet"); the slices are built from it by
-    ``driver.resourceslice.build_resource_slices``.
+    and closes it); ``devices`` is the source of desired devices (every device kind's,
+    rediscovered on each call, ``driver.devicekinds.NodeDevices.published``) and may
+    raise (``RetryableError`` for "not yet"); the slices are built from them by
+    ``driver.resourceslice.build_slices``.
 
     ``run()`` works until cancelled, which leaves the slices in place (the kubelet
     removes a dead driver's slices itself) and releases the publisher lease. It raises
@@ -101,7 +101,7 @@ class SliceController:
         *,
         node_name: str,
         driver_name: str,
-        discover: Callable[[], Awaitable[Inventory]],
+        devices: Callable[[], Awaitable[list[dict[str, Any]]]],
         resync_period: float = 60.0,
         identity: str | None = None,
         namespace: str | None = None,
@@ -111,7 +111,7 @@ class SliceController:
         self._client = Client(api_client, request_timeout=request_timeout)
         self._node = node_name
         self._driver = driver_name
-        self._discover = discover
+        self._devices = devices
         self._resync_period = resync_period
         self._backoff_cap = backoff_cap
         self._selector = f"spec.driver={driver_name},spec.nodeName={node_name}"
@@ -229,14 +229,14 @@ class SliceController:
     # -- discovery ----------------------------------------------------------------
 
     async def _discovery_loop(self) -> None:
-        from driver.resourceslice import build_resource_slices
+        from driver.resourceslice import build_slices
 
         backoff = Backoff(cap=min(self._backoff_cap, self._resync_period))
         while True:
             seq = self._requested
             self._wake_discovery.clear()
             try:
-                inventory = await self._discover()
+                devices = await self._devices()
             except (DriverError, OSError) as exc:
                 log.warning(
                     "discovery failed; keeping the published slices",
@@ -247,13 +247,11 @@ class SliceController:
                 await self._wait_discovery(backoff.next_delay())
                 continue
             backoff.reset()
-            desired = build_resource_slices(
-                inventory, driver_name=self._driver, node_name=self._node
-            )
+            desired = build_slices(devices, driver_name=self._driver, node_name=self._node)
             if desired != self._desired:
                 log.info(
                     "discovered devices",
-                    extra=kv(node=self._node, gpus=len(inventory.gpus), slices=len(desired)),
+                    extra=kv(node=self._node, devices=len(devices), slices=len(desired)),
                 )
             self._desired = desired
             self._desired_seq = max(self._desired_seq, seq)

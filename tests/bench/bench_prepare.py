@@ -8,15 +8,14 @@ server runs in a process of its own, as a real one does.
 
 The floor is what no implementation can avoid on this machine: two empty unary
 gRPC calls to the plugin over its unix socket plus the writes the operation must
-do, with the same fsyncs as the plugin (see kubeletplugin/state.py): each write is
-atomic (temp file, fsync, rename); PrepareStarted also fsyncs its directory
-before the CDI spec is written; then the CDI spec, PrepareCompleted, and the
-unprepare's checkpoint write: 4 writes, 5 fsyncs (prepare alone: 1 RPC, 3 writes,
-4 fsyncs). The floor has no claim fetch. Its throughput floor runs that
-sequence on 8 concurrent workers, each on its own (no shared writes). Ratios are
-measured / floor (latency: lower is better; throughput: higher is better). The
-plugin and the floor share one filesystem journal, so an fsync of either also
-commits what the other left pending: read the absolute figures too.
+do, as the plugin does them (see kubeletplugin/records.py; the node has a boot ID,
+so nothing is fsynced): prepare reserves the device (a symlink) and writes the CDI
+spec (temp file, rename); unprepare removes both (prepare alone: 1 RPC, a symlink,
+one atomic write). The floor has no claim fetch. Its throughput floor runs that
+sequence on 8 concurrent workers, each on its own. Ratios are measured / floor
+(latency: lower is better; throughput: higher is better). Release 0.1.0 made 4
+atomic writes with 5 fsyncs per prepare + unprepare; the last line prints that
+sequence's cost on this machine, for scale.
 
 Reference (a minimal Go driver on upstream's kubeletplugin helper, same kind of
 machine): prepare p50 1.8 ms, p99 3-5 ms, ~400 claims/s with 8 concurrent claims,
@@ -61,12 +60,13 @@ def _pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _atomic_write(directory: Path, payload: bytes, *, fsync_dir: bool) -> None:
+def _atomic_write(directory: Path, payload: bytes, *, fsync_dir: bool, fsync: bool = True) -> None:
     tmp = directory / f".bench-{os.getpid()}-{time.monotonic_ns()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, payload)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     target = directory / ".bench-target"
@@ -154,15 +154,24 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
             async def durable_write() -> None:
                 await write(dirs.plugin_data, fsync_dir=True)
 
+            reservation = dirs.plugin_data / ".bench-reservation"
+            spec = dirs.cdi / ".bench-target"
+
             async def floor_prepare() -> None:
                 await empty_rpc()
-                await durable_write()  # PrepareStarted
-                await write(dirs.cdi)  # the CDI spec
-                await write(dirs.plugin_data)  # PrepareCompleted
+                reservation.symlink_to("claim")  # the device's reservation
+                _atomic_write(dirs.cdi, payload, fsync_dir=False, fsync=False)  # the spec
 
             async def floor_cycle() -> None:
                 await floor_prepare()
                 await empty_rpc()
+                spec.unlink()
+                reservation.unlink()
+
+            async def release_0_1_0_writes() -> None:
+                await durable_write()  # PrepareStarted
+                await write(dirs.cdi)  # the CDI spec
+                await write(dirs.plugin_data)  # PrepareCompleted
                 await write(dirs.plugin_data)  # the unprepare's checkpoint write
 
             async def plugin_burst() -> None:
@@ -186,6 +195,8 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
                 floor_prep += await _timed(floor_prepare, 1)
                 prep1 += await _timed(lambda: prepare([one]), 1)
                 await kubelet.unprepare([one])
+                spec.unlink()
+                reservation.unlink()
                 if i % 2 == 0:
                     lat8 += await _timed(lambda: cycle([eight]), 1)
             plugin_time = floor_time = 0.0
@@ -195,6 +206,7 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
             rpc = await _timed(empty_rpc, 100)
             writes = await _timed(durable_write, 100)
             atomic = await _timed(lambda: write(dirs.plugin_data), 100)
+            old_writes = await _timed(release_0_1_0_writes, 100)
         throughput = CONCURRENCY * THROUGHPUT_ROUNDS / plugin_time
         floor_throughput = CONCURRENCY * THROUGHPUT_ROUNDS / floor_time
         rss_mib = plugin.vm_hwm_kib() / 1024
@@ -209,8 +221,8 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
         f"+ directory fsync p50 {_pct(writes, 0.5) * 1e3:.2f} ms"
     )
     for label, samples in (
-        ("floor of prepare+unprepare (2 empty RPCs + 4 atomic writes, 5 fsyncs)", floor),
-        ("floor of prepare (1 empty RPC + 3 atomic writes, 4 fsyncs)", floor_prep),
+        ("floor of prepare+unprepare (2 empty RPCs, symlink, atomic write, 2 unlinks)", floor),
+        ("floor of prepare (1 empty RPC, symlink, atomic write, no fsync)", floor_prep),
     ):
         print(
             f"{label}: p50 {_pct(samples, 0.5) * 1e3:.2f} ms, "
@@ -224,6 +236,10 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
         f"({throughput / floor_throughput:.2f} of the floor's {floor_throughput:.0f}/s)"
     )
     print(f"plugin peak RSS: {rss_mib:.1f} MiB")
+    print(
+        "release 0.1.0's writes alone (4 atomic writes, 5 fsyncs, per prepare+unprepare): "
+        f"p50 {_pct(old_writes, 0.5) * 1e3:.2f} ms, p99 {_pct(old_writes, 0.99) * 1e3:.2f} ms"
+    )
     print(
         "reference (Go, upstream helper): prepare p50 1.8 ms, p99 3-5 ms, ~400 claims/s, 34 MB RSS"
     )

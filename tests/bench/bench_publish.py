@@ -27,6 +27,7 @@ from kubernetes.aio import client
 
 from driver.controller import SliceController, plan
 from driver.controller.client import Client
+from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.inventory import Inventory
 from driver.nvml.simulated import SimulatedNode
@@ -122,7 +123,7 @@ async def main() -> None:
                     api,
                     node_name=name,
                     driver_name=DRIVER,
-                    discover=discoverer(name),
+                    devices=NodeDevices(discoverer(name), node_name=name).published,
                     resync_period=3600,
                     request_timeout=60,
                     identity=name,
