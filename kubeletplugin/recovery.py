@@ -73,6 +73,17 @@ def _from_legacy(record: checkpoint.ClaimRecord) -> PreparedClaim:
     )
 
 
+def _remove(path: Path, why: str) -> None:
+    """Remove a void record; one that cannot be removed is reported and skipped: it is
+    void whatever happens to it, and it must not keep the node from serving."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.error("cannot remove a void record; skipped", extra=kv(path=path, why=why, error=exc))
+        return
+    log.warning("removed a void record", extra=kv(path=path, why=why))
+
+
 def _read_legacy(records: Records) -> checkpoint.Checkpoint | None:
     """0.1.0's checkpoint, if one is to be migrated. Raises what must stop us."""
     path = records.plugin_dir / checkpoint.FILE_NAME
@@ -146,19 +157,14 @@ def _judge_specs(records: Records, *, fresh: bool) -> dict[str, PreparedClaim]:
                 raise cdi.SpecError("not a CDI spec")
             spec_boot = cdi.boot_of(spec)
             if boot and spec_boot and spec_boot != boot:
-                path.unlink(missing_ok=True)
-                log.info("removed the CDI spec of a claim of an earlier boot", extra=kv(path=path))
+                _remove(path, "the CDI spec of a claim of an earlier boot")
                 continue
             claim = cdi.claim_from_spec(spec)
             if path.name != cdi.spec_name(claim.uid):
                 raise cdi.SpecError(f"it names claim {claim.uid}, not the one of its file name")
         except (ValueError, yaml.YAMLError, cdi.SpecError) as exc:
             if fresh or (boot and spec_boot and spec_boot != boot):
-                path.unlink(missing_ok=True)
-                log.warning(
-                    "removed an unreadable record left by an earlier boot",
-                    extra=kv(path=path, error=str(exc)),
-                )
+                _remove(path, f"an unreadable record left by an earlier boot ({exc})")
                 continue
             raise _refuse(path, str(exc)) from exc
         live[claim.uid] = claim
@@ -216,14 +222,11 @@ def _judge_claim_records(
             record_boot, claim = decode_claim_record(path.read_bytes())
         except RecordError as exc:
             if fresh:
-                path.unlink(missing_ok=True)
-                log.warning(
-                    "removed an unreadable record left by an earlier boot", extra=kv(path=path)
-                )
+                _remove(path, f"an unreadable record left by an earlier boot ({exc})")
                 continue
             raise _refuse(path, str(exc)) from exc
-        if boot and record_boot != boot:
-            path.unlink(missing_ok=True)  # its side effects did not outlive that boot
+        if boot and record_boot != boot:  # its side effects did not outlive that boot
+            _remove(path, "the side-effect record of a claim of an earlier boot")
             continue
         if claim.uid in live:
             continue

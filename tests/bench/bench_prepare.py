@@ -60,7 +60,9 @@ def _pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _atomic_write(directory: Path, payload: bytes, *, fsync_dir: bool, fsync: bool = True) -> None:
+def _atomic_write(
+    directory: Path, payload: bytes, *, fsync_dir: bool, fsync: bool = True, name: str = ""
+) -> None:
     tmp = directory / f".bench-{os.getpid()}-{time.monotonic_ns()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -69,7 +71,7 @@ def _atomic_write(directory: Path, payload: bytes, *, fsync_dir: bool, fsync: bo
             os.fsync(fd)
     finally:
         os.close(fd)
-    target = directory / ".bench-target"
+    target = directory / f".bench-target{name}"
     tmp.rename(target)
     if fsync_dir:
         dir_fd = os.open(directory, os.O_RDONLY)
@@ -154,19 +156,20 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
             async def durable_write() -> None:
                 await write(dirs.plugin_data, fsync_dir=True)
 
-            reservation = dirs.plugin_data / ".bench-reservation"
-            spec = dirs.cdi / ".bench-target"
-
-            async def floor_prepare() -> None:
+            async def floor_prepare(worker: int = 0) -> None:
                 await empty_rpc()
-                reservation.symlink_to("claim")  # the device's reservation
-                _atomic_write(dirs.cdi, payload, fsync_dir=False, fsync=False)  # the spec
+                # The device's reservation, then the spec.
+                (dirs.plugin_data / f".bench-reservation{worker}").symlink_to("claim")
+                _atomic_write(dirs.cdi, payload, fsync_dir=False, fsync=False, name=str(worker))
 
-            async def floor_cycle() -> None:
-                await floor_prepare()
+            def floor_unprepare(worker: int = 0) -> None:
+                (dirs.cdi / f".bench-target{worker}").unlink()
+                (dirs.plugin_data / f".bench-reservation{worker}").unlink()
+
+            async def floor_cycle(worker: int = 0) -> None:
+                await floor_prepare(worker)
                 await empty_rpc()
-                spec.unlink()
-                reservation.unlink()
+                floor_unprepare(worker)
 
             async def release_0_1_0_writes() -> None:
                 await durable_write()  # PrepareStarted
@@ -178,7 +181,7 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
                 await asyncio.gather(*(cycle([c]) for c in singles))
 
             async def floor_burst() -> None:
-                await asyncio.gather(*(floor_cycle() for _ in range(CONCURRENCY)))
+                await asyncio.gather(*(floor_cycle(i) for i in range(CONCURRENCY)))
 
             for _ in range(20):  # warm-up: connections, caches, lazy imports
                 await cycle([one])
@@ -195,8 +198,7 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
                 floor_prep += await _timed(floor_prepare, 1)
                 prep1 += await _timed(lambda: prepare([one]), 1)
                 await kubelet.unprepare([one])
-                spec.unlink()
-                reservation.unlink()
+                floor_unprepare()
                 if i % 2 == 0:
                     lat8 += await _timed(lambda: cycle([eight]), 1)
             plugin_time = floor_time = 0.0
