@@ -150,8 +150,9 @@ def build_claim_spec(
 
 
 def encode(spec: Mapping[str, Any]) -> bytes:
-    """The file's bytes: deterministic, so an unchanged spec compares equal."""
-    return json.dumps(spec, indent=1).encode() + b"\n"
+    """The file's bytes: deterministic, so an unchanged spec compares equal. Compact:
+    an ``indent`` would take json off its C encoder (a tenth of a millisecond a spec)."""
+    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
 
 
 def is_ours(spec: Any) -> bool:

@@ -17,9 +17,14 @@ sequence on 8 concurrent workers, each on its own. Ratios are measured / floor
 atomic writes with 5 fsyncs per prepare + unprepare; the last line prints that
 sequence's cost on this machine, for scale.
 
-Reference (a minimal Go driver on upstream's kubeletplugin helper, same kind of
-machine): prepare p50 1.8 ms, p99 3-5 ms, ~400 claims/s with 8 concurrent claims,
-34 MB RSS.
+Then the Go reference, in the same run, against the same API server, with the same
+client: a minimal plugin on upstream's ``k8s.io/dynamic-resource-allocation/
+kubeletplugin`` helper (tests/bench/goref/: the helper fetches the claim and, by its
+default, serializes calls; the plugin writes one CDI spec and one checkpoint per
+claim, each fsynced, and once more without fsyncs; client-go's rate limit off, JSON
+on the wire), built by tests/bench/goref.py. Each figure is printed as ours / Go's,
+one plugin after the other, with the idle RSS beside the import floor of the
+daemon's runtime dependencies measured in this run.
 """
 
 import asyncio
@@ -30,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -109,6 +114,91 @@ def _apiserver(kubeconfig: Path) -> Iterator[None]:
         proc.wait(timeout=30)
 
 
+_IMPORT_FLOOR = (
+    "import grpc, aiohttp, pynvml, yaml, pydantic, kubernetes.aio.client, kubernetes.aio.config\n"
+    "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS')][0])"
+)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("VmRSS not found")
+
+
+async def _figures(
+    kubelet: KubeletSim, one: ClaimRef, singles: list[ClaimRef], pid: int
+) -> dict[str, float]:
+    """The figures compared with the Go plugin: prepare p50/p99, unprepare p50, claims/s
+    of 8 concurrent claims on distinct GPUs, idle RSS (MiB)."""
+    for _ in range(20):
+        await kubelet.prepare([one])
+        await kubelet.unprepare([one])
+    prep: list[float] = []
+    unprep: list[float] = []
+    for _ in range(ROUNDS_1):
+        prep += await _timed(lambda: kubelet.prepare([one]), 1)
+        unprep += await _timed(lambda: kubelet.unprepare([one]), 1)
+
+    async def cycle(claim: ClaimRef) -> None:
+        assert not (await kubelet.prepare([claim])).claims[claim.uid].error
+        await kubelet.unprepare([claim])
+
+    elapsed = 0.0
+    for _ in range(THROUGHPUT_ROUNDS):
+        elapsed += sum(await _timed(lambda: asyncio.gather(*(cycle(c) for c in singles)), 1))
+    await asyncio.sleep(1.0)  # idle: let the allocator settle before reading RSS
+    return {
+        "prepare p50 ms": _pct(prep, 0.5) * 1e3,
+        "prepare p99 ms": _pct(prep, 0.99) * 1e3,
+        "unprepare p50 ms": _pct(unprep, 0.5) * 1e3,
+        "8 concurrent claims/s": CONCURRENCY * THROUGHPUT_ROUNDS / elapsed,
+        "idle RSS MiB": _rss_kib(pid) / 1024,
+    }
+
+
+@contextlib.asynccontextmanager
+async def _go_plugin(
+    binary: Path, root: Path, kubeconfig: Path, *, fsync: bool
+) -> AsyncIterator[tuple[KubeletSim, int]]:
+    base = root / ("go-fsync" if fsync else "go-nofsync")
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
+        [
+            str(binary),
+            f"--kubeconfig={kubeconfig}",
+            f"--node-name={NODE}",
+            f"--cdi-root={base / 'cdi'}",
+            f"--plugin-dir={base / 'plugins' / 'gpu.nvidia.com'}",
+            f"--registrar-dir={base / 'registry'}",
+            f"--fsync={'true' if fsync else 'false'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the Go reference plugin did not start ({proc.wait()})")
+        socket = base / "registry" / "gpu.nvidia.com-reg.sock"
+        async with await KubeletSim.register(socket) as kubelet:
+            yield kubelet, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _compare(ours: dict[str, float], go: dict[str, float], label: str) -> None:
+    print(f"ours vs the Go reference ({label}):")
+    for key, value in ours.items():
+        better = "higher is better" if key.endswith("/s") else "lower is better"
+        print(
+            f"  {key}: ours {value:.2f}, Go {go[key]:.2f}, ratio {value / go[key]:.2f} ({better})"
+        )
+
+
 def _line(label: str, samples: list[float], floor: list[float]) -> str:
     p50, p99 = _pct(samples, 0.5) * 1e3, _pct(samples, 0.99) * 1e3
     f50, f99 = _pct(floor, 0.5) * 1e3, _pct(floor, 0.99) * 1e3
@@ -119,7 +209,7 @@ def _line(label: str, samples: list[float], floor: list[float]) -> str:
     )
 
 
-async def _bench(root: Path, kubeconfig: Path) -> None:
+async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: int) -> None:
     dirs = NodeDirs(root)
     api = await api_client(kubeconfig)
     await create_node(api, NODE)
@@ -209,10 +299,17 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
             writes = await _timed(durable_write, 100)
             atomic = await _timed(lambda: write(dirs.plugin_data), 100)
             old_writes = await _timed(release_0_1_0_writes, 100)
+            ours = await _figures(kubelet, one, singles, plugin.pid)
         throughput = CONCURRENCY * THROUGHPUT_ROUNDS / plugin_time
         floor_throughput = CONCURRENCY * THROUGHPUT_ROUNDS / floor_time
         rss_mib = plugin.vm_hwm_kib() / 1024
         assert await plugin.terminate() == 0
+        go: dict[bool, dict[str, float]] = {}
+        for fsync in (True, False):
+            if goref is None:
+                break
+            async with _go_plugin(goref, root, kubeconfig, fsync=fsync) as (go_kubelet, pid):
+                go[fsync] = await _figures(go_kubelet, one, singles, pid)
     finally:
         plugin.kill()
         await api.close()
@@ -243,16 +340,31 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
         f"p50 {_pct(old_writes, 0.5) * 1e3:.2f} ms, p99 {_pct(old_writes, 0.99) * 1e3:.2f} ms"
     )
     print(
-        "reference (Go, upstream helper): prepare p50 1.8 ms, p99 3-5 ms, ~400 claims/s, 34 MB RSS"
+        f"idle RSS: ours {ours['idle RSS MiB']:.1f} MiB, import floor of the daemon's runtime "
+        f"dependencies {floor_kib / 1024:.1f} MiB, "
+        f"{ours['idle RSS MiB'] - floor_kib / 1024:+.1f} MiB above it"
     )
+    if go:
+        _compare(ours, go[True], "Go fsyncs its spec and checkpoint; ours needs no fsync (boot ID)")
+        _compare(ours, go[False], "fsyncs off on both sides")
 
 
 def main() -> int:
+    from tests.bench.goref import build_goref
+
+    goref: Path | None = None
+    try:
+        goref = build_goref()
+    except (SystemExit, OSError) as exc:  # no Go toolchain, no module proxy
+        print(f"Go reference skipped: {str(exc)[-400:]}")
+    floor = subprocess.run(
+        [sys.executable, "-c", _IMPORT_FLOOR], capture_output=True, text=True, check=True
+    )
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="drab") as name:
         root = Path(name)
         kubeconfig = root / "kubeconfig"
         with _apiserver(kubeconfig):
-            asyncio.run(_bench(root, kubeconfig))
+            asyncio.run(_bench(root, kubeconfig, goref, int(floor.stdout)))
     return 0
 
 
