@@ -26,8 +26,15 @@ __all__ = [
 KINDS: tuple[DeviceKind, ...] = (gpu.KIND,)
 
 
+_index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})
+
+
 def by_name() -> Mapping[str, DeviceKind]:
-    return {kind.name: kind for kind in KINDS}
+    """The table by kind name; rebuilt only when the table is replaced (a test's kind)."""
+    global _index
+    if _index[0] is not KINDS:
+        _index = (KINDS, MappingProxyType({kind.name: kind for kind in KINDS}))
+    return _index[1]
 
 
 def node_devices(inventory: Inventory, *, node_name: str) -> list[NodeDevice]:
