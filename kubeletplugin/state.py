@@ -106,6 +106,10 @@ def _read_boot_id(path: Path) -> str:
         return ""
 
 
+def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
+    return tuple(d.device_name for d in claim.devices)
+
+
 def _kinds_of(claim: PreparedClaim) -> list[DeviceKind]:
     kinds = by_name()
     return [kinds[name] for name in sorted({d.kind for d in claim.devices})]
@@ -129,6 +133,10 @@ class DeviceState:
         self._pool = config.pool_name or config.node_name
         self._records = records
         self._base_edits = base_edits
+        # Which devices each claim this process prepared or recovered holds: where an
+        # unprepare releases, without reading the spec back (another instance's claim
+        # is found by a look at every reservation).
+        self._held: dict[str, tuple[str, ...]] = {}
         self._claim_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -154,6 +162,7 @@ class DeviceState:
         await asyncio.to_thread(records.make_dirs)
         claims = await asyncio.to_thread(recovery.recover, records)
         state = cls(config, api_client, devices, records=records, base_edits=base_edits)
+        state._held = {uid: _device_names(claim) for uid, claim in claims.items()}
         log.info(
             "device state ready",
             extra=kv(
@@ -301,6 +310,7 @@ class DeviceState:
             raise
         crashpoint("after-cdi-write")
         # Complete.
+        self._held[ref.uid] = _device_names(claim)
         return ("repaired" if existing is not None else "prepared"), claim
 
     def _prepared_claim(self, plan: ClaimPlan, devices: Mapping[str, NodeDevice]) -> PreparedClaim:
@@ -389,7 +399,6 @@ class DeviceState:
         """The prepare backwards: spec, side effects, their record, the reservations."""
         if not valid_uid(ref.uid):
             return "nothing-to-do"  # no such name can be one of our records
-        known = self._records.read_spec(ref.uid)
         with_effects = self._records.read_claim_record(ref.uid)
         # The spec first: from here on no new container gets the devices.
         removed = self._records.remove_spec(ref.uid)
@@ -399,20 +408,8 @@ class DeviceState:
                 await asyncio.to_thread(kind.unprepare, with_effects)
             self._records.remove_claim_record(ref.uid)
             crashpoint("after-side-effects-undone")
-        names = self._device_names(ref, known)
-        released = self._records.release(ref.uid, names)
+        released = self._records.release(ref.uid, self._held.pop(ref.uid, None))
         return "unprepared" if removed or released or with_effects else "nothing-to-do"
-
-    @staticmethod
-    def _device_names(ref: ClaimRef, spec: bytes | None) -> list[str] | None:
-        """The devices the spec names; None (look at every reservation) without one."""
-        if spec is None:
-            return None
-        try:
-            claim = cdi.claim_from_spec(cdi.parse(spec, Path(cdi.spec_name(ref.uid))))
-        except (ValueError, cdi.SpecError):
-            return None
-        return [d.device_name for d in claim.devices]
 
     # ---- reconciliation (worker thread) -----------------------------------------------
 
