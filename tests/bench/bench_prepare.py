@@ -22,9 +22,9 @@ client: a minimal plugin on upstream's ``k8s.io/dynamic-resource-allocation/
 kubeletplugin`` helper (tests/bench/goref/: the helper fetches the claim and, by its
 default, serializes calls; the plugin writes one CDI spec and one checkpoint per
 claim, each fsynced, and once more without fsyncs; client-go's rate limit off, JSON
-on the wire), built by tests/bench/goref.py. Each figure is printed as ours / Go's,
-one plugin after the other, with the idle RSS beside the import floor of the
-daemon's runtime dependencies measured in this run.
+on the wire), built by tests/bench/goref.py. The three plugins run side by side and
+take turns round by round; each figure is printed as ours / Go's, with the idle RSS
+beside the import floor of the daemon's runtime dependencies measured in this run.
 """
 
 import asyncio
@@ -128,33 +128,49 @@ def _rss_kib(pid: int) -> int:
 
 
 async def _figures(
-    kubelet: KubeletSim, one: ClaimRef, singles: list[ClaimRef], pid: int
-) -> dict[str, float]:
-    """The figures compared with the Go plugin: prepare p50/p99, unprepare p50, claims/s
-    of 8 concurrent claims on distinct GPUs, idle RSS (MiB)."""
-    for _ in range(20):
-        await kubelet.prepare([one])
-        await kubelet.unprepare([one])
-    prep: list[float] = []
-    unprep: list[float] = []
+    plugins: dict[str, tuple[KubeletSim, int]], one: ClaimRef, singles: list[ClaimRef]
+) -> dict[str, dict[str, float]]:
+    """Per plugin, the figures compared with the Go plugin: prepare p50/p99, unprepare
+    p50, claims/s of 8 concurrent claims on distinct GPUs, idle RSS (MiB). The plugins
+    take turns round by round, so that load from elsewhere on the machine hits all alike."""
+    for kubelet, _ in plugins.values():
+        for _ in range(20):
+            await kubelet.prepare([one])
+            await kubelet.unprepare([one])
+    prep: dict[str, list[float]] = {name: [] for name in plugins}
+    unprep: dict[str, list[float]] = {name: [] for name in plugins}
+
+    async def timed(call: Awaitable[object]) -> float:
+        start = time.perf_counter()
+        await call
+        return time.perf_counter() - start
+
     for _ in range(ROUNDS_1):
-        prep += await _timed(lambda: kubelet.prepare([one]), 1)
-        unprep += await _timed(lambda: kubelet.unprepare([one]), 1)
+        for name, (kubelet, _) in plugins.items():
+            prep[name].append(await timed(kubelet.prepare([one])))
+            unprep[name].append(await timed(kubelet.unprepare([one])))
 
-    async def cycle(claim: ClaimRef) -> None:
-        assert not (await kubelet.prepare([claim])).claims[claim.uid].error
-        await kubelet.unprepare([claim])
+    async def burst(kubelet: KubeletSim) -> None:
+        async def cycle(claim: ClaimRef) -> None:
+            assert not (await kubelet.prepare([claim])).claims[claim.uid].error
+            await kubelet.unprepare([claim])
 
-    elapsed = 0.0
+        await asyncio.gather(*(cycle(c) for c in singles))
+
+    elapsed = dict.fromkeys(plugins, 0.0)
     for _ in range(THROUGHPUT_ROUNDS):
-        elapsed += sum(await _timed(lambda: asyncio.gather(*(cycle(c) for c in singles)), 1))
-    await asyncio.sleep(1.0)  # idle: let the allocator settle before reading RSS
+        for name, (kubelet, _) in plugins.items():
+            elapsed[name] += await timed(burst(kubelet))
+    await asyncio.sleep(1.0)  # idle: let the allocators settle before reading RSS
     return {
-        "prepare p50 ms": _pct(prep, 0.5) * 1e3,
-        "prepare p99 ms": _pct(prep, 0.99) * 1e3,
-        "unprepare p50 ms": _pct(unprep, 0.5) * 1e3,
-        "8 concurrent claims/s": CONCURRENCY * THROUGHPUT_ROUNDS / elapsed,
-        "idle RSS MiB": _rss_kib(pid) / 1024,
+        name: {
+            "prepare p50 ms": _pct(prep[name], 0.5) * 1e3,
+            "prepare p99 ms": _pct(prep[name], 0.99) * 1e3,
+            "unprepare p50 ms": _pct(unprep[name], 0.5) * 1e3,
+            "8 concurrent claims/s": CONCURRENCY * THROUGHPUT_ROUNDS / elapsed[name],
+            "idle RSS MiB": _rss_kib(pid) / 1024,
+        }
+        for name, (_, pid) in plugins.items()
     }
 
 
@@ -299,17 +315,17 @@ async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: in
             writes = await _timed(durable_write, 100)
             atomic = await _timed(lambda: write(dirs.plugin_data), 100)
             old_writes = await _timed(release_0_1_0_writes, 100)
-            ours = await _figures(kubelet, one, singles, plugin.pid)
+            async with contextlib.AsyncExitStack() as stack:
+                plugins = {"ours": (kubelet, plugin.pid)}
+                if goref is not None:
+                    for name, fsync in (("go", True), ("go-nofsync", False)):
+                        go_plugin = _go_plugin(goref, root, kubeconfig, fsync=fsync)
+                        plugins[name] = await stack.enter_async_context(go_plugin)
+                figures = await _figures(plugins, one, singles)
         throughput = CONCURRENCY * THROUGHPUT_ROUNDS / plugin_time
         floor_throughput = CONCURRENCY * THROUGHPUT_ROUNDS / floor_time
         rss_mib = plugin.vm_hwm_kib() / 1024
         assert await plugin.terminate() == 0
-        go: dict[bool, dict[str, float]] = {}
-        for fsync in (True, False):
-            if goref is None:
-                break
-            async with _go_plugin(goref, root, kubeconfig, fsync=fsync) as (go_kubelet, pid):
-                go[fsync] = await _figures(go_kubelet, one, singles, pid)
     finally:
         plugin.kill()
         await api.close()
@@ -339,14 +355,17 @@ async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: in
         "release 0.1.0's writes alone (4 atomic writes, 5 fsyncs, per prepare+unprepare): "
         f"p50 {_pct(old_writes, 0.5) * 1e3:.2f} ms, p99 {_pct(old_writes, 0.99) * 1e3:.2f} ms"
     )
+    ours = figures["ours"]
     print(
         f"idle RSS: ours {ours['idle RSS MiB']:.1f} MiB, import floor of the daemon's runtime "
         f"dependencies {floor_kib / 1024:.1f} MiB, "
         f"{ours['idle RSS MiB'] - floor_kib / 1024:+.1f} MiB above it"
     )
-    if go:
-        _compare(ours, go[True], "Go fsyncs its spec and checkpoint; ours needs no fsync (boot ID)")
-        _compare(ours, go[False], "fsyncs off on both sides")
+    if "go" in figures:
+        _compare(
+            ours, figures["go"], "Go fsyncs its spec and checkpoint; ours needs none (boot ID)"
+        )
+        _compare(ours, figures["go-nofsync"], "fsyncs off on both sides")
 
 
 def main() -> int:
