@@ -1,1 +1,1 @@
-"""The node process: kubelet registration, the DRA gRPC service, CDI specs and the checkpoint."""
+"""The node process: kubelet registration, the DRA gRPC service, the per-claim records."""

@@ -1,40 +1,35 @@
-"""CDI specs for prepared claims: a pure builder, an atomic writer, a reader.
+"""CDI specs for prepared claims: a pure builder and a pure reader.
 
 One spec file per claim, ``<cdi_root>/k8s.gpu.nvidia.com-claim_<uid>.json``, kind
-``k8s.gpu.nvidia.com/claim``, one CDI device ``<claimUID>-<device>`` per GPU. The
-spec carries in annotations everything needed to rebuild the claim's checkpoint
-entry (claim uid/namespace/name; per device its name, pool, requests and GPU UUID),
-so a lost checkpoint never loses a live claim, and an owner marker tells our specs
-apart from the NVIDIA driver's, which use the same kind and file names.
+``k8s.gpu.nvidia.com/claim``, one CDI device ``<claimUID>-<device>`` per device. The
+spec is also the claim's durable record (``kubeletplugin.records``): its annotations
+carry the claim's uid, namespace and name, the boot it was written in, the record
+version and, per device, its name, kind, pool, requests and identity (a GPU's UUID),
+so :func:`claim_from_spec` rebuilds exactly what was prepared. An owner marker tells
+our specs apart from the NVIDIA driver's, which use the same kind and file names.
 
-Containers get:
-- the GPU device nodes ``/dev/nvidia<minor>`` (per device) and the control nodes;
-- ``NVIDIA_VISIBLE_DEVICES=void``: on hosts where the NVIDIA container runtime is the
-  default runtime, CUDA images set ``NVIDIA_VISIBLE_DEVICES=all`` and the runtime would
-  otherwise inject every GPU of the node, whatever the claim says;
-- ``GPU_DRA_VISIBLE_GPU_UUIDS``: comma-separated UUIDs of the claim's GPUs, in device
-  name order, for workloads and tests that want to know what they got;
-- the driver libraries and hooks of the host's container toolkit (``base_edits``).
+Containers get each device's edits and its kind's claim-wide edits (see
+``driver.devicekinds``), and the driver libraries and hooks of the host's container
+toolkit (``base_edits``).
 """
 
 import json
-import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+from driver.devicekinds import NodeDevice, PreparedClaim, PreparedDevice, by_name
+from driver.devicekinds.gpu import CONTROL_NODES, VISIBLE_UUIDS_ENV
+from driver.errors import PermanentError
+from kubeletplugin import names
 
-from driver.inventory import Gpu
-from kubeletplugin import dirs, names
-from kubeletplugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord, write_atomic
+__all__ = ["CONTROL_NODES", "VISIBLE_UUIDS_ENV"]
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLAIM_CLASS = "claim"
 KIND = f"{VENDOR}/{CLAIM_CLASS}"
-VISIBLE_UUIDS_ENV = "GPU_DRA_VISIBLE_GPU_UUIDS"
-CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+FILE_PREFIX = f"{VENDOR}-"
+SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
 _ANNOTATION = "gpu-dra.io/"
 OWNER_ANNOTATION = _ANNOTATION + "owner"
@@ -42,24 +37,34 @@ OWNER = "gpu-dra"
 CLAIM_UID = _ANNOTATION + "claim-uid"
 CLAIM_NAMESPACE = _ANNOTATION + "claim-namespace"
 CLAIM_NAME = _ANNOTATION + "claim-name"
+# The node boot the spec was written in: a spec that outlived a reboot (a CDI root on
+# disk rather than tmpfs) describes no live claim.
+BOOT_ID = _ANNOTATION + "boot-id"
+# 1 (absent): release 0.1.0, GPUs only; 2: devices carry their kind.
+RECORD_VERSION = _ANNOTATION + "record-version"
+VERSION = 2
 DEVICE_NAME = _ANNOTATION + "device"
+DEVICE_KIND = _ANNOTATION + "kind"
 GPU_UUID = _ANNOTATION + "gpu-uuid"
 POOL = _ANNOTATION + "pool"
 REQUESTS = _ANNOTATION + "requests"
 ADMIN_ACCESS = _ANNOTATION + "admin-access"
 SHARE_ID = _ANNOTATION + "share-id"
-# The node boot the spec was written in: a spec that outlived a reboot (a CDI root on
-# disk rather than tmpfs) describes no live claim, even if the checkpoint is lost.
-BOOT_ID = _ANNOTATION + "boot-id"
 
-_FILE_PREFIX = f"{VENDOR}-"
 # Kinds whose files under our name, without our owner marker, belong to another driver.
 _FOREIGN_KINDS = (f"{VENDOR}/", "nvidia.com/gpu")
-_SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+class SpecError(PermanentError):
+    """A spec under our owner marker that this release cannot read."""
+
+
+def spec_name(claim_uid: str) -> str:
+    return f"{VENDOR}-{CLAIM_CLASS}_{claim_uid}.json"
 
 
 def spec_path(cdi_root: Path, claim_uid: str) -> Path:
-    return names.within(cdi_root, cdi_root / f"{VENDOR}-{CLAIM_CLASS}_{claim_uid}.json")
+    return names.within(cdi_root, cdi_root / spec_name(claim_uid))
 
 
 def cdi_device_id(claim_uid: str, device_name: str) -> str:
@@ -79,34 +84,39 @@ def min_version(spec: Mapping[str, Any]) -> str:
     return "0.6.0"
 
 
-def _merge_edits(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+def _merge_edits(base: Mapping[str, Any], *extras: Mapping[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in base.items()}
-    for key, values in extra.items():
-        merged[key] = [*merged.get(key, []), *values]
+    for extra in extras:
+        for key, values in extra.items():
+            merged[key] = [*merged.get(key, []), *values]
     return {k: v for k, v in merged.items() if v not in ([], None)}
 
 
 def build_claim_spec(
-    claim: ClaimRecord,
-    gpus: Mapping[str, Gpu],
+    claim: PreparedClaim,
+    devices: Mapping[str, NodeDevice],
     base_edits: Mapping[str, Any],
     *,
     boot_id: str = "",
+    dev_root: str = "/",
 ) -> dict[str, Any]:
-    """The claim's CDI spec. ``gpus`` maps device name to GPU for every device of the claim."""
-    by_device: dict[str, list[DeviceRecord]] = {}
+    """The claim's CDI spec. ``devices`` maps device name to the node's device for
+    every device of the claim; device nodes are found under ``dev_root`` on the host
+    (see :func:`dev_root`)."""
+    by_device: dict[str, list[PreparedDevice]] = {}
     for record in claim.devices:
         by_device.setdefault(record.device_name, []).append(record)
-    devices = []
-    uuids = []
+    spec_devices = []
+    of_kind: dict[str, list[NodeDevice]] = {}
     for device_name in sorted(by_device):
         records = by_device[device_name]
-        gpu = gpus[device_name]
-        uuids.append(gpu.uuid)
+        node_device = devices[device_name]
+        of_kind.setdefault(node_device.kind, []).append(node_device)
         requests = sorted({r for rec in records for r in rec.request_names})
         annotations = {
             DEVICE_NAME: device_name,
-            GPU_UUID: gpu.uuid,
+            DEVICE_KIND: node_device.kind,
+            **{_ANNOTATION + k: v for k, v in sorted(node_device.identity.items())},
             POOL: records[0].pool_name,
             REQUESTS: ",".join(requests),
         }
@@ -115,149 +125,153 @@ def build_claim_spec(
         share_ids = sorted({rec.share_id for rec in records if rec.share_id})
         if share_ids:
             annotations[SHARE_ID] = ",".join(share_ids)
-        devices.append(
+        spec_devices.append(
             {
                 "name": f"{claim.uid}-{device_name}",
                 "annotations": annotations,
-                "containerEdits": {
-                    "deviceNodes": [{"path": f"/dev/nvidia{gpu.minor}"}],
-                },
+                "containerEdits": dict(node_device.edits),
             }
         )
-    own_edits = {
-        "env": ["NVIDIA_VISIBLE_DEVICES=void", f"{VISIBLE_UUIDS_ENV}={','.join(uuids)}"],
-        "deviceNodes": [{"path": path} for path in CONTROL_NODES],
-    }
+    kinds = by_name()
+    kind_edits = [kinds[name].claim_edits(of_kind[name]) for name in sorted(of_kind)]
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": KIND,
         "annotations": {
             OWNER_ANNOTATION: OWNER,
+            RECORD_VERSION: str(VERSION),
             CLAIM_UID: claim.uid,
             CLAIM_NAMESPACE: claim.namespace,
             CLAIM_NAME: claim.name,
             **({BOOT_ID: boot_id} if boot_id else {}),
         },
-        "devices": devices,
-        "containerEdits": _merge_edits(base_edits, own_edits),
+        "devices": spec_devices,
+        "containerEdits": _merge_edits(base_edits, *kind_edits),
     }
+    if dev_root != "/":
+        spec = _device_nodes_under(spec, dev_root)
     spec["cdiVersion"] = min_version(spec)
     return spec
 
 
-def write_spec(cdi_root: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-    """Blocking (fsync): call through ``asyncio.to_thread``.
+def dev_root(container_driver_root: Path, nvidia_driver_root: Path) -> str:
+    """Where the host keeps the device nodes, as NVIDIA's container toolkit decides:
+    under the driver root when that root has its own ``dev/nvidiactl`` (a driver
+    container, a fake root in tests), else the host's ``/dev``."""
+    if (container_driver_root / "dev" / "nvidiactl").exists():
+        return str(nvidia_driver_root)
+    return "/"
 
-    No fsync of the directory: the checkpoint (whose directory is fsynced) is the
-    record of what was prepared, and a spec lost with an unsynced rename is found
-    missing and rewritten on the next prepare.
-    """
-    path = spec_path(cdi_root, claim_uid)
-    content = json.dumps(spec, indent=1).encode() + b"\n"
+
+def _device_nodes_under(spec: dict[str, Any], root: str) -> dict[str, Any]:
+    def edits(e: Mapping[str, Any]) -> dict[str, Any]:
+        nodes = [
+            n if "hostPath" in n else {**n, "hostPath": root.rstrip("/") + n["path"]}
+            for n in e.get("deviceNodes", [])
+        ]
+        return {**e, "deviceNodes": nodes} if nodes else dict(e)
+
+    devices = [{**d, "containerEdits": edits(d["containerEdits"])} for d in spec["devices"]]
+    return {**spec, "devices": devices, "containerEdits": edits(spec["containerEdits"])}
+
+
+def encode(spec: Mapping[str, Any]) -> bytes:
+    """The file's bytes: deterministic, so an unchanged spec compares equal. Compact:
+    an ``indent`` would take json off its C encoder (a tenth of a millisecond a spec)."""
+    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+
+
+def is_ours(spec: Any) -> bool:
+    return isinstance(spec, dict) and (spec.get("annotations") or {}).get(OWNER_ANNOTATION) == OWNER
+
+
+def is_foreign(spec: Any) -> bool:
+    """Another DRA driver's spec under our kind and file names."""
+    return (
+        isinstance(spec, dict)
+        and not is_ours(spec)
+        and str(spec.get("kind", "")).startswith(_FOREIGN_KINDS)
+    )
+
+
+def boot_of(spec: Mapping[str, Any]) -> str:
+    """The boot a spec of ours was written in; "" when it does not say."""
+    value = (spec.get("annotations") or {}).get(BOOT_ID, "")
+    return value if isinstance(value, str) else ""
+
+
+def _text(obj: Mapping[str, Any], key: str) -> str:
+    value = obj[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is not a string")
+    return value
+
+
+def claim_from_spec(spec: Mapping[str, Any]) -> PreparedClaim:
+    """What one of our specs records. Raises SpecError when this release cannot read it
+    (a newer record version, an unknown device kind, a missing or mistyped field)."""
     try:
-        write_atomic(path, content, fsync_dir=False)
-    except FileNotFoundError:  # someone removed the CDI root: make it again, once
-        dirs.ensure_dir(cdi_root, dirs.CDI_ROOT)
-        write_atomic(path, content, fsync_dir=False)
-    return path
-
-
-def remove_spec(cdi_root: Path, claim_uid: str) -> bool:
-    """True when a spec was removed; absent is fine (idempotent unprepare)."""
-    try:
-        spec_path(cdi_root, claim_uid).unlink()
-    except (FileNotFoundError, NotADirectoryError):  # no such file can exist there
-        return False
-    return True
-
-
-@dataclass(frozen=True, slots=True)
-class SpecScan:
-    """What the CDI root holds, as far as we are concerned."""
-
-    ours: Mapping[str, ClaimRecord]  # claim uid -> record rebuilt from the spec
-    boot_ids: Mapping[str, str]  # claim uid -> boot the spec was written in ("" unknown)
-    foreign: Sequence[Path]  # another driver's specs under our kind
-    unreadable: Sequence[tuple[Path, str]]  # our file names we could not parse
-
-
-def claim_from_spec(spec: Mapping[str, Any]) -> ClaimRecord:
-    """Rebuild a checkpoint entry from one of our specs (raises KeyError/ValueError if not ours)."""
-    annotations = spec["annotations"]
-    uid = annotations[CLAIM_UID]
-    devices = []
-    for device in spec["devices"]:
-        a = device["annotations"]
-        device_name = a[DEVICE_NAME]
-        share = a.get(SHARE_ID)
-        devices.append(
-            DeviceRecord(
-                request_names=tuple(r for r in a.get(REQUESTS, "").split(",") if r),
-                pool_name=a[POOL],
-                device_name=device_name,
-                gpu_uuid=a[GPU_UUID],
-                cdi_device_ids=(cdi_device_id(uid, device_name),),
-                share_id=share if share else None,
-                admin_access=a.get(ADMIN_ACCESS) == "true",
+        annotations = spec["annotations"]
+        version = int(annotations.get(RECORD_VERSION, "1"))
+        if version > VERSION:
+            raise SpecError(f"record version {version} is newer than this release's ({VERSION})")
+        uid = _text(annotations, CLAIM_UID)
+        kinds = by_name()
+        devices = []
+        for device in spec["devices"]:
+            a = device["annotations"]
+            device_name = _text(a, DEVICE_NAME)
+            kind_name = a.get(DEVICE_KIND, "gpu") if version >= 2 else "gpu"
+            kind = kinds.get(kind_name)
+            if kind is None:
+                raise SpecError(f"device {device_name} is of unknown kind {kind_name!r}")
+            share = a.get(SHARE_ID)
+            devices.append(
+                PreparedDevice(
+                    request_names=tuple(r for r in a.get(REQUESTS, "").split(",") if r),
+                    pool_name=_text(a, POOL),
+                    device_name=device_name,
+                    cdi_device_ids=(cdi_device_id(uid, device_name),),
+                    share_id=share if share else None,
+                    admin_access=a.get(ADMIN_ACCESS) == "true",
+                    kind=kind_name,
+                    identity=tuple((k, _text(a, _ANNOTATION + k)) for k in kind.identity_keys),
+                )
             )
+        return PreparedClaim(
+            uid=uid,
+            namespace=_text(annotations, CLAIM_NAMESPACE),
+            name=_text(annotations, CLAIM_NAME),
+            devices=tuple(devices),
         )
-    return ClaimRecord(
-        uid=uid,
-        namespace=annotations[CLAIM_NAMESPACE],
-        name=annotations[CLAIM_NAME],
-        state=ClaimState.PREPARE_COMPLETED,
-        devices=tuple(devices),
-    )
+    except SpecError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SpecError(f"unexpected layout: {exc!r}") from exc
 
 
-def _load(path: Path) -> Any:
-    text = path.read_text()
-    return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+def identity_mismatch(claim: PreparedClaim, devices: Mapping[str, NodeDevice]) -> str:
+    """ "" when every recorded device is still the same device on the node; else why not."""
+    for device in claim.devices:
+        node_device = devices.get(device.device_name)
+        now = dict(node_device.identity) if node_device is not None else {}
+        for key, value in device.identity:
+            if now.get(key) != value:
+                return (
+                    f"device {device.device_name} was prepared with {key} {value} but is now "
+                    f"{now.get(key, 'none')}; unprepare the claim (delete the pod) and prepare "
+                    "it again"
+                )
+    return ""
 
 
-def _candidates(cdi_root: Path) -> Iterable[Path]:
-    try:
-        entries = list(os.scandir(cdi_root))
-    except FileNotFoundError:
-        return []
-    return sorted(
-        Path(e.path)
-        for e in entries
-        if e.is_file() and e.name.startswith(_FILE_PREFIX) and e.name.endswith(_SPEC_SUFFIXES)
-    )
+def parse(raw: bytes, path: Path) -> Any:
+    """A spec file's content (JSON, or YAML for another driver's .yaml files)."""
+    if path.suffix == ".json":
+        return json.loads(raw)
+    import yaml  # only a foreign driver writes YAML specs here
 
-
-def scan(cdi_root: Path) -> SpecScan:
-    """Read every spec file under our vendor prefix (blocking: use a worker thread)."""
-    ours: dict[str, ClaimRecord] = {}
-    boot_ids: dict[str, str] = {}
-    foreign: list[Path] = []
-    unreadable: list[tuple[Path, str]] = []
-    for path in _candidates(cdi_root):
-        try:
-            spec = _load(path)
-        except FileNotFoundError:
-            continue  # removed while we scanned
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            unreadable.append((path, str(exc)))
-            continue
-        if not isinstance(spec, dict):
-            unreadable.append((path, "not a mapping"))
-            continue
-        annotations = spec.get("annotations") or {}
-        if annotations.get(OWNER_ANNOTATION) != OWNER:
-            kind = str(spec.get("kind", ""))
-            if kind.startswith(_FOREIGN_KINDS):
-                foreign.append(path)
-            continue
-        try:
-            record = claim_from_spec(spec)
-        except (KeyError, TypeError, ValueError) as exc:
-            unreadable.append((path, f"missing annotation {exc}"))
-            continue
-        ours[record.uid] = record
-        boot_ids[record.uid] = str(annotations.get(BOOT_ID, ""))
-    return SpecScan(ours=ours, boot_ids=boot_ids, foreign=foreign, unreadable=unreadable)
+    return yaml.safe_load(raw)
 
 
 FOREIGN_MESSAGE = (
@@ -266,3 +280,7 @@ FOREIGN_MESSAGE = (
     "it prepared is handed out twice. To migrate: drain the node's pods that use DRA claims, "
     "uninstall the other driver, delete those files and its checkpoint, then start this plugin."
 )
+
+
+def file_names(paths: Sequence[Path]) -> str:
+    return ", ".join(p.name for p in paths)

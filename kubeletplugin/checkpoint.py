@@ -1,13 +1,16 @@
-"""The node's record of prepared claims: ``<plugin_dir>/checkpoint.json``.
+"""Release 0.1.0's node checkpoint, ``<plugin_dir>/checkpoint.json``: read to migrate.
 
-Two halves. The format (pure): records, ``encode``/``decode``, a checksum over the
-canonical JSON of the data, readers for older versions. The store (I/O): atomic
-writes (temp file, fsync, rename; then an fsync of the directory where the caller
-needs the change durable before it goes on), a cross-process ``flock`` so that two
-plugin pods serving one node during a surge upgrade never interleave a
-read-modify-write, and group commit: every update re-reads the file under the
-lock (parsing it again only when its bytes differ from what this store last read
-or wrote), and concurrent updates share one write and its fsyncs.
+Release 0.1.0 kept every prepared claim in this one checksummed file; the records
+are now per claim (``kubeletplugin.records``). Startup reads a 0.1.0 checkpoint once
+(:func:`decode`), migrates its claims, and leaves :func:`marker` in its place: a
+document of 0.1.0's kind whose checksum 0.1.0 cannot match, so a rollback to 0.1.0
+takes it for a corrupt checkpoint, moves it aside and rebuilds its state from the CDI
+specs, which carry every prepared claim (0.1.0's own recovery). What 0.1.0 writes then
+is migrated again by the next start of this release.
+
+A document that is well formed but not understood (a newer version, claims under
+another key) raises :class:`UnknownCheckpointError`: it is refused, never read as
+"no claims".
 
 File format, version 2 (written as compact canonical JSON, keys sorted)::
 
@@ -19,32 +22,26 @@ File format, version 2 (written as compact canonical JSON, keys sorted)::
                                                 "cdiDeviceIDs": [...], "shareID": ...,
                                                 "adminAccess": false}]}}}}
 
-Readers ignore fields they do not know, so a later version may add fields; the
-checksum covers them all (it is computed over the data as read).
+Readers ignore fields they do not know; the checksum covers them all (it is computed
+over the data as read).
 """
 
-import asyncio
-import contextlib
 import enum
-import fcntl
 import hashlib
 import json
-import os
-import secrets
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from driver.errors import PermanentError
 
 KIND = "GpuDraCheckpoint"
 VERSION = 2
 FILE_NAME = "checkpoint.json"
-LOCK_NAME = "checkpoint.lock"
-
-T = TypeVar("T")
+# The marker's version: above every version 0.1.0 wrote, so no reader takes it for data.
+MARKER_VERSION = 3
+_MARKER_DATA = {"records": "per claim: the CDI specs of the claims, see the project README"}
 
 
 class ClaimState(enum.StrEnum):
@@ -89,6 +86,10 @@ class Checkpoint:
 
 class CorruptCheckpointError(PermanentError):
     """The file exists but is not a readable checkpoint of ours (truncated, bad checksum)."""
+
+
+class UnknownCheckpointError(PermanentError):
+    """A checkpoint of ours this release does not understand (newer version, other layout)."""
 
 
 class ForeignCheckpointError(PermanentError):
@@ -176,7 +177,7 @@ def _device_from_json(obj: Any) -> DeviceRecord:
 
 def _claims_from_json(claims: Any, *, default_state: ClaimState | None) -> dict[str, ClaimRecord]:
     if not isinstance(claims, dict):
-        raise CorruptCheckpointError(f"claims is not an object: {claims!r}")
+        raise UnknownCheckpointError(f"claims is not an object: {claims!r}")
     out: dict[str, ClaimRecord] = {}
     for uid, obj in claims.items():
         if not isinstance(obj, dict):
@@ -202,7 +203,7 @@ def _claims_from_json(claims: Any, *, default_state: ClaimState | None) -> dict[
 def _read_v1(data: Mapping[str, Any]) -> Checkpoint:
     # Version 1 recorded completed claims only, under "preparedClaims", and no boot ID.
     claims = _claims_from_json(
-        data.get("preparedClaims", {}), default_state=ClaimState.PREPARE_COMPLETED
+        data.get("preparedClaims"), default_state=ClaimState.PREPARE_COMPLETED
     )
     return Checkpoint(boot_id="", claims=claims)
 
@@ -210,7 +211,7 @@ def _read_v1(data: Mapping[str, Any]) -> Checkpoint:
 def _read_v2(data: Mapping[str, Any]) -> Checkpoint:
     return Checkpoint(
         boot_id=_str(data, "nodeBootID", default=""),
-        claims=_claims_from_json(data.get("claims", {}), default_state=None),
+        claims=_claims_from_json(data.get("claims"), default_state=None),
     )
 
 
@@ -243,240 +244,21 @@ def decode(raw: bytes, *, path: Path | str = FILE_NAME) -> Checkpoint:
         raise CorruptCheckpointError(f"{path}: missing version or data")
     if document.get("checksum") != _checksum(data):
         raise CorruptCheckpointError(f"{path}: checksum mismatch")
-    # A newer writer only adds fields, so the newest reader we have reads it.
-    reader = _READERS.get(version, _READERS[VERSION] if version > VERSION else None)
+    reader = _READERS.get(version)
     if reader is None:
-        raise CorruptCheckpointError(f"{path}: unknown version {version}")
+        raise UnknownCheckpointError(f"{path}: version {version}, newer than this release reads")
     try:
         return reader(data)
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{path}: {exc}") from exc
+    except (CorruptCheckpointError, UnknownCheckpointError) as exc:
+        # The checksum matched: the bytes are as written, in a layout we do not know.
+        raise UnknownCheckpointError(f"{path}: unexpected layout: {exc}") from exc
 
 
-# ---- store ----------------------------------------------------------------------------------
+def marker() -> bytes:
+    """What stays in place of a migrated checkpoint (see the module docstring)."""
+    head = f'{{"checksum":"none","data":{_canonical(_MARKER_DATA).decode()},'
+    return f'{head}"kind":"{KIND}","version":{MARKER_VERSION}}}\n'.encode()
 
 
-def write_atomic(path: Path, content: bytes, *, fsync_dir: bool) -> None:
-    """Temp file in the same directory, fsync, rename over ``path``.
-
-    The temp name starts with a dot and does not end in .json, so nothing that scans
-    the directory (a CDI registry, our own reconciler) mistakes it for a finished file.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    if fsync_dir:
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
-Apply = Callable[[Checkpoint], tuple[Checkpoint, T]]
-
-
-@dataclass
-class _Pending(Generic[T]):
-    apply: Apply[T]
-    future: "asyncio.Future[T]"
-    durable: bool
-    before: Callable[[], object] | None
-    after: Callable[[T], Apply[T] | None] | None
-
-
-def _attempt(call: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
-    try:
-        return True, call(*args)
-    except Exception as exc:
-        return False, exc
-
-
-class CheckpointStore:
-    """Serialized, crash-safe read-modify-write of the checkpoint file.
-
-    ``on_corrupt`` is called (under the lock, in a worker thread) when the file
-    cannot be read; it must move the file aside and return the rebuilt state.
-    """
-
-    def __init__(
-        self,
-        plugin_dir: Path,
-        *,
-        boot_id: str,
-        on_corrupt: Callable[[CorruptCheckpointError], Checkpoint],
-    ) -> None:
-        self.path = plugin_dir / FILE_NAME
-        self._lock_path = plugin_dir / LOCK_NAME
-        self._boot_id = boot_id
-        self._on_corrupt = on_corrupt
-        self._queue: list[_Pending[Any]] = []
-        self._flusher: asyncio.Task[None] | None = None
-        # The file's bytes as we last read or wrote them, and what they decode to: under
-        # the lock, unchanged bytes (no other writer since) need no re-parse.
-        self._known: tuple[bytes, Checkpoint] | None = None
-
-    # -- sync parts (worker threads) --
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """The cross-process lock; blocking, so call it from a worker thread."""
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing drops the flock
-
-    def read(self) -> Checkpoint | None:
-        """The file's content; ``None`` when there is none. Raises on corrupt/foreign."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        known = self._known
-        if known is not None and known[0] == raw:
-            return known[1]
-        checkpoint = decode(raw, path=self.path)
-        self._known = (raw, checkpoint)
-        return checkpoint
-
-    def load(self) -> Checkpoint:
-        """Like ``read`` but an absent or corrupt file yields a usable state."""
-        try:
-            checkpoint = self.read()
-        except CorruptCheckpointError as exc:
-            checkpoint = self._on_corrupt(exc)
-            self.write(checkpoint)
-        return checkpoint if checkpoint is not None else Checkpoint(boot_id=self._boot_id)
-
-    def write(self, checkpoint: Checkpoint, *, durable: bool = True) -> None:
-        """Atomic always; ``durable`` also fsyncs the directory, so the new content
-        survives a power loss too, before this returns."""
-        raw = encode(checkpoint)
-        self._known = None  # the rename may fail half-way: re-read next time
-        write_atomic(self.path, raw, fsync_dir=durable)
-        self._known = (raw, checkpoint)
-
-    def move_aside(self) -> Path:
-        target = self.path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-        n = 0
-        while target.exists():
-            n += 1
-            target = target.with_name(f"{target.name.split('~')[0]}~{n}")
-        self.path.replace(target)
-        return target
-
-    def _transact(self, batch: list[_Pending[Any]]) -> list[tuple[bool, Any]]:
-        # One caller's failure (in before, apply or after) must not fail the batch.
-        outcomes: list[tuple[bool, Any]] = [(True, None)] * len(batch)
-        with self.locked():
-            for i, pending in enumerate(batch):
-                if pending.before is not None:
-                    outcomes[i] = _attempt(pending.before)
-            current = self.load()
-            first = {i: (p.apply, p.durable) for i, p in enumerate(batch) if outcomes[i][0]}
-            current = self._apply_all(current, first, outcomes)
-            second: dict[int, tuple[Apply[Any], bool]] = {}
-            for i in first:
-                after = batch[i].after
-                if after is None or not outcomes[i][0]:
-                    continue
-                ok, follow = _attempt(after, outcomes[i][1])
-                if not ok:
-                    outcomes[i] = (False, follow)
-                elif follow is not None:
-                    second[i] = (follow, False)
-            self._apply_all(current, second, outcomes)
-        return outcomes
-
-    def _apply_all(
-        self,
-        current: Checkpoint,
-        applies: Mapping[int, tuple[Apply[Any], bool]],
-        outcomes: list[tuple[bool, Any]],
-    ) -> Checkpoint:
-        """One round of a batch: every apply in turn, then one write for them all."""
-        original, durable = current, False
-        for i, (apply, wants_durable) in applies.items():
-            ok, value = _attempt(apply, current)
-            if not ok:
-                outcomes[i] = (False, value)
-                continue
-            changed, result = value
-            durable = durable or (wants_durable and changed is not current)
-            current = changed
-            outcomes[i] = (True, result)
-        if current is not original:
-            self.write(current, durable=durable)
-        return current
-
-    # -- async API --
-
-    async def update(
-        self,
-        apply: Apply[T],
-        *,
-        durable: bool = True,
-        before: Callable[[], object] | None = None,
-        after: Callable[[T], Apply[T] | None] | None = None,
-    ) -> T:
-        """Apply ``apply`` to the state re-read from disk and persist its result.
-
-        ``apply`` is pure: it returns the new checkpoint (the same object when it changed
-        nothing, which skips the write) and a value handed back to the caller; an
-        exception it raises reaches the caller and leaves the file untouched by it.
-        Cancelling the caller does not cancel the write: it is either done or not begun.
-
-        The write is always atomic and visible to every process once this returns.
-        ``durable=False`` leaves out the directory fsync: the change then survives a
-        crash of any process but maybe not a power loss, which a caller may accept
-        when a reboot makes the change moot anyway (the boot ID drops every claim).
-
-        ``before`` and ``after`` are blocking side effects on other node state (CDI
-        specs) that must be ordered with this change: run in the worker thread under
-        the lock, ``before`` ahead of reading the file, ``after`` (given ``apply``'s
-        value) once the new content is written, so no extra thread hop is spent on
-        them. An exception in ``before`` skips ``apply``; one in ``after`` reaches the
-        caller with the change already written, for the caller to undo. ``after`` may
-        return a second apply, for the outcome of its side effect: it runs on the state
-        as it then is and is written (not durably, group-committed with the batch's
-        other second applies) before the caller gets its value instead of the first's.
-        """
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(apply, future, durable, before, after))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # Nobody will read the outcome now; fetch it so asyncio does not warn.
-            future.add_done_callback(lambda f: f.cancelled() or f.exception())
-            raise
-
-    async def snapshot(self) -> Checkpoint:
-        return await self.update(lambda cp: (cp, cp))
-
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            try:
-                outcomes = await asyncio.to_thread(self._transact, batch)
-            except Exception as exc:  # the file could not be read or written
-                outcomes = [(False, exc)] * len(batch)
-            for pending, (ok, value) in zip(batch, outcomes, strict=True):
-                if pending.future.done():
-                    continue
-                if ok:
-                    pending.future.set_result(value)
-                else:
-                    pending.future.set_exception(value)
+def is_marker(raw: bytes) -> bool:
+    return raw == marker()

@@ -10,6 +10,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes.aio.client import ApiClient
 
@@ -77,21 +78,28 @@ def _claim_not_found(exc: ApiError, ref: ClaimRef) -> bool:
     )
 
 
-async def _get_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
-    """GET the claim as a wire-form dict; raises :class:`ApiError`.
+class ClaimReader:
+    """GET a claim as a wire-form dict through the one API client (:mod:`driver.kubeapi`).
 
     Raw JSON, not the typed models: decoding a ResourceClaim into them costs more CPU
-    than the rest of a prepare, and we want the wire-form dict anyway.
+    than the rest of a prepare, and we want the wire-form dict anyway. Made once per
+    process; raises :class:`ApiError` (no answer included, as status 0).
     """
-    path = _CLAIM_PATH.format(namespace=ref.namespace, name=ref.name)
-    client = Client(api_client, request_timeout=_FETCH_TIMEOUT_S)
-    return await client.get_json(path, resource="resourceclaims")
+
+    def __init__(self, api_client: ApiClient) -> None:
+        self._client = Client(api_client, request_timeout=_FETCH_TIMEOUT_S)
+
+    async def get(self, ref: ClaimRef) -> dict[str, Any]:
+        path = _CLAIM_PATH.format(
+            namespace=quote(ref.namespace, safe=""), name=quote(ref.name, safe="")
+        )
+        return await self._client.get_json(path, resource="resourceclaims")
 
 
-async def fetch_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
+async def fetch_claim(reader: ClaimReader, ref: ClaimRef) -> dict[str, Any]:
     """The claim in wire form (camelCase dict)."""
     try:
-        return await _get_claim(api_client, ref)
+        return await reader.get(ref)
     except ApiError as exc:
         error = ClaimError if _claim_not_found(exc, ref) else ClaimFetchError
         message = exc.status_object.get("message") or exc
@@ -99,10 +107,10 @@ async def fetch_claim(api_client: ApiClient, ref: ClaimRef) -> dict[str, Any]:
         raise error(f"retrieve claim {ref}: {detail}") from exc
 
 
-async def claim_is_gone(api_client: ApiClient, ref: ClaimRef) -> bool | None:
+async def claim_is_gone(reader: ClaimReader, ref: ClaimRef) -> bool | None:
     """True only on proof (404, or the name now holds another UID); None when unknown."""
     try:
-        claim = await _get_claim(api_client, ref)
+        claim = await reader.get(ref)
     except ApiError as exc:
         return True if _claim_not_found(exc, ref) else None
     uid = (claim.get("metadata") or {}).get("uid")

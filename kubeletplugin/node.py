@@ -13,7 +13,6 @@ instance.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from kubernetes.aio import client
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME, kubeclient
 from driver.controller import SliceController
+from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
 from driver.inventory import Inventory
@@ -129,7 +129,7 @@ class _Node:
         # Owns the NVML backend (a simulated node's sysfs tree) for the process's life.
         self._exit_stack = contextlib.ExitStack()
         self._backend: tuple[Nvml, Path] | None = None
-        self._discover: Callable[[], Awaitable[Inventory]] | None = None
+        self._devices: NodeDevices | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
@@ -190,8 +190,9 @@ class _Node:
         async def _discover() -> Inventory:
             return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
 
-        self._discover = _discover
-        inventory = await _discover()
+        # One inventory for the publisher and the claim state, for the process's life.
+        self._devices = NodeDevices(_discover, node_name=cfg.node_name)
+        await self._devices.refresh()
         state_config = StateConfig(
             plugin_dir=cfg.plugins_dir / cfg.driver_name,
             cdi_root=cfg.cdi_root,
@@ -202,7 +203,7 @@ class _Node:
             pod_uid=cfg.pod_uid,
             nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
         )
-        return await DeviceState.open(state_config, self._api, inventory)
+        return await DeviceState.open(state_config, self._api, self._devices)
 
     def _load_nvml(self) -> "tuple[Nvml, Path]":
         from driver import nvml
@@ -222,7 +223,7 @@ class _Node:
 
     async def _serve(self, state: DeviceState) -> None:
         cfg = self._config
-        assert self._discover is not None, "_open_state runs first"
+        assert self._devices is not None, "_open_state runs first"
         dra = grpc.aio.server()
         draservice.add_to_server(dra, state)
         registration = grpc.aio.server()
@@ -243,7 +244,7 @@ class _Node:
             self._api,
             node_name=cfg.node_name,
             driver_name=cfg.driver_name,
-            discover=self._discover,
+            devices=self._devices.published,
             resync_period=cfg.slice_resync_period,
         )
         self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))

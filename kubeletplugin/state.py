@@ -1,65 +1,60 @@
 """Prepared-claim state of one node: prepare, unprepare, recovery, reconciliation.
 
-The checkpoint is the record: a claim is written ``PrepareStarted`` (which reserves its
-devices) before its CDI spec exists and ``PrepareCompleted`` after; unprepare removes
-the spec before it drops the entry. So on disk there is never a spec of ours without
-an entry, except after a crash between those steps, which recovery cleans up. Every
-read-modify-write re-reads the file under a cross-process lock, so two plugin pods
-serving the node during a surge upgrade never hand out one device twice.
-
-Durability, per prepare + unprepare: four atomic writes (temp, fsync, rename), and one
-directory fsync, five fsyncs in all. Only PrepareStarted is made durable (file and
-directory fsynced) before the next step, because it must be on disk before the CDI
-spec it accounts for can be. The CDI spec, PrepareCompleted and the unprepare's write
-are atomic (so no reader, nor a reboot, ever sees half a file) but not waited on to
-be durable: a crash of the process keeps them (they are in the page cache), and what
-would lose them, a power loss, also changes the boot ID, which drops every claim of
-the previous boot; the kubelet prepares them again. Without a boot ID the worst case
-is a claim unprepared just before a power loss that holds its devices until the
-reconciler sees the claim gone.
-
-The blocking work runs in worker threads, under the lock, through the checkpoint
-store's group commit, one thread hop per call: prepare writes PrepareStarted, then
-the CDI spec, then PrepareCompleted; unprepare removes the spec, then the entry.
-Claims prepared at the same time share their checkpoint writes.
+A prepare is one straight line, :meth:`DeviceState._prepare`: fetch the claim, plan
+(pure: which devices, what their CDI spec says), record (reserve each device), side
+effects (only for kinds that have them, after a per-claim record), the CDI spec
+(which is the claim's durable record), complete. An unprepare runs it backwards.
+The records, their crash safety and their durability are ``kubeletplugin.records``;
+startup recovery is ``kubeletplugin.recovery``.
 
 Each claim is handled in its own task: calls for one claim are serialized, distinct
-claims run in parallel, and a call the kubelet gives up on (45 s timeout) finishes in
-the background, so what it leaves on disk is always a whole step, never half of one.
+claims run in parallel and share no file and no lock, and a call the kubelet gives
+up on (45 s timeout) finishes in the background, so what it leaves on disk is always
+a whole step, never half of one. File steps that need no fsync are a few syscalls
+and run on the event loop; an fsync or a kind's side effect runs in a worker thread.
 """
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from kubernetes.aio.client import ApiClient
 
-from driver.errors import DriverError, PermanentError, RetryableError
-from driver.inventory import Inventory
-from driver.logs import kv
-from kubeletplugin import cdi, containertoolkit, dirs
-from kubeletplugin.checkpoint import (
-    Apply,
-    Checkpoint,
-    CheckpointStore,
-    ClaimRecord,
-    ClaimState,
-    CorruptCheckpointError,
-    DeviceRecord,
+from driver.devicekinds import (
+    DeviceKind,
+    NodeDevice,
+    NodeDevices,
+    PreparedClaim,
+    PreparedDevice,
+    by_name,
 )
+from driver.errors import DriverError
+from driver.logs import kv
+from kubeletplugin import cdi, containertoolkit, recovery
 from kubeletplugin.claims import (
     ClaimError,
     ClaimPlan,
+    ClaimReader,
     ClaimRef,
     claim_is_gone,
     fetch_claim,
     plan_claim,
 )
 from kubeletplugin.crashpoints import crashpoint
+from kubeletplugin.records import (
+    DeviceTakenError,
+    Holder,
+    RecordError,
+    Records,
+    parse_target,
+    valid_uid,
+)
+from kubeletplugin.recovery import ForeignStateError
 
 __all__ = [
     "ClaimRef",
@@ -67,6 +62,7 @@ __all__ = [
     "ForeignStateError",
     "PrepareResult",
     "PreparedDevice",
+    "RecordError",
     "StateConfig",
 ]
 
@@ -75,18 +71,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _GONE_CHECKS_IN_FLIGHT = 8
-
-# A prepare step's outcome ("started", "restarted" or "completed") and the claim's entry.
-_Step = tuple[str, ClaimRecord]
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,25 +94,8 @@ class StateConfig:
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
 
 
-class ForeignStateError(PermanentError):
-    """Another driver's state (checkpoint or CDI specs) sits under our names."""
-
-
-def _claim_kv(ref: ClaimRef | ClaimRecord) -> Mapping[str, Any]:
-    return kv(claim_uid=ref.uid, claim_namespace=ref.namespace, claim_name=ref.name)
-
-
-def _prepared(record: ClaimRecord) -> tuple[PreparedDevice, ...]:
-    return tuple(
-        PreparedDevice(
-            request_names=d.request_names,
-            pool_name=d.pool_name,
-            device_name=d.device_name,
-            cdi_device_ids=d.cdi_device_ids,
-            share_id=d.share_id,
-        )
-        for d in record.devices
-    )
+def _claim_kv(ref: ClaimRef | PreparedClaim | Holder) -> dict[str, Any]:
+    return dict(kv(claim_uid=ref.uid, claim_namespace=ref.namespace, claim_name=ref.name))
 
 
 def _read_boot_id(path: Path) -> str:
@@ -139,6 +106,15 @@ def _read_boot_id(path: Path) -> str:
         return ""
 
 
+def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
+    return tuple(d.device_name for d in claim.devices)
+
+
+def _kinds_of(claim: PreparedClaim) -> list[DeviceKind]:
+    kinds = by_name()
+    return [kinds[name] for name in sorted({d.kind for d in claim.devices})]
+
+
 class DeviceState:
     """Use :meth:`open`; the constructor does no I/O and no recovery."""
 
@@ -146,32 +122,36 @@ class DeviceState:
         self,
         config: StateConfig,
         api_client: ApiClient,
-        inventory: Inventory,
+        devices: NodeDevices,
         *,
-        boot_id: str,
+        records: Records,
         base_edits: Mapping[str, Any],
     ) -> None:
         self._config = config
-        self._api = api_client
-        self._gpus = inventory.by_device_name()
+        self._claims = ClaimReader(api_client)
+        self._devices = devices
         self._pool = config.pool_name or config.node_name
-        self._boot_id = boot_id
+        self._records = records
         self._base_edits = base_edits
-        self._store = CheckpointStore(
-            config.plugin_dir, boot_id=boot_id, on_corrupt=self._rebuild_from_specs
-        )
+        self._dev_root = cdi.dev_root(config.container_driver_root, config.nvidia_driver_root)
+        # Which devices each claim this process prepared or recovered holds: where an
+        # unprepare releases, without reading the spec back (another instance's claim
+        # is found by a look at every reservation).
+        self._held: dict[str, tuple[str, ...]] = {}
         self._claim_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
     async def open(
-        cls, config: StateConfig, api_client: ApiClient, inventory: Inventory
+        cls, config: StateConfig, api_client: ApiClient, devices: NodeDevices
     ) -> "DeviceState":
         """Check the node's state is ours, recover it, and get ready to serve.
 
-        Raises ForeignStateError / ForeignCheckpointError (another driver's state) and
-        containertoolkit.ToolkitError (no driver libraries to give containers): the node
-        process reports these once and stays not ready.
+        ``devices`` has been refreshed once. Raises ForeignStateError /
+        ForeignCheckpointError (another driver's state), RecordError (a record of this
+        boot this release cannot read) and containertoolkit.ToolkitError (no driver
+        libraries to give containers): the node process reports these once and stays
+        not ready.
         """
         boot_id = await asyncio.to_thread(_read_boot_id, config.boot_id_path)
         base_edits = await containertoolkit.base_edits(
@@ -179,19 +159,19 @@ class DeviceState:
             container_root=config.container_driver_root,
             host_root=config.nvidia_driver_root,
         )
-        await asyncio.to_thread(dirs.ensure_dir, config.plugin_dir, dirs.PRIVATE, ours=True)
-        await asyncio.to_thread(dirs.ensure_dir, config.cdi_root, dirs.CDI_ROOT)
-        state = cls(
-            config,
-            api_client,
-            inventory,
-            boot_id=boot_id,
-            base_edits=base_edits,
-        )
-        await asyncio.to_thread(state._recover)
+        records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id)
+        await asyncio.to_thread(records.make_dirs)
+        claims = await asyncio.to_thread(recovery.recover, records)
+        state = cls(config, api_client, devices, records=records, base_edits=base_edits)
+        state._held = {uid: _device_names(claim) for uid, claim in claims.items()}
         log.info(
             "device state ready",
-            extra=kv(node=config.node_name, pod_uid=config.pod_uid or "", gpus=len(state._gpus)),
+            extra=kv(
+                node=config.node_name,
+                pod_uid=config.pod_uid or "",
+                devices=len(devices.current),
+                claims=len(claims),
+            ),
         )
         return state
 
@@ -219,20 +199,19 @@ class DeviceState:
             await asyncio.sleep(period)
 
     async def reconcile(self) -> None:
-        """One round: drop entries of claims that are gone, then orphaned CDI specs."""
-        checkpoint = await self._store.snapshot()
+        """One round: unprepare the claims recorded here that are gone from the API server."""
+        holders = await asyncio.to_thread(self._recorded_claims)
         limit = asyncio.Semaphore(_GONE_CHECKS_IN_FLIGHT)
 
-        async def check(record: ClaimRecord) -> None:
-            ref = ClaimRef(uid=record.uid, namespace=record.namespace, name=record.name)
+        async def check(holder: Holder) -> None:
+            ref = ClaimRef(uid=holder.uid, namespace=holder.namespace, name=holder.name)
             async with limit:
-                gone = await claim_is_gone(self._api, ref)
+                gone = await claim_is_gone(self._claims, ref)
             if gone:
                 log.info("claim is gone from the API server; unpreparing", extra=_claim_kv(ref))
                 await self._detached(self._unprepare_one(ref))
 
-        await asyncio.gather(*(check(r) for r in checkpoint.claims.values()))
-        await asyncio.to_thread(self._sweep_orphan_specs)
+        await asyncio.gather(*(check(h) for h in holders))
 
     # ---- per-claim work ---------------------------------------------------------------
 
@@ -257,270 +236,210 @@ class DeviceState:
             else:
                 self._claim_locks[uid] = (lock, users - 1)
 
+    async def _file_step(self, step: Callable[..., T], *args: Any) -> T:
+        """A record write: inline when it is a few syscalls, in a thread when it fsyncs."""
+        if self._records.fsync:
+            return await asyncio.to_thread(step, *args)
+        return step(*args)
+
     async def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+        started = time.perf_counter()
+        outcome, result = "error", PrepareResult()
         async with self._claim_lock(ref.uid):
             try:
-                record = await self._prepare_locked(ref)
+                outcome, claim = await self._prepare(ref)
+                result = PrepareResult(devices=claim.devices)
             except DriverError as exc:
-                log.warning("prepare failed", extra={**_claim_kv(ref), "error": str(exc)})
-                return PrepareResult(error=str(exc))
+                result = PrepareResult(error=str(exc))
             except OSError as exc:  # disk full, read-only mount, …: a retry may succeed
                 log.error("prepare failed: node state I/O", extra={**_claim_kv(ref), "error": exc})
-                return PrepareResult(error=f"claim {ref}: writing node state failed: {exc}")
+                result = PrepareResult(error=f"claim {ref}: writing node state failed: {exc}")
             except Exception as exc:
                 log.exception("prepare failed unexpectedly", extra=_claim_kv(ref))
-                return PrepareResult(error=f"internal error preparing claim {ref}: {exc!r}")
-        return PrepareResult(devices=_prepared(record))
-
-    async def _prepare_locked(self, ref: ClaimRef) -> ClaimRecord:
-        claim = await fetch_claim(self._api, ref)
-        plan = plan_claim(claim, ref, driver_name=self._config.driver_name, pool_name=self._pool)
-        reserved: list[ClaimRecord] = []
-        spec_error: list[Exception] = []
-
-        def write_spec(step: _Step) -> Apply[_Step] | None:
-            # In the store's worker thread, under the lock, once PrepareStarted is durable
-            # (the spec must never be on disk without its entry). What it returns is
-            # written next, group-committed with other claims' completions.
-            outcome, record = step
-            if outcome == "completed":
-                return None
-            reserved.append(record)
-            crashpoint("after-prepare-started")
-            try:
-                # A claim with nothing on this node gets no spec (CDI wants a device).
-                if record.devices:
-                    spec = cdi.build_claim_spec(
-                        record, self._gpus, self._base_edits, boot_id=self._boot_id
-                    )
-                    cdi.write_spec(self._config.cdi_root, ref.uid, spec)
-            except Exception as exc:  # e.g. disk full: the reservation goes right away
-                spec_error.append(exc)
-                return lambda cp: (self._drop_started(cp, record.uid), step)
-            crashpoint("after-cdi-write")
-            return lambda cp: self._complete(cp, step)
-
-        try:
-            outcome, record = await self._store.update(
-                lambda cp: self._reserve(cp, plan), after=write_spec
-            )
-        except Exception:
-            # Not on cancellation: the store's worker finishes the steps regardless.
-            if reserved:  # the spec may be on disk without a completed entry
-                await self._roll_back(reserved[0])
-            raise
-        if spec_error:
-            raise spec_error[0]
-        if outcome == "completed":
-            await self._check_completed(record)
-            log.info("claim already prepared", extra=_claim_kv(ref))
-            return record
-        if outcome == "restarted":
-            log.warning("rolled back an interrupted prepare", extra=_claim_kv(ref))
-        crashpoint("after-prepare-completed")
+                result = PrepareResult(error=f"internal error preparing claim {ref}: {exc!r}")
         log.info(
-            "prepared claim",
-            extra={**_claim_kv(ref), "devices": ",".join(d.device_name for d in record.devices)},
+            "prepare",
+            extra={
+                **_claim_kv(ref),
+                "outcome": outcome,
+                "ms": round((time.perf_counter() - started) * 1e3, 2),
+                "devices": ",".join(d.device_name for d in result.devices),
+                **({"error": result.error} if result.error else {}),
+            },
         )
-        return record
+        return result
 
-    def _reserve(self, checkpoint: Checkpoint, plan: ClaimPlan) -> tuple[Checkpoint, _Step]:
-        """Pure check-and-reserve, applied to the state as re-read under the lock."""
+    async def _prepare(self, ref: ClaimRef) -> tuple[str, PreparedClaim]:
+        """Fetch, plan, record, side effects, CDI, complete; returns (outcome, claim)."""
+        if not valid_uid(ref.uid):
+            raise ClaimError(f"claim {ref}: uid {ref.uid!r} is not a Kubernetes UID")
+        # Fetch.
+        obj = await fetch_claim(self._claims, ref)
+        # Plan: pure, against the node's devices as last discovered.
+        devices = self._devices.current
+        plan = plan_claim(obj, ref, driver_name=self._config.driver_name, pool_name=self._pool)
+        claim = self._prepared_claim(plan, devices)
+        spec = cdi.encode(
+            cdi.build_claim_spec(
+                claim,
+                devices,
+                self._base_edits,
+                boot_id=self._records.boot_id,
+                dev_root=self._dev_root,
+            )
+        )
+        if not claim.devices:  # nothing of this claim is on this node: nothing to record
+            return "prepared", claim
+        existing = self._records.read_spec(ref.uid)
+        if existing == spec:
+            return "already-prepared", claim
+        if existing is not None:
+            self._check_same_devices(ref, existing, devices)
+        # Record: reserve each device (one symlink each; no lock, no shared file).
+        try:
+            self._records.reserve(claim)
+        except DeviceTakenError as exc:
+            raise ClaimError(str(exc)) from exc
+        crashpoint("after-reserve")
+        try:
+            # Side effects, after a record of what to undo (full GPUs have none).
+            kinds = [k for k in _kinds_of(claim) if k.has_side_effects(claim)]
+            if kinds:
+                await self._file_step(self._records.write_claim_record, claim)
+                crashpoint("after-claim-record")
+                for kind in kinds:
+                    await asyncio.to_thread(kind.prepare, claim)
+                crashpoint("after-side-effects")
+            # CDI: the spec is the claim's record; once it is in place the claim is prepared.
+            await self._file_step(self._records.write_spec, ref.uid, spec)
+        except BaseException:
+            await self._roll_back(claim)
+            raise
+        crashpoint("after-cdi-write")
+        # Complete.
+        self._held[ref.uid] = _device_names(claim)
+        return ("repaired" if existing is not None else "prepared"), claim
+
+    def _prepared_claim(self, plan: ClaimPlan, devices: Mapping[str, NodeDevice]) -> PreparedClaim:
+        """Pure: the claim as it will be recorded, each device checked to exist here."""
         ref = plan.ref
-        existing = checkpoint.claims.get(ref.uid)
-        if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
-            return checkpoint, ("completed", existing)
-        devices = []
+        prepared = []
         for planned in plan.devices:
-            gpu = self._gpus.get(planned.device_name)
-            if gpu is None:
+            device = devices.get(planned.device_name)
+            if device is None:
                 raise ClaimError(
                     f"claim {ref}: device {planned.device_name} (pool {planned.pool_name}) "
                     f"does not exist on node {self._config.node_name}"
                 )
-            if not planned.admin_access:
-                self._check_free(checkpoint, ref, planned.device_name)
-            devices.append(
-                DeviceRecord(
+            prepared.append(
+                PreparedDevice(
                     request_names=(planned.base_request,),
                     pool_name=planned.pool_name,
                     device_name=planned.device_name,
-                    gpu_uuid=gpu.uuid,
                     cdi_device_ids=(cdi.cdi_device_id(ref.uid, planned.device_name),),
                     share_id=planned.share_id,
                     admin_access=planned.admin_access,
+                    kind=device.kind,
+                    identity=tuple(sorted(device.identity.items())),
                 )
             )
-        record = ClaimRecord(
-            uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            state=ClaimState.PREPARE_STARTED,
-            devices=tuple(devices),
-        )
-        outcome = "restarted" if existing is not None else "started"
-        return checkpoint.with_claim(record), (outcome, record)
+        return PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(prepared))
 
     @staticmethod
-    def _check_free(checkpoint: Checkpoint, ref: ClaimRef, device_name: str) -> None:
-        for other in checkpoint.claims.values():
-            if other.uid == ref.uid:
-                continue
-            for device in other.devices:
-                if device.device_name == device_name and not device.admin_access:
-                    raise ClaimError(
-                        f"claim {ref}: device {device_name} is already prepared for claim "
-                        f"{other.namespace}/{other.name} (uid {other.uid})"
-                    )
-
-    @staticmethod
-    def _complete(checkpoint: Checkpoint, step: _Step) -> tuple[Checkpoint, _Step]:
-        outcome, record = step
-        current = checkpoint.claims.get(record.uid)
-        if current is None or current.devices != record.devices:
-            raise RetryableError(
-                f"claim {record.namespace}/{record.name} was unprepared while being prepared"
-            )
-        done = ClaimRecord(
-            uid=record.uid,
-            namespace=record.namespace,
-            name=record.name,
-            state=ClaimState.PREPARE_COMPLETED,
-            devices=record.devices,
-        )
-        return checkpoint.with_claim(done), (outcome, done)
-
-    @staticmethod
-    def _drop_started(checkpoint: Checkpoint, uid: str) -> Checkpoint:
-        current = checkpoint.claims.get(uid)
-        if current is not None and current.state is ClaimState.PREPARE_STARTED:
-            return checkpoint.without_claim(uid)
-        return checkpoint
-
-    async def _check_completed(self, record: ClaimRecord) -> None:
-        """Before answering from the checkpoint: same GPUs, spec still in place."""
-        for device in record.devices:
-            gpu = self._gpus.get(device.device_name)
-            now = gpu.uuid if gpu is not None else "none"
-            if now != device.gpu_uuid:
-                raise ClaimError(
-                    f"claim {record.namespace}/{record.name}: device {device.device_name} was "
-                    f"prepared with GPU {device.gpu_uuid} but is now {now}; unprepare the claim "
-                    "(delete the pod) and prepare it again"
-                )
-        path = cdi.spec_path(self._config.cdi_root, record.uid)
-        if record.devices and not await asyncio.to_thread(path.exists):
-            log.warning(
-                "CDI spec of a prepared claim was missing; rewriting", extra=_claim_kv(record)
-            )
-            spec = cdi.build_claim_spec(record, self._gpus, self._base_edits, boot_id=self._boot_id)
-            await asyncio.to_thread(cdi.write_spec, self._config.cdi_root, record.uid, spec)
-
-    async def _roll_back(self, record: ClaimRecord) -> None:
+    def _check_same_devices(
+        ref: ClaimRef, existing: bytes, devices: Mapping[str, NodeDevice]
+    ) -> None:
+        """A spec that differs from the one we would write: a swapped device is refused;
+        anything else (tampered, damaged, another release's layout) is rewritten."""
         try:
-            await self._store.update(
-                lambda cp: (self._drop_started(cp, record.uid), None),
-                durable=False,
-                before=lambda: cdi.remove_spec(self._config.cdi_root, record.uid),
-            )
-        except Exception:  # the entry stays PrepareStarted; the next prepare rolls it back
-            log.exception("rollback of a failed prepare failed", extra=_claim_kv(record))
+            recorded = cdi.claim_from_spec(cdi.parse(existing, Path(cdi.spec_name(ref.uid))))
+        except (ValueError, cdi.SpecError):
+            log.warning("CDI spec of a prepared claim was damaged; rewriting", extra=_claim_kv(ref))
+            return
+        if recorded.uid != ref.uid:
+            return
+        mismatch = cdi.identity_mismatch(recorded, devices)
+        if mismatch:
+            raise ClaimError(f"claim {ref}: {mismatch}")
+        log.warning("CDI spec of a prepared claim differed; rewriting", extra=_claim_kv(ref))
+
+    async def _roll_back(self, claim: PreparedClaim) -> None:
+        """Undo a prepare that failed half-way (e.g. disk full): nothing stays reserved."""
+        try:
+            self._records.remove_spec(claim.uid)
+            kinds = [k for k in _kinds_of(claim) if k.has_side_effects(claim)]
+            for kind in kinds:
+                await asyncio.to_thread(kind.unprepare, claim)
+            self._records.remove_claim_record(claim.uid)
+            self._records.release(claim.uid, [d.device_name for d in claim.devices])
+        except Exception:  # the reservation stays; the next prepare or unprepare retries
+            log.exception("rollback of a failed prepare failed", extra=_claim_kv(claim))
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
+        started = time.perf_counter()
         async with self._claim_lock(ref.uid):
-            removed: list[bool] = []
             try:
-                # Spec first, entry second: a crash in between leaves an entry without a
-                # spec (harmless, the kubelet retries), never a spec nobody accounts for.
-                known = await self._store.update(
-                    lambda cp: (cp.without_claim(ref.uid), ref.uid in cp.claims),
-                    durable=False,
-                    before=lambda: removed.append(cdi.remove_spec(self._config.cdi_root, ref.uid)),
-                )
+                outcome = await self._unprepare(ref)
+                error = ""
             except DriverError as exc:
-                log.warning("unprepare failed", extra={**_claim_kv(ref), "error": str(exc)})
-                return str(exc)
+                outcome, error = "error", str(exc)
             except OSError as exc:
                 log.error(
                     "unprepare failed: node state I/O", extra={**_claim_kv(ref), "error": exc}
                 )
-                return f"claim {ref}: writing node state failed: {exc}"
+                outcome, error = "error", f"claim {ref}: writing node state failed: {exc}"
             except Exception as exc:
                 log.exception("unprepare failed unexpectedly", extra=_claim_kv(ref))
-                return f"internal error unpreparing claim {ref}: {exc!r}"
-        if known or any(removed):
-            log.info("unprepared claim", extra=_claim_kv(ref))
-        else:
-            log.info("unprepare of a claim not prepared here: nothing to do", extra=_claim_kv(ref))
-        return ""
-
-    # ---- recovery (worker thread, under the file lock) ---------------------------------
-
-    def _rebuild_from_specs(self, error: CorruptCheckpointError) -> Checkpoint:
-        aside = self._store.move_aside()
-        scan = cdi.scan(self._config.cdi_root)
-        # A spec from an earlier boot explains no live claim; recovery then removes it.
-        # A spec without the annotation (an older release wrote it) is kept: reserving
-        # a device too long is safe, handing it out twice is not.
-        live = {
-            uid: record
-            for uid, record in scan.ours.items()
-            if scan.boot_ids.get(uid, "") in ("", self._boot_id)
-        }
-        log.error(
-            "checkpoint is corrupt: moved aside, state rebuilt from CDI specs",
-            extra=kv(
-                error=str(error),
-                moved_to=str(aside),
-                claims=len(live),
-                earlier_boot=len(scan.ours) - len(live),
-            ),
+                outcome, error = "error", f"internal error unpreparing claim {ref}: {exc!r}"
+        log.info(
+            "unprepare",
+            extra={
+                **_claim_kv(ref),
+                "outcome": outcome,
+                "ms": round((time.perf_counter() - started) * 1e3, 2),
+                **({"error": error} if error else {}),
+            },
         )
-        return Checkpoint(boot_id=self._boot_id, claims=live)
+        return error
 
-    def _recover(self) -> None:
-        root = self._config.cdi_root
-        with self._store.locked():
-            scan = cdi.scan(root)
-            if scan.foreign:
-                raise ForeignStateError(
-                    cdi.FOREIGN_MESSAGE.format(
-                        kind=cdi.KIND, root=root, files=", ".join(p.name for p in scan.foreign)
+    async def _unprepare(self, ref: ClaimRef) -> str:
+        """The prepare backwards: spec, side effects, their record, the reservations."""
+        if not valid_uid(ref.uid):
+            return "nothing-to-do"  # no such name can be one of our records
+        with_effects = self._records.read_claim_record(ref.uid)
+        # The spec first: from here on no new container gets the devices.
+        removed = self._records.remove_spec(ref.uid)
+        crashpoint("after-spec-removed")
+        if with_effects is not None:
+            for kind in _kinds_of(with_effects):
+                await asyncio.to_thread(kind.unprepare, with_effects)
+            self._records.remove_claim_record(ref.uid)
+            crashpoint("after-side-effects-undone")
+        released = self._records.release(ref.uid, self._held.pop(ref.uid, None))
+        return "unprepared" if removed or released or with_effects else "nothing-to-do"
+
+    # ---- reconciliation (worker thread) -----------------------------------------------
+
+    def _recorded_claims(self) -> list[Holder]:
+        """Every claim some record of this node names: specs, reservations, side effects."""
+        found: dict[str, Holder] = {}
+        for target in self._records.reservations().values():
+            holder = parse_target(target)
+            if holder is not None:
+                found[holder.uid] = holder
+        for path in self._records.spec_files():
+            try:
+                spec = cdi.parse(path.read_bytes(), path)
+                if cdi.is_ours(spec):
+                    claim = cdi.claim_from_spec(spec)
+                    found.setdefault(claim.uid, Holder(claim.uid, claim.namespace, claim.name))
+            except (OSError, ValueError, cdi.SpecError):
+                continue  # judged at the next start, not here
+        for path in self._records.claim_record_files():
+            with contextlib.suppress(OSError, RecordError):
+                effects = self._records.read_claim_record(path.stem)
+                if effects is not None:
+                    found.setdefault(
+                        effects.uid, Holder(effects.uid, effects.namespace, effects.name)
                     )
-                )
-            for path, problem in scan.unreadable:
-                log.error(
-                    "unreadable CDI spec of ours left in place", extra=kv(path=path, error=problem)
-                )
-            original = checkpoint = self._store.load()
-            if checkpoint.boot_id and self._boot_id and checkpoint.boot_id != self._boot_id:
-                log.warning(
-                    "node rebooted since the checkpoint was written: dropping prepared claims",
-                    extra=kv(claims=len(checkpoint.claims)),
-                )
-                checkpoint = Checkpoint(boot_id=self._boot_id)
-            elif checkpoint.boot_id != self._boot_id:
-                checkpoint = Checkpoint(boot_id=self._boot_id, claims=checkpoint.claims)
-            for record in checkpoint.claims.values():
-                if record.state is ClaimState.PREPARE_STARTED and cdi.remove_spec(root, record.uid):
-                    log.warning(
-                        "interrupted prepare rolled back: CDI spec removed, devices stay "
-                        "reserved until the kubelet retries or the claim is gone",
-                        extra=_claim_kv(record),
-                    )
-            self._remove_orphans(scan, checkpoint)
-            if checkpoint is not original:
-                self._store.write(checkpoint)
-
-    def _remove_orphans(self, scan: cdi.SpecScan, checkpoint: Checkpoint) -> None:
-        for uid, record in scan.ours.items():
-            if uid not in checkpoint.claims:
-                cdi.remove_spec(self._config.cdi_root, uid)
-                log.warning(
-                    "removed a CDI spec no prepared claim explains", extra=_claim_kv(record)
-                )
-
-    def _sweep_orphan_specs(self) -> None:
-        with self._store.locked():
-            checkpoint = self._store.load()
-            self._remove_orphans(cdi.scan(self._config.cdi_root), checkpoint)
+        return list(found.values())

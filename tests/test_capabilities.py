@@ -24,9 +24,8 @@ from driver.controller.capabilities import (
     probe_slices,
     uses_gated_fields,
 )
-from driver.inventory import Inventory
 from driver.kubeapi import Client, RejectedError
-from driver.resourceslice import build_resource_slices
+from driver.resourceslice import build_devices
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import DRIVER, NODE, Hardware
 
@@ -172,16 +171,19 @@ def test_fit_leaves_out_unsafe_devices_and_strips_harmless_fields() -> None:
     assert not uses_gated_fields([{"spec": {"devices": [{"name": "plain", "capacity": {}}]}}])
 
 
-def with_gated_fields(inventory: Inventory) -> list[dict[str, Any]]:
+def gated_devices(hardware: Hardware) -> Callable[[], Any]:
     """A kind that needs gated fields: GPUs, one of them tainted, all shareable."""
-    slices = build_resource_slices(inventory, driver_name=DRIVER, node_name=NODE)
-    slices = copy.deepcopy(slices)
-    for device in slices[0]["spec"]["devices"]:
-        device["allowMultipleAllocations"] = True
-    slices[0]["spec"]["devices"][0]["taints"] = [
-        {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
-    ]
-    return slices
+
+    async def devices() -> list[dict[str, Any]]:
+        found = copy.deepcopy(build_devices(await hardware.discover(), node_name=NODE))
+        for device in found:
+            device["allowMultipleAllocations"] = True
+        found[0]["taints"] = [
+            {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+        ]
+        return found
+
+    return devices
 
 
 async def test_a_kind_needing_dropped_fields_gets_one_line_and_no_rewrite_loop(
@@ -194,8 +196,7 @@ async def test_a_kind_needing_dropped_fields_gets_one_line_and_no_rewrite_loop(
         api,
         node_name=NODE,
         driver_name=DRIVER,
-        discover=hardware.discover,
-        build_slices=with_gated_fields,
+        devices=gated_devices(hardware),
         request_timeout=2.0,
         backoff_cap=0.2,
     )
@@ -231,8 +232,7 @@ async def test_a_server_with_every_gate_on_gets_every_field(
         api,
         node_name=NODE,
         driver_name=DRIVER,
-        discover=hardware.discover,
-        build_slices=with_gated_fields,
+        devices=gated_devices(hardware),
         request_timeout=2.0,
         backoff_cap=0.2,
     )

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from driver.inventory import Gpu
+from driver.devicekinds import NodeDevice, PreparedClaim, PreparedDevice
+from driver.devicekinds.gpu import node_device
+from driver.inventory import Gpu, Inventory
 from kubeletplugin import cdi
-from kubeletplugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
 from kubeletplugin.containertoolkit import base_edits, translate_edits
+from kubeletplugin.records import Records
 
 # The CDI specification's own schema, kept as test data (see its README for the origin).
 SCHEMA_DIR = Path(__file__).resolve().parent / "data" / "cdi-schema"
@@ -63,23 +65,27 @@ def make_gpu(minor: int) -> Gpu:
 
 
 GPUS = {g.device_name: g for g in (make_gpu(i) for i in range(8))}
+_INVENTORY = Inventory("580.95.05", (13, 0), tuple(GPUS.values()))
+DEVICES: dict[str, NodeDevice] = {
+    name: node_device(gpu, _INVENTORY, node_name="node-a") for name, gpu in GPUS.items()
+}
 UID = "0b0c1f8e-6a3b-4b8a-9d1e-3f0f5c2d7e11"
 
 
-def _record(*devices: str, admin: bool = False) -> ClaimRecord:
-    return ClaimRecord(
+def _record(*devices: str, admin: bool = False) -> PreparedClaim:
+    return PreparedClaim(
         uid=UID,
         namespace="team-a",
         name="train",
-        state=ClaimState.PREPARE_COMPLETED,
         devices=tuple(
-            DeviceRecord(
+            PreparedDevice(
                 request_names=("gpus",),
                 pool_name="node-a",
                 device_name=d,
-                gpu_uuid=GPUS[d].uuid,
                 cdi_device_ids=(cdi.cdi_device_id(UID, d),),
                 admin_access=admin,
+                kind="gpu",
+                identity=(("gpu-uuid", GPUS[d].uuid),),
             )
             for d in devices
         ),
@@ -87,7 +93,7 @@ def _record(*devices: str, admin: bool = False) -> ClaimRecord:
 
 
 def test_claim_spec_contents() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-3", "gpu-1"), GPUS, {})
+    spec = cdi.build_claim_spec(_record("gpu-3", "gpu-1"), DEVICES, {})
     assert_valid_spec(spec)
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
     assert spec["cdiVersion"] == "0.6.0"
@@ -125,28 +131,30 @@ def test_base_edits_are_merged_and_version_follows_fields() -> None:
             }
         ],
     }
-    spec = cdi.build_claim_spec(_record("gpu-0"), GPUS, base)
+    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, base)
     assert_valid_spec(spec)
     assert spec["containerEdits"]["env"][0] == "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"
     assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"]
     assert spec["containerEdits"]["mounts"] == base["mounts"]
     assert spec["containerEdits"]["hooks"] == base["hooks"]
     assert base["env"] == ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"]  # input not mutated
-    with_gids = cdi.build_claim_spec(_record("gpu-0"), GPUS, {"additionalGids": [44]})
+    with_gids = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {"additionalGids": [44]})
     assert_valid_spec(with_gids)
     assert with_gids["cdiVersion"] == "0.7.0"
 
 
-def test_spec_round_trips_to_the_checkpoint_record(tmp_path: Path) -> None:
+def test_spec_round_trips_to_the_record(tmp_path: Path) -> None:
     record = _record("gpu-2", "gpu-5", admin=True)
-    path = cdi.write_spec(tmp_path, UID, cdi.build_claim_spec(record, GPUS, {}))
-    assert path == tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1")
+    spec = cdi.build_claim_spec(record, DEVICES, {}, boot_id="boot-1")
+    records.write_spec(UID, cdi.encode(spec))
+    path = tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.json"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
-    scan = cdi.scan(tmp_path)
-    assert scan.ours == {UID: record}
-    assert not scan.foreign and not scan.unreadable
-    assert cdi.remove_spec(tmp_path, UID)
-    assert not cdi.remove_spec(tmp_path, UID)  # idempotent
+    assert records.spec_files() == [path]
+    assert cdi.claim_from_spec(json.loads(path.read_text())) == record
+    assert cdi.boot_of(spec) == "boot-1"
+    assert records.remove_spec(UID)
+    assert not records.remove_spec(UID)  # idempotent
 
 
 def test_nvidia_driver_specs_are_foreign_others_ignored(tmp_path: Path) -> None:
@@ -155,14 +163,27 @@ def test_nvidia_driver_specs_are_foreign_others_ignored(tmp_path: Path) -> None:
         "kind": "k8s.gpu.nvidia.com/claim",
         "devices": [{"name": f"{UID}-gpu-0", "containerEdits": {"env": ["X=1"]}}],
     }
+    assert cdi.is_foreign(nvidia_claim) and not cdi.is_ours(nvidia_claim)
     (tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.yaml").write_text(json.dumps(nvidia_claim))
-    # The container toolkit's own static spec is not a DRA driver's: left alone.
+    # The container toolkit's own static spec is not a DRA driver's: not even looked at.
     (tmp_path / "nvidia.yaml").write_text(json.dumps({**nvidia_claim, "kind": "nvidia.com/gpu"}))
-    (tmp_path / "k8s.gpu.nvidia.com-claim_broken.json").write_text("{not json")
-    scan = cdi.scan(tmp_path)
-    assert [p.name for p in scan.foreign] == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]
-    assert [p.name for p, _ in scan.unreadable] == ["k8s.gpu.nvidia.com-claim_broken.json"]
-    assert scan.ours == {}
+    records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1")
+    assert [p.name for p in records.spec_files()] == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]
+    ours = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {})
+    assert cdi.is_ours(ours) and not cdi.is_foreign(ours)
+
+
+def test_a_spec_this_release_cannot_read_is_an_error_not_an_empty_claim() -> None:
+    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {})
+    newer = {**spec, "annotations": {**spec["annotations"], cdi.RECORD_VERSION: "3"}}
+    with pytest.raises(cdi.SpecError, match="newer"):
+        cdi.claim_from_spec(newer)
+    unknown_kind = json.loads(json.dumps(spec))
+    unknown_kind["devices"][0]["annotations"][cdi.DEVICE_KIND] = "quantum"
+    with pytest.raises(cdi.SpecError, match="unknown kind"):
+        cdi.claim_from_spec(unknown_kind)
+    with pytest.raises(cdi.SpecError, match="layout"):
+        cdi.claim_from_spec({**spec, "devices": None})
 
 
 def test_translate_edits_maps_container_paths_to_host_paths() -> None:
@@ -249,6 +270,6 @@ async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
 
 
 def test_schema_check_is_not_vacuous() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-0"), GPUS, {})
+    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {})
     spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"hostPath": "/dev/nvidia0"}]
     assert list(_validator().iter_errors(spec)), "a device node without path must fail"

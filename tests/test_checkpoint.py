@@ -1,22 +1,21 @@
-"""Checkpoint format (versions, checksum, foreign files) and the store (atomic, locked, batched)."""
+"""Release 0.1.0's checkpoint format (versions, checksum, foreign files), read to migrate."""
 
-import asyncio
 import json
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from kubeletplugin.checkpoint import (
     Checkpoint,
-    CheckpointStore,
     ClaimRecord,
     ClaimState,
     CorruptCheckpointError,
     DeviceRecord,
     ForeignCheckpointError,
+    UnknownCheckpointError,
     decode,
     encode,
+    is_marker,
+    marker,
 )
 
 
@@ -79,8 +78,27 @@ def test_unknown_fields_are_tolerated() -> None:
 
     document["checksum"] = _checksum(data)
     assert decode(json.dumps(document).encode()) == _checkpoint()
-    document["version"] = 7  # a newer writer: read with the newest reader we have
-    assert decode(json.dumps(document).encode()) == _checkpoint()
+    document["version"] = 7  # a newer writer: refused, never read as what it may not be
+    with pytest.raises(UnknownCheckpointError, match="version 7"):
+        decode(json.dumps(document).encode())
+
+
+def test_claims_under_another_key_are_refused_not_read_as_none() -> None:
+    from kubeletplugin.checkpoint import _checksum
+
+    document = json.loads(encode(_checkpoint()))
+    document["data"]["preparedClaims"] = document["data"].pop("claims")
+    document["checksum"] = _checksum(document["data"])
+    with pytest.raises(UnknownCheckpointError, match="layout"):
+        decode(json.dumps(document).encode())
+
+
+def test_the_marker_is_what_0_1_0_reads_as_a_corrupt_checkpoint() -> None:
+    # 0.1.0's decode (this one, for versions 1 and 2) checks the checksum before the
+    # version: the marker is "corrupt" to it, so it rebuilds from the CDI specs.
+    with pytest.raises(CorruptCheckpointError, match="checksum"):
+        decode(marker())
+    assert is_marker(marker()) and not is_marker(encode(_checkpoint()))
 
 
 def test_version_1_is_upgraded() -> None:
@@ -123,83 +141,3 @@ def test_nvidia_driver_checkpoint_is_foreign() -> None:
             json.dumps(nvidia).encode(),
             path="/var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json",
         )
-
-
-def _store(tmp_path: Path, corrupt: list[CorruptCheckpointError] | None = None) -> CheckpointStore:
-    def on_corrupt(error: CorruptCheckpointError) -> Checkpoint:
-        assert corrupt is not None, f"unexpected corrupt checkpoint: {error}"
-        corrupt.append(error)
-        return Checkpoint(boot_id="boot-1")
-
-    return CheckpointStore(tmp_path, boot_id="boot-1", on_corrupt=on_corrupt)
-
-
-async def test_store_writes_atomically_and_leaves_no_temp_files(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    assert await store.update(lambda cp: (cp.with_claim(_record("u1")), "ok")) == "ok"
-    assert decode(store.path.read_bytes()).claims == {"u1": _record("u1")}
-    names = await asyncio.to_thread(lambda: sorted(p.name for p in tmp_path.iterdir()))
-    assert names == ["checkpoint.json", "checkpoint.lock"]
-
-
-async def test_concurrent_updates_all_land_and_one_refusal_stays_local(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-
-    def add(uid: str) -> Callable[[Checkpoint], tuple[Checkpoint, str]]:
-        return lambda cp: (cp.with_claim(_record(uid, f"gpu-{uid}")), uid)
-
-    def refuse(cp: Checkpoint) -> tuple[Checkpoint, str]:
-        raise ValueError("refused")
-
-    tasks = [store.update(add(str(i))) for i in range(30)]
-    results = await asyncio.gather(*tasks, store.update(refuse), return_exceptions=True)
-    assert results[:30] == [str(i) for i in range(30)]
-    assert isinstance(results[30], ValueError)
-    assert set(decode(store.path.read_bytes()).claims) == {str(i) for i in range(30)}
-
-
-async def test_two_stores_on_one_directory_lose_no_update(tmp_path: Path) -> None:
-    # Two plugin instances (surge upgrade): each re-reads under the file lock.
-    first, second = _store(tmp_path), _store(tmp_path)
-
-    def add(uid: str) -> Callable[[Checkpoint], tuple[Checkpoint, None]]:
-        return lambda cp: (cp.with_claim(_record(uid, uid)), None)
-
-    updates = [
-        store.update(add(f"{n}-{i}"))
-        for i in range(15)
-        for n, store in (("a", first), ("b", second))
-    ]
-    await asyncio.gather(*updates)
-    assert len(decode(tmp_path.joinpath("checkpoint.json").read_bytes()).claims) == 30
-
-
-async def test_cancelled_caller_does_not_cancel_the_write(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    task = asyncio.create_task(store.update(lambda cp: (cp.with_claim(_record("u1")), None)))
-    await asyncio.sleep(0)  # let it enqueue
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert "u1" in (await store.snapshot()).claims
-
-
-async def test_corrupt_file_goes_through_on_corrupt_and_is_moved_aside(tmp_path: Path) -> None:
-    seen: list[CorruptCheckpointError] = []
-    store = _store(tmp_path, seen)
-    store.path.write_bytes(b'{"kind": "GpuDraCheckpoint", "vers')
-    assert (await store.snapshot()).claims == {}
-    assert len(seen) == 1
-    # on_corrupt here does not move the file itself; the store rewrote a valid one.
-    assert decode(store.path.read_bytes()).boot_id == "boot-1"
-    aside = store.move_aside()
-    assert aside.name.startswith("checkpoint.json.corrupt-")
-    assert not store.path.exists()
-
-
-async def test_foreign_file_fails_every_update(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.path.write_text(json.dumps({"checksum": 1, "v1": {}, "v2": {}}))
-    with pytest.raises(ForeignCheckpointError):
-        await store.update(lambda cp: (cp.with_claim(_record("u1")), None))
-    assert json.loads(store.path.read_text()) == {"checksum": 1, "v1": {}, "v2": {}}

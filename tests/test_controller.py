@@ -16,6 +16,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.controller import ApiVersionMissingError, NodeNotFoundError, SliceController
+from driver.devicekinds import NodeDevices
 from driver.discovery import NvmlNotReadyError, discover
 from driver.errors import RetryableError
 from driver.inventory import Inventory
@@ -57,7 +58,11 @@ class Running:
         kw.setdefault("request_timeout", 2.0)
         kw.setdefault("backoff_cap", 0.2)
         controller = SliceController(
-            self.api_client, node_name=NODE, driver_name=DRIVER, discover=discover, **kw
+            self.api_client,
+            node_name=NODE,
+            driver_name=DRIVER,
+            devices=NodeDevices(discover, node_name=NODE).published,
+            **kw,
         )
         self.tasks.append(asyncio.create_task(controller.run()))
         return controller
@@ -709,7 +714,10 @@ async def test_server_without_resource_v1_stops_with_one_clear_error(
 ) -> None:
     apiserver.faults.serve_resource_v1 = False
     controller = SliceController(
-        api_client, node_name=NODE, driver_name=DRIVER, discover=hardware.discover
+        api_client,
+        node_name=NODE,
+        driver_name=DRIVER,
+        devices=NodeDevices(hardware.discover, node_name=NODE).published,
     )
     with pytest.raises(ApiVersionMissingError, match=r"does not serve resource\.k8s\.io/v1"):
         await asyncio.wait_for(controller.run(), TIMEOUT)
@@ -719,7 +727,10 @@ async def test_unknown_node_is_a_clear_error(
     apiserver: LocalApiServer, api_client: Any, hardware: Hardware
 ) -> None:
     controller = SliceController(
-        api_client, node_name="no-such-node", driver_name=DRIVER, discover=hardware.discover
+        api_client,
+        node_name="no-such-node",
+        driver_name=DRIVER,
+        devices=NodeDevices(hardware.discover, node_name="no-such-node").published,
     )
     with pytest.raises(NodeNotFoundError, match="no-such-node"):
         await asyncio.wait_for(controller.run(), TIMEOUT)

@@ -23,6 +23,7 @@ from driver.controller.lease import (
     format_micro_time,
     parse_time,
 )
+from driver.devicekinds import NodeDevices
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import Hardware
 
@@ -180,7 +181,7 @@ def _start(
         api_client,
         node_name=NODE,
         driver_name="gpu.nvidia.com",
-        discover=hardware.discover,
+        devices=NodeDevices(hardware.discover, node_name=NODE).published,
         identity=identity,
         namespace=NAMESPACE,
         resync_period=3600,

@@ -55,6 +55,8 @@ async def test_directories_get_explicit_modes_under_umask_000(
         # the kubelet's group, by design).
         for top in (dirs.registry, dirs.plugins, dirs.cdi):
             for path in (top, *top.rglob("*")):
+                if path.is_symlink():  # a device reservation: Linux ignores a link's mode
+                    continue
                 allowed = 0o020 if stat.S_ISSOCK(path.lstat().st_mode) else 0
                 assert _mode(path) & 0o022 & ~allowed == 0, f"{path}: {oct(_mode(path))}"
     finally:

@@ -3,7 +3,7 @@
 The kubelet simulator registers through the registration socket and then
 drives NodePrepareResources / NodeUnprepareResources over v1 and v1beta1; the
 claims live in the local API server with a status.allocation as the scheduler
-writes it, and the plugin's real DeviceState, CDI writer and checkpoint do the work.
+writes it, and the plugin's real DeviceState, CDI writer and claim records do the work.
 """
 
 import asyncio

@@ -5,7 +5,6 @@ deadline (socket answers, health SERVING, process exit).
 """
 
 import asyncio
-import json
 import signal
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -58,10 +57,14 @@ def _start(
     return proc
 
 
-def _checkpoint_claims(dirs: NodeDirs) -> dict[str, Any]:
-    data = json.loads((dirs.plugin_data / "checkpoint.json").read_text())
-    claims: dict[str, Any] = data["data"]["claims"]
-    return claims
+def _reservations(dirs: NodeDirs) -> dict[str, str]:
+    """device -> uid of the claim it is reserved for."""
+    devices = dirs.plugin_data / "devices"
+    return {p.name: str(p.readlink()).split(":")[0] for p in devices.iterdir()}
+
+
+def _temp_files(dirs: NodeDirs) -> list[str]:
+    return [p.name for root in (dirs.cdi, dirs.plugin_data) for p in root.rglob("*.tmp")]
 
 
 async def _slice_count(api: Any) -> int:
@@ -84,9 +87,7 @@ def _specs(dirs: NodeDirs) -> list[str]:
     return sorted(p.read_text() for p in dirs.cdi.iterdir()) if dirs.cdi.exists() else []
 
 
-@pytest.mark.parametrize(
-    "crashpoint", ["after-prepare-started", "after-cdi-write", "after-prepare-completed"]
-)
+@pytest.mark.parametrize("crashpoint", ["after-reserve", "after-cdi-write"])
 async def test_sigkill_during_prepare_then_kubelet_retry(
     kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess], crashpoint: str
 ) -> None:
@@ -111,11 +112,12 @@ async def test_sigkill_during_prepare_then_kubelet_retry(
         assert list(entry.devices[0].cdi_device_ids) == [
             f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0"
         ]
-        # Exactly one spec, this claim's; the checkpoint has it completed.
+        # Exactly one spec, this claim's, and its device reserved for it.
         specs = _specs(dirs)
         assert len(specs) == 1
         assert claim.uid in specs[0]
-        assert _checkpoint_claims(dirs)[claim.uid]["state"] == "PrepareCompleted"
+        assert _reservations(dirs) == {"gpu-0": claim.uid}
+        assert _temp_files(dirs) == []
         # The reservation survived the crash: gpu-0 is not handed out twice.
         refused = await kubelet.prepare([rival])
         assert "gpu-0" in refused.claims[rival.uid].error
@@ -123,7 +125,7 @@ async def test_sigkill_during_prepare_then_kubelet_retry(
         out = await kubelet.unprepare([claim])
         assert out.claims[claim.uid].error == ""
         assert _specs(dirs) == []
-        assert claim.uid not in _checkpoint_claims(dirs)
+        assert _reservations(dirs) == {}
         assert (await kubelet.prepare([rival])).claims[rival.uid].error == ""
     await _wait_for_slices(api)
     assert await plugin.terminate() == 0
@@ -131,6 +133,34 @@ async def test_sigkill_during_prepare_then_kubelet_retry(
     assert not plugin.paths.dra.exists()
     # A clean stop leaves the node's slices for the next instance to take over.
     assert await _slice_count(api) > 0
+
+
+async def test_sigkill_during_unprepare_then_kubelet_retry(
+    kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess]
+) -> None:
+    api, kubeconfig = kube
+    claim = await create_claim(api, "leaving", node=NODE, devices=["gpu-1"])
+    rival = await create_claim(api, "next", node=NODE, devices=["gpu-1"])
+
+    doomed = _start(processes, dirs, kubeconfig, crashpoint="after-spec-removed")
+    await doomed.wait_ready()
+    async with await KubeletSim.register(doomed.paths.registration) as kubelet:
+        assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
+        with pytest.raises(grpc.aio.AioRpcError):
+            await kubelet.unprepare([claim])
+    assert await doomed.wait_exit() == -signal.SIGKILL
+    # The spec went first: no container gets the GPU, which stays reserved.
+    assert _specs(dirs) == []
+    assert _reservations(dirs) == {"gpu-1": claim.uid}
+
+    plugin = _start(processes, dirs, kubeconfig)
+    await plugin.wait_ready()
+    async with await KubeletSim.register(plugin.paths.registration) as kubelet:
+        assert "gpu-1" in (await kubelet.prepare([rival])).claims[rival.uid].error
+        assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
+        assert _reservations(dirs) == {}
+        assert (await kubelet.prepare([rival])).claims[rival.uid].error == ""
+    assert await plugin.terminate() == 0
 
 
 async def test_two_pod_uids_serve_one_node(
@@ -155,7 +185,7 @@ async def test_two_pod_uids_serve_one_node(
         assert via_old.registration.info.endpoint == str(old.paths.dra)
         assert via_new.registration.info.endpoint == str(new.paths.dra)
         assert (await via_old.prepare([first])).claims[first.uid].error == ""
-        # The sibling sees the shared checkpoint, not a stale copy of its own.
+        # The sibling sees the device reservations on disk, not a stale copy of its own.
         refused = await via_new.prepare([same_gpu])
         assert "gpu-0" in refused.claims[same_gpu.uid].error
         assert (await via_new.prepare([other_gpu])).claims[other_gpu.uid].error == ""

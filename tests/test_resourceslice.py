@@ -6,19 +6,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from driver.devicekinds.gpu import nvlink_domain, semver
 from driver.discovery import discover
 from driver.inventory import Gpu, Inventory
 from driver.limits import validate_resource_slice
 from driver.nvml.faults import Faults
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
-from driver.resourceslice import (
-    build_devices,
-    build_resource_slices,
-    nvlink_domain,
-    semver,
-    split_devices,
-)
+from driver.resourceslice import build_devices, build_resource_slices, split_devices
 
 DRIVER = "gpu.nvidia.com"
 KUBERNETES_VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")

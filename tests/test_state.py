@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
+from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.inventory import Inventory
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin import cdi
-from kubeletplugin.checkpoint import ClaimState, ForeignCheckpointError, _checksum, decode
+from kubeletplugin import cdi, checkpoint
+from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
 from kubeletplugin.containertoolkit import ToolkitError
-from kubeletplugin.state import ClaimRef, DeviceState, ForeignStateError, StateConfig
+from kubeletplugin.records import Records
+from kubeletplugin.state import ClaimRef, DeviceState, ForeignStateError, RecordError, StateConfig
 from sandbox.apiserver import LocalApiServer
 from tests.test_cdi import assert_valid_spec
 
@@ -38,6 +40,25 @@ def _inventory(profile: str, tmp_root: Path) -> Inventory:
     return _inventories[profile]
 
 
+def devices_of(inventory: Inventory) -> NodeDevices:
+    return NodeDevices.of(inventory, node_name=NODE)
+
+
+def reservations(config: StateConfig) -> dict[str, str]:
+    """device -> uid of the claim it is reserved for."""
+    records = Records(config.plugin_dir, config.cdi_root, boot_id="")
+    return {name: target.split(":")[0] for name, target in records.reservations().items()}
+
+
+def prepared_claims(config: StateConfig) -> dict[str, Any]:
+    """uid -> what the claim's spec (its record) says was prepared."""
+    out = {}
+    for path in sorted(config.cdi_root.glob("*.json")):
+        claim = cdi.claim_from_spec(json.loads(path.read_text()))
+        out[claim.uid] = claim
+    return out
+
+
 @dataclass
 class Node:
     """One simulated node's plugin state, reopened at will (a plugin restart)."""
@@ -51,6 +72,12 @@ class Node:
     def checkpoint_path(self) -> Path:
         return self.config.plugin_dir / "checkpoint.json"
 
+    def reservations(self) -> dict[str, str]:
+        return reservations(self.config)
+
+    def prepared(self) -> dict[str, Any]:
+        return prepared_claims(self.config)
+
     def spec_path(self, uid: str) -> Path:
         return cdi.spec_path(self.config.cdi_root, uid)
 
@@ -59,7 +86,7 @@ class Node:
         return spec
 
     async def restart(self) -> DeviceState:
-        self.state = await DeviceState.open(self.config, self.api, self.inventory)
+        self.state = await DeviceState.open(self.config, self.api, devices_of(self.inventory))
         return self.state
 
     async def claim(
@@ -153,7 +180,7 @@ async def node(api_client: k8s.ApiClient, tmp_path: Path) -> Node:
     api = api_client
     config = _config(tmp_path)
     inventory = _inventory("p5.48xlarge", tmp_path)
-    return Node(api, config, inventory, await DeviceState.open(config, api, inventory))
+    return Node(api, config, inventory, await DeviceState.open(config, api, devices_of(inventory)))
 
 
 # ---- prepare / unprepare ------------------------------------------------------------------
@@ -178,9 +205,12 @@ async def test_prepare_returns_devices_and_writes_a_valid_spec(node: Node) -> No
         f"GPU_DRA_VISIBLE_GPU_UUIDS={gpus['gpu-1'].uuid},{gpus['gpu-3'].uuid}"
         in (spec["containerEdits"]["env"])
     )
-    record = decode(node.checkpoint_path.read_bytes()).claims[ref.uid]
-    assert record.state is ClaimState.PREPARE_COMPLETED
-    assert {d.gpu_uuid for d in record.devices} == {gpus["gpu-1"].uuid, gpus["gpu-3"].uuid}
+    record = node.prepared()[ref.uid]
+    assert {dict(d.identity)["gpu-uuid"] for d in record.devices} == {
+        gpus["gpu-1"].uuid,
+        gpus["gpu-3"].uuid,
+    }
+    assert node.reservations() == {"gpu-1": ref.uid, "gpu-3": ref.uid}
 
 
 async def test_prepare_is_idempotent_also_after_the_spec_was_deleted(node: Node) -> None:
@@ -203,9 +233,9 @@ async def test_unprepare_removes_spec_and_entry_and_unknown_claims_are_fine(
     await delete_claim(node.api, ref)
     requests = len(apiserver.requests)
     assert await node.state.unprepare([ref, unknown]) == {ref.uid: "", unknown.uid: ""}
-    assert len(apiserver.requests) == requests  # from the checkpoint alone
+    assert len(apiserver.requests) == requests  # from the node's records alone
     assert not node.spec_path(ref.uid).exists()
-    assert ref.uid not in decode(node.checkpoint_path.read_bytes()).claims
+    assert ref.uid not in node.reservations().values()
     assert await node.state.unprepare([ref]) == {ref.uid: ""}
 
 
@@ -313,14 +343,13 @@ async def test_fifty_distinct_claims_prepare_concurrently(
     api = api_client
     config = _config(tmp_path)
     inventory = _inventory("synthetic-200gpu", tmp_path)
-    state = await DeviceState.open(config, api, inventory)
+    state = await DeviceState.open(config, api, devices_of(inventory))
     refs = await asyncio.gather(*(create_claim(api, f"c{i}", [f"gpu-{i}"]) for i in range(50)))
     results = await asyncio.gather(*(state.prepare([ref]) for ref in refs))
     for ref, result in zip(refs, results, strict=True):
         assert result[ref.uid].error == "", result[ref.uid].error
-    checkpoint = decode((config.plugin_dir / "checkpoint.json").read_bytes())
-    assert len(checkpoint.claims) == 50
-    assert all(c.state is ClaimState.PREPARE_COMPLETED for c in checkpoint.claims.values())
+    assert set(prepared_claims(config)) == {ref.uid for ref in refs}
+    assert reservations(config) == {f"gpu-{i}": ref.uid for i, ref in enumerate(refs)}
     specs = list(config.cdi_root.glob("*.json"))
     assert len(specs) == 50
     for path in specs:
@@ -328,6 +357,7 @@ async def test_fifty_distinct_claims_prepare_concurrently(
     errors = await state.unprepare(refs)
     assert set(errors.values()) == {""}
     assert list(config.cdi_root.iterdir()) == []
+    assert reservations(config) == {}
 
 
 async def test_ten_concurrent_prepares_of_one_claim_agree(node: Node) -> None:
@@ -336,7 +366,7 @@ async def test_ten_concurrent_prepares_of_one_claim_agree(node: Node) -> None:
     assert all(r == results[0] for r in results)
     assert results[0][ref.uid].error == ""
     assert [p.name for p in node.config.cdi_root.iterdir()] == [node.spec_path(ref.uid).name]
-    assert list(decode(node.checkpoint_path.read_bytes()).claims) == [ref.uid]
+    assert node.reservations() == {"gpu-7": ref.uid}
 
 
 async def test_api_server_errors_are_per_claim_and_retryable(
@@ -359,7 +389,7 @@ async def test_failed_spec_write_is_rolled_back(node: Node) -> None:
     node.config.cdi_root.write_text("in the way")
     result = (await node.state.prepare([ref]))[ref.uid]
     assert "writing node state failed" in result.error
-    assert ref.uid not in decode(node.checkpoint_path.read_bytes()).claims  # reservation undone
+    assert node.reservations() == {}  # reservation undone
     node.config.cdi_root.unlink()
     assert (await node.state.prepare([ref]))[ref.uid].error == ""
 
@@ -369,14 +399,15 @@ async def test_two_plugin_instances_never_hand_out_one_device_twice(
 ) -> None:
     # A surge upgrade: old and new plugin pod share the node's directories.
     other_config = _config(tmp_path, pod_uid="new-pod")
-    other = await DeviceState.open(other_config, node.api, node.inventory)
+    other = await DeviceState.open(other_config, node.api, devices_of(node.inventory))
     refs = [await node.claim(f"race-{i}", ["gpu-0"]) for i in range(6)]
     results = await asyncio.gather(
         *((node.state if i % 2 else other).prepare([ref]) for i, ref in enumerate(refs))
     )
     winners = [ref for ref, r in zip(refs, results, strict=True) if r[ref.uid].error == ""]
     assert len(winners) == 1
-    assert list(decode(node.checkpoint_path.read_bytes()).claims) == [winners[0].uid]
+    assert node.reservations() == {"gpu-0": winners[0].uid}
+    assert list(node.prepared()) == [winners[0].uid]
     # Either instance answers for the winner, and unprepares it.
     assert (await other.prepare(winners))[winners[0].uid].error == ""
     assert await node.state.unprepare(winners) == {winners[0].uid: ""}
@@ -410,22 +441,52 @@ def _truncate(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [_corrupt, _truncate], ids=["corrupt", "truncated"])
-@pytest.mark.parametrize("restart", [True, False], ids=["restart", "running"])
-async def test_damaged_checkpoint_keeps_live_claims_reserved(
-    node: Node, damage: Any, restart: bool
+async def test_damaged_record_keeps_the_claim_reserved_and_is_repaired(
+    node: Node, damage: Any
 ) -> None:
     live = await node.claim("live", ["gpu-0"])
     rival = await node.claim("rival", ["gpu-0"])
     prepared = await node.state.prepare([live])
-    damage(node.checkpoint_path)
-    state = await node.restart() if restart else node.state
-    refused = (await state.prepare([rival]))[rival.uid]
+    damage(node.spec_path(live.uid))
+    refused = (await node.state.prepare([rival]))[rival.uid]
     assert "device gpu-0 is already prepared for claim default/live" in refused.error
-    assert await state.prepare([live]) == prepared
-    aside = list(node.config.plugin_dir.glob("checkpoint.json.corrupt-*"))
-    assert len(aside) == 1
-    assert live.uid in decode(node.checkpoint_path.read_bytes()).claims
-    assert node.spec_path(live.uid).exists()
+    assert await node.state.prepare([live]) == prepared
+    assert_valid_spec(node.spec(live.uid))
+    assert node.reservations() == {"gpu-0": live.uid}
+
+
+@pytest.mark.parametrize("damage", [_corrupt, _truncate], ids=["corrupt", "truncated"])
+async def test_damaged_record_of_this_boot_refuses_to_start_and_loses_nothing(
+    node: Node, damage: Any
+) -> None:
+    live = await node.claim("live", ["gpu-0"])
+    assert (await node.state.prepare([live]))[live.uid].error == ""
+    spec = node.spec_path(live.uid)
+    damage(spec)
+    damaged = spec.read_bytes()
+    with pytest.raises(RecordError, match="record of the current boot that this release cannot"):
+        await node.restart()
+    assert spec.read_bytes() == damaged  # refused, not read as "no claim"
+    assert node.reservations() == {"gpu-0": live.uid}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"annotations": {cdi.OWNER_ANNOTATION: cdi.OWNER, cdi.RECORD_VERSION: "9"}},
+        {"annotations": {cdi.OWNER_ANNOTATION: cdi.OWNER}, "claims": {}},
+    ],
+    ids=["newer-version", "other-layout"],
+)
+async def test_record_of_this_boot_not_understood_is_refused(
+    node: Node, spec: dict[str, Any]
+) -> None:
+    live = await node.claim("live", ["gpu-0"])
+    assert (await node.state.prepare([live]))[live.uid].error == ""
+    node.spec_path(live.uid).write_text(json.dumps(spec))
+    with pytest.raises(RecordError, match=node.spec_path(live.uid).name):
+        await node.restart()
+    assert node.reservations() == {"gpu-0": live.uid}
 
 
 async def test_reboot_drops_prepared_claims(node: Node) -> None:
@@ -435,24 +496,27 @@ async def test_reboot_drops_prepared_claims(node: Node) -> None:
     node.config.boot_id_path.write_text("boot-2\n")
     state = await node.restart()
     assert not node.spec_path(before.uid).exists()
-    checkpoint = decode(node.checkpoint_path.read_bytes())
-    assert checkpoint.boot_id == "boot-2" and checkpoint.claims == {}
+    assert (node.config.plugin_dir / "boot_id").read_text() == "boot-2\n"
+    assert node.reservations() == {}
     assert (await state.prepare([after]))[after.uid].error == ""
 
 
-async def test_corrupt_checkpoint_after_reboot_does_not_revive_old_specs(node: Node) -> None:
-    """A CDI root on disk (not tmpfs) outlives a reboot; with the checkpoint lost as
-    well, the specs' boot ID says they describe no live claim."""
+@pytest.mark.parametrize("damage", [_corrupt, _truncate], ids=["corrupt", "truncated"])
+async def test_torn_record_of_an_earlier_boot_does_not_make_the_node_unready(
+    node: Node, damage: Any
+) -> None:
+    """What a power loss can leave: a torn spec (a CDI root on disk rather than tmpfs)
+    and a reservation of the boot that ended."""
     before = await node.claim("before", ["gpu-1"])
     after = await node.claim("after", ["gpu-1"])
     assert (await node.state.prepare([before]))[before.uid].error == ""
     spec = json.loads(node.spec_path(before.uid).read_text())
     assert spec["annotations"]["gpu-dra.io/boot-id"] == "boot-1"
+    damage(node.spec_path(before.uid))
     node.config.boot_id_path.write_text("boot-2\n")
-    _corrupt(node.checkpoint_path)
     state = await node.restart()
     assert not node.spec_path(before.uid).exists()
-    assert decode(node.checkpoint_path.read_bytes()).claims == {}
+    assert node.reservations() == {}
     assert (await state.prepare([after]))[after.uid].error == ""
 
 
@@ -469,7 +533,7 @@ async def test_nvidia_driver_checkpoint_refuses_to_start(
     }
     (config.plugin_dir / "checkpoint.json").write_text(json.dumps(nvidia))
     with pytest.raises(ForeignCheckpointError, match="To migrate"):
-        await DeviceState.open(config, api, _inventory("p5.48xlarge", tmp_path))
+        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
     assert json.loads((config.plugin_dir / "checkpoint.json").read_text()) == nvidia
 
 
@@ -479,7 +543,7 @@ async def test_real_gpu_node_without_container_toolkit_refuses_to_start(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     config = _config(tmp_path, nvml_mode="system", container_driver_root=tmp_path / "host")
     with pytest.raises(ToolkitError, match="nvidia-ctk"):
-        await DeviceState.open(config, api_client, _inventory("p5.48xlarge", tmp_path))
+        await DeviceState.open(config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path)))
 
 
 async def test_nvidia_driver_cdi_spec_refuses_to_start(
@@ -494,7 +558,7 @@ async def test_nvidia_driver_cdi_spec_refuses_to_start(
         "devices:\n- name: abc-gpu-0\n  containerEdits: {env: [A=1]}\n"
     )
     with pytest.raises(ForeignStateError, match="To migrate"):
-        await DeviceState.open(config, api, _inventory("p5.48xlarge", tmp_path))
+        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
     assert foreign.exists()
 
 
@@ -502,7 +566,7 @@ async def test_version_1_checkpoint_is_upgraded(node: Node) -> None:
     live = await node.claim("old", ["gpu-2"])
     rival = await node.claim("new", ["gpu-2"])
     prepared = await node.state.prepare([live])
-    record = decode(node.checkpoint_path.read_bytes()).claims[live.uid]
+    record = node.prepared()[live.uid]
     data = {
         "preparedClaims": {
             live.uid: {
@@ -513,7 +577,7 @@ async def test_version_1_checkpoint_is_upgraded(node: Node) -> None:
                         "requestNames": ["gpu"],
                         "poolName": NODE,
                         "deviceName": "gpu-2",
-                        "gpuUUID": record.devices[0].gpu_uuid,
+                        "gpuUUID": dict(record.devices[0].identity)["gpu-uuid"],
                         "cdiDeviceIDs": list(record.devices[0].cdi_device_ids),
                     }
                 ],
@@ -525,9 +589,11 @@ async def test_version_1_checkpoint_is_upgraded(node: Node) -> None:
             {"kind": "GpuDraCheckpoint", "version": 1, "checksum": _checksum(data), "data": data}
         )
     )
+    for name in node.reservations():  # a 0.1.0 node had none
+        (node.config.plugin_dir / "devices" / name).unlink()
     state = await node.restart()
-    document = json.loads(node.checkpoint_path.read_text())
-    assert document["version"] == 2 and document["data"]["nodeBootID"] == "boot-1"
+    assert checkpoint.is_marker(node.checkpoint_path.read_bytes())
+    assert node.reservations() == {"gpu-2": live.uid}
     assert await state.prepare([live]) == prepared
     assert "already prepared" in (await state.prepare([rival]))[rival.uid].error
 
@@ -536,35 +602,29 @@ async def test_interrupted_prepare_is_rolled_back_and_redone(node: Node) -> None
     ref = await node.claim("interrupted", ["gpu-3"])
     rival = await node.claim("rival", ["gpu-3"])
     prepared = await node.state.prepare([ref])
-    # What a crash after the CDI write leaves: entry PrepareStarted, spec on disk.
-    document = json.loads(node.checkpoint_path.read_text())
-    document["data"]["claims"][ref.uid]["state"] = "PrepareStarted"
-    document["checksum"] = _checksum(document["data"])
-    node.checkpoint_path.write_text(json.dumps(document))
+    # What a crash after the reservation, before the CDI write, leaves.
+    node.spec_path(ref.uid).unlink()
     state = await node.restart()
-    assert not node.spec_path(ref.uid).exists()  # no orphan spec
     assert "already prepared" in (await state.prepare([rival]))[rival.uid].error  # still reserved
     assert await state.prepare([ref]) == prepared
-    assert (
-        decode(node.checkpoint_path.read_bytes()).claims[ref.uid].state
-        is ClaimState.PREPARE_COMPLETED
-    )
+    assert node.reservations() == {"gpu-3": ref.uid}
     assert_valid_spec(node.spec(ref.uid))
 
 
-async def test_orphan_specs_of_ours_are_removed_at_startup(node: Node) -> None:
+async def test_temp_files_of_a_killed_write_are_swept_at_startup(node: Node) -> None:
     kept = await node.claim("kept", ["gpu-4"])
-    orphan = await node.claim("orphan", ["gpu-5"])
-    await node.state.prepare([kept, orphan])
-    document = json.loads(node.checkpoint_path.read_text())
-    del document["data"]["claims"][orphan.uid]
-    document["checksum"] = _checksum(document["data"])
-    node.checkpoint_path.write_text(json.dumps(document))
+    await node.state.prepare([kept])
+    litter = [
+        node.config.cdi_root / f".{node.spec_path(kept.uid).name}.0badc0de.tmp",
+        node.config.plugin_dir / ".boot_id.0badc0de.tmp",
+    ]
+    for path in litter:
+        path.write_text("half")
     unrelated = node.config.cdi_root / "vendor.example.com-thing.json"
     unrelated.write_text("{}")
     await node.restart()
     assert node.spec_path(kept.uid).exists()
-    assert not node.spec_path(orphan.uid).exists()
+    assert not any(path.exists() for path in litter)
     assert unrelated.exists()
 
 
@@ -583,19 +643,19 @@ async def test_reconcile_unprepares_claims_gone_from_the_api_server(
     await node.claim("recreated", ["gpu-2"])  # same name, new UID
     apiserver.faults.forbid("get", "resourceclaims")
     await node.state.reconcile()  # 403 proves nothing: everything stays
-    assert len(decode(node.checkpoint_path.read_bytes()).claims) == 3
+    assert len(node.prepared()) == 3
     apiserver.faults.clear()
     apiserver.faults.fail("get", "resourceclaims", code=500, times=-1)
     await node.state.reconcile()  # nor does a 500
-    assert len(decode(node.checkpoint_path.read_bytes()).claims) == 3
+    assert len(node.prepared()) == 3
     apiserver.faults.clear()
     apiserver.faults.serve_resource_v1 = False
     await node.state.reconcile()  # a 404 for the API path is not a 404 for the claim
-    assert len(decode(node.checkpoint_path.read_bytes()).claims) == 3
+    assert len(node.prepared()) == 3
     apiserver.faults.clear()
     await node.state.reconcile()
-    claims = decode(node.checkpoint_path.read_bytes()).claims
-    assert set(claims) == {alive.uid}
+    assert set(node.prepared()) == {alive.uid}
+    assert node.reservations() == {"gpu-3": alive.uid}
     assert not node.spec_path(deleted.uid).exists()
     assert not node.spec_path(recreated.uid).exists()
     assert node.spec_path(alive.uid).exists()
@@ -615,9 +675,8 @@ async def test_cancelled_prepare_leaves_consistent_state(
     # The work the kubelet gave up on finishes; its retry waits for it and gets its answer.
     result = await node.state.prepare([ref])
     assert result[ref.uid].error == ""
-    claims = decode(node.checkpoint_path.read_bytes()).claims
-    assert claims[ref.uid].state is ClaimState.PREPARE_COMPLETED
-    assert node.spec_path(ref.uid).exists()
+    assert set(node.prepared()) == {ref.uid}
+    assert node.reservations() == {"gpu-6": ref.uid}
 
 
 def test_crashpoint_kills_only_at_its_name() -> None:

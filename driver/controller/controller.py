@@ -41,6 +41,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
@@ -49,7 +50,6 @@ from driver.controller.capabilities import CapabilityGuard
 from driver.controller.lease import LEASE_DURATION, Candidate, PublisherLease, lease_name
 from driver.controller.plan import InvalidPoolError, Plan, plan
 from driver.errors import DriverError, PermanentError, RetryableError
-from driver.inventory import Inventory
 from driver.kubeapi import (
     WATCH_TIMEOUT_SECONDS,
     ApiError,
@@ -82,10 +82,12 @@ class SliceController:
     """Keeps one node's ResourceSlices equal to what discovery finds.
 
     ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
-    and closes it); ``discover`` returns the node's :class:`Inventory` and may raise
-    (``RetryableError`` for "not yet"); ``build_slices`` turns it into the desired
-    slices (default: ``driver.resourceslice.build_resource_slices``), which the
-    :class:`~driver.controller.capabilities.CapabilityGuard` fits to what the server keeps.
+    and closes it); ``devices`` is the source of desired devices (every device kind's,
+    rediscovered on each call, ``driver.devicekinds.NodeDevices.published``) and may
+    raise (``RetryableError`` for "not yet"); the slices are built from them by
+    ``driver.resourceslice.build_slices``, and the
+    :class:`~driver.controller.capabilities.CapabilityGuard` fits them to what the server
+    keeps.
 
     ``run()`` works until cancelled, which leaves the slices in place (the kubelet
     removes a dead driver's slices itself) and releases the publisher lease. It raises
@@ -113,8 +115,7 @@ class SliceController:
         *,
         node_name: str,
         driver_name: str,
-        discover: Callable[[], Awaitable[Inventory]],
-        build_slices: Callable[[Inventory], list[_Obj]] | None = None,
+        devices: Callable[[], Awaitable[list[dict[str, Any]]]],
         resync_period: float = 60.0,
         identity: str | None = None,
         namespace: str | None = None,
@@ -125,8 +126,7 @@ class SliceController:
         self._client = Client(api_client, request_timeout=request_timeout)
         self._node = node_name
         self._driver = driver_name
-        self._discover = discover
-        self._build_slices = build_slices
+        self._devices = devices
         self._guard = CapabilityGuard(self._client, driver_name=driver_name, node_name=node_name)
         self._resync_period = resync_period
         self._backoff_cap = backoff_cap
@@ -258,14 +258,14 @@ class SliceController:
     # -- discovery ----------------------------------------------------------------
 
     async def _discovery_loop(self) -> None:
-        from driver.resourceslice import build_resource_slices
+        from driver.resourceslice import build_slices
 
         backoff = Backoff(cap=min(self._backoff_cap, self._resync_period))
         while True:
             seq = self._requested
             self._wake_discovery.clear()
             try:
-                inventory = await self._discover()
+                devices = await self._devices()
             except (DriverError, OSError) as exc:
                 log.warning(
                     "discovery failed; keeping the published slices",
@@ -275,12 +275,7 @@ class SliceController:
                 )
                 await self._wait_discovery(backoff.next_delay())
                 continue
-            if self._build_slices is not None:
-                desired = self._build_slices(inventory)
-            else:
-                desired = build_resource_slices(
-                    inventory, driver_name=self._driver, node_name=self._node
-                )
+            desired = build_slices(devices, driver_name=self._driver, node_name=self._node)
             try:
                 desired = await self._guard.fit(desired)
             except (ApiError, RetryableError) as exc:
@@ -291,7 +286,7 @@ class SliceController:
             if desired != self._desired:
                 log.info(
                     "discovered devices",
-                    extra=kv(node=self._node, gpus=len(inventory.gpus), slices=len(desired)),
+                    extra=kv(node=self._node, devices=len(devices), slices=len(desired)),
                 )
             self._desired = desired
             self._desired_seq = max(self._desired_seq, seq)

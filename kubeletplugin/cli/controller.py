@@ -86,6 +86,7 @@ async def _main(args: argparse.Namespace) -> int:
 
     from driver import nvml
     from driver.controller import SliceController
+    from driver.devicekinds import NodeDevices
     from driver.discovery import discover
     from driver.errors import PermanentError
     from driver.inventory import Inventory
@@ -115,7 +116,7 @@ async def _main(args: argparse.Namespace) -> int:
                 api_client,
                 node_name=node_name,
                 driver_name=args.driver_name,
-                discover=discover_now,
+                devices=NodeDevices(discover_now, node_name=node_name).published,
                 resync_period=args.resync_period,
                 namespace=args.namespace,
             )

@@ -26,7 +26,7 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
     "--kubelet-plugins-directory-path": (
         "KUBELET_PLUGINS_DIRECTORY_PATH",
         "/var/lib/kubelet/plugins",
-        "kubelet plugins directory; the DRA socket and checkpoint go to <this>/<driver>",
+        "kubelet plugins directory; the DRA socket and the claim records go to <this>/<driver>",
     ),
     "--cdi-root": ("CDI_ROOT", "/var/run/cdi", "directory for the CDI specs of prepared claims"),
     "--nvidia-driver-root": (
@@ -78,7 +78,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         help="run the node daemon: kubelet DRA plugin and ResourceSlice publisher",
         description=(
             "Serve the kubelet's plugin registration and DRA (v1, v1beta1) gRPC services on "
-            "unix sockets, prepare and unprepare claims (CDI specs, checkpoint), publish this "
+            "unix sockets, prepare and unprepare claims (CDI specs, reservations), publish this "
             "node's ResourceSlices, and answer grpc.health.v1 probes. Every flag can also be "
             "set through the environment variable named in its help. SIGTERM shuts down "
             "cleanly: own sockets removed, slices left for the next instance."

@@ -8,19 +8,23 @@ server runs in a process of its own, as a real one does.
 
 The floor is what no implementation can avoid on this machine: two empty unary
 gRPC calls to the plugin over its unix socket plus the writes the operation must
-do, with the same fsyncs as the plugin (see kubeletplugin/state.py): each write is
-atomic (temp file, fsync, rename); PrepareStarted also fsyncs its directory
-before the CDI spec is written; then the CDI spec, PrepareCompleted, and the
-unprepare's checkpoint write: 4 writes, 5 fsyncs (prepare alone: 1 RPC, 3 writes,
-4 fsyncs). The floor has no claim fetch. Its throughput floor runs that
-sequence on 8 concurrent workers, each on its own (no shared writes). Ratios are
-measured / floor (latency: lower is better; throughput: higher is better). The
-plugin and the floor share one filesystem journal, so an fsync of either also
-commits what the other left pending: read the absolute figures too.
+do, as the plugin does them (see kubeletplugin/records.py; the node has a boot ID,
+so nothing is fsynced): prepare reserves the device (a symlink) and writes the CDI
+spec (temp file, rename); unprepare removes both (prepare alone: 1 RPC, a symlink,
+one atomic write). The floor has no claim fetch. Its throughput floor runs that
+sequence on 8 concurrent workers, each on its own. Ratios are measured / floor
+(latency: lower is better; throughput: higher is better). Release 0.1.0 made 4
+atomic writes with 5 fsyncs per prepare + unprepare; the last line prints that
+sequence's cost on this machine, for scale.
 
-Reference (a minimal Go driver on upstream's kubeletplugin helper, same kind of
-machine): prepare p50 1.8 ms, p99 3-5 ms, ~400 claims/s with 8 concurrent claims,
-34 MB RSS.
+Then the Go reference, in the same run, against the same API server, with the same
+client: a minimal plugin on upstream's ``k8s.io/dynamic-resource-allocation/
+kubeletplugin`` helper (tests/bench/goref/: the helper fetches the claim and, by its
+default, serializes calls; the plugin writes one CDI spec and one checkpoint per
+claim, each fsynced, and once more without fsyncs; client-go's rate limit off, JSON
+on the wire), built by tests/bench/goref.py. The three plugins run side by side and
+take turns round by round; each figure is printed as ours / Go's, with the idle RSS
+beside the import floor of the daemon's runtime dependencies measured in this run.
 """
 
 import asyncio
@@ -31,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -61,15 +65,18 @@ def _pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _atomic_write(directory: Path, payload: bytes, *, fsync_dir: bool) -> None:
+def _atomic_write(
+    directory: Path, payload: bytes, *, fsync_dir: bool, fsync: bool = True, name: str = ""
+) -> None:
     tmp = directory / f".bench-{os.getpid()}-{time.monotonic_ns()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, payload)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
-    target = directory / ".bench-target"
+    target = directory / f".bench-target{name}"
     tmp.rename(target)
     if fsync_dir:
         dir_fd = os.open(directory, os.O_RDONLY)
@@ -107,6 +114,107 @@ def _apiserver(kubeconfig: Path) -> Iterator[None]:
         proc.wait(timeout=30)
 
 
+_IMPORT_FLOOR = (
+    "import grpc, aiohttp, pynvml, yaml, pydantic, kubernetes.aio.client, kubernetes.aio.config\n"
+    "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS')][0])"
+)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("VmRSS not found")
+
+
+async def _figures(
+    plugins: dict[str, tuple[KubeletSim, int]], one: ClaimRef, singles: list[ClaimRef]
+) -> dict[str, dict[str, float]]:
+    """Per plugin, the figures compared with the Go plugin: prepare p50/p99, unprepare
+    p50, claims/s of 8 concurrent claims on distinct GPUs, idle RSS (MiB). The plugins
+    take turns round by round, so that load from elsewhere on the machine hits all alike."""
+    for kubelet, _ in plugins.values():
+        for _ in range(20):
+            await kubelet.prepare([one])
+            await kubelet.unprepare([one])
+    prep: dict[str, list[float]] = {name: [] for name in plugins}
+    unprep: dict[str, list[float]] = {name: [] for name in plugins}
+
+    async def timed(call: Awaitable[object]) -> float:
+        start = time.perf_counter()
+        await call
+        return time.perf_counter() - start
+
+    for _ in range(ROUNDS_1):
+        for name, (kubelet, _) in plugins.items():
+            prep[name].append(await timed(kubelet.prepare([one])))
+            unprep[name].append(await timed(kubelet.unprepare([one])))
+
+    async def burst(kubelet: KubeletSim) -> None:
+        async def cycle(claim: ClaimRef) -> None:
+            assert not (await kubelet.prepare([claim])).claims[claim.uid].error
+            await kubelet.unprepare([claim])
+
+        await asyncio.gather(*(cycle(c) for c in singles))
+
+    elapsed = dict.fromkeys(plugins, 0.0)
+    for _ in range(THROUGHPUT_ROUNDS):
+        for name, (kubelet, _) in plugins.items():
+            elapsed[name] += await timed(burst(kubelet))
+    await asyncio.sleep(1.0)  # idle: let the allocators settle before reading RSS
+    return {
+        name: {
+            "prepare p50 ms": _pct(prep[name], 0.5) * 1e3,
+            "prepare p99 ms": _pct(prep[name], 0.99) * 1e3,
+            "unprepare p50 ms": _pct(unprep[name], 0.5) * 1e3,
+            "8 concurrent claims/s": CONCURRENCY * THROUGHPUT_ROUNDS / elapsed[name],
+            "idle RSS MiB": _rss_kib(pid) / 1024,
+        }
+        for name, (_, pid) in plugins.items()
+    }
+
+
+@contextlib.asynccontextmanager
+async def _go_plugin(
+    binary: Path, root: Path, kubeconfig: Path, *, fsync: bool
+) -> AsyncIterator[tuple[KubeletSim, int]]:
+    base = root / ("go-fsync" if fsync else "go-nofsync")
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
+        [
+            str(binary),
+            f"--kubeconfig={kubeconfig}",
+            f"--node-name={NODE}",
+            f"--cdi-root={base / 'cdi'}",
+            f"--plugin-dir={base / 'plugins' / 'gpu.nvidia.com'}",
+            f"--registrar-dir={base / 'registry'}",
+            f"--fsync={'true' if fsync else 'false'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the Go reference plugin did not start ({proc.wait()})")
+        socket = base / "registry" / "gpu.nvidia.com-reg.sock"
+        async with await KubeletSim.register(socket) as kubelet:
+            yield kubelet, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _compare(ours: dict[str, float], go: dict[str, float], label: str) -> None:
+    print(f"ours vs the Go reference ({label}):")
+    for key, value in ours.items():
+        better = "higher is better" if key.endswith("/s") else "lower is better"
+        print(
+            f"  {key}: ours {value:.2f}, Go {go[key]:.2f}, ratio {value / go[key]:.2f} ({better})"
+        )
+
+
 def _line(label: str, samples: list[float], floor: list[float]) -> str:
     p50, p99 = _pct(samples, 0.5) * 1e3, _pct(samples, 0.99) * 1e3
     f50, f99 = _pct(floor, 0.5) * 1e3, _pct(floor, 0.99) * 1e3
@@ -117,7 +225,7 @@ def _line(label: str, samples: list[float], floor: list[float]) -> str:
     )
 
 
-async def _bench(root: Path, kubeconfig: Path) -> None:
+async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: int) -> None:
     dirs = NodeDirs(root)
     api = await api_client(kubeconfig)
     await create_node(api, NODE)
@@ -154,22 +262,32 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
             async def durable_write() -> None:
                 await write(dirs.plugin_data, fsync_dir=True)
 
-            async def floor_prepare() -> None:
+            async def floor_prepare(worker: int = 0) -> None:
                 await empty_rpc()
+                # The device's reservation, then the spec.
+                (dirs.plugin_data / f".bench-reservation{worker}").symlink_to("claim")
+                _atomic_write(dirs.cdi, payload, fsync_dir=False, fsync=False, name=str(worker))
+
+            def floor_unprepare(worker: int = 0) -> None:
+                (dirs.cdi / f".bench-target{worker}").unlink()
+                (dirs.plugin_data / f".bench-reservation{worker}").unlink()
+
+            async def floor_cycle(worker: int = 0) -> None:
+                await floor_prepare(worker)
+                await empty_rpc()
+                floor_unprepare(worker)
+
+            async def release_0_1_0_writes() -> None:
                 await durable_write()  # PrepareStarted
                 await write(dirs.cdi)  # the CDI spec
                 await write(dirs.plugin_data)  # PrepareCompleted
-
-            async def floor_cycle() -> None:
-                await floor_prepare()
-                await empty_rpc()
                 await write(dirs.plugin_data)  # the unprepare's checkpoint write
 
             async def plugin_burst() -> None:
                 await asyncio.gather(*(cycle([c]) for c in singles))
 
             async def floor_burst() -> None:
-                await asyncio.gather(*(floor_cycle() for _ in range(CONCURRENCY)))
+                await asyncio.gather(*(floor_cycle(i) for i in range(CONCURRENCY)))
 
             for _ in range(20):  # warm-up: connections, caches, lazy imports
                 await cycle([one])
@@ -186,6 +304,7 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
                 floor_prep += await _timed(floor_prepare, 1)
                 prep1 += await _timed(lambda: prepare([one]), 1)
                 await kubelet.unprepare([one])
+                floor_unprepare()
                 if i % 2 == 0:
                     lat8 += await _timed(lambda: cycle([eight]), 1)
             plugin_time = floor_time = 0.0
@@ -195,6 +314,14 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
             rpc = await _timed(empty_rpc, 100)
             writes = await _timed(durable_write, 100)
             atomic = await _timed(lambda: write(dirs.plugin_data), 100)
+            old_writes = await _timed(release_0_1_0_writes, 100)
+            async with contextlib.AsyncExitStack() as stack:
+                plugins = {"ours": (kubelet, plugin.pid)}
+                if goref is not None:
+                    for name, fsync in (("go", True), ("go-nofsync", False)):
+                        go_plugin = _go_plugin(goref, root, kubeconfig, fsync=fsync)
+                        plugins[name] = await stack.enter_async_context(go_plugin)
+                figures = await _figures(plugins, one, singles)
         throughput = CONCURRENCY * THROUGHPUT_ROUNDS / plugin_time
         floor_throughput = CONCURRENCY * THROUGHPUT_ROUNDS / floor_time
         rss_mib = plugin.vm_hwm_kib() / 1024
@@ -209,8 +336,8 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
         f"+ directory fsync p50 {_pct(writes, 0.5) * 1e3:.2f} ms"
     )
     for label, samples in (
-        ("floor of prepare+unprepare (2 empty RPCs + 4 atomic writes, 5 fsyncs)", floor),
-        ("floor of prepare (1 empty RPC + 3 atomic writes, 4 fsyncs)", floor_prep),
+        ("floor of prepare+unprepare (2 empty RPCs, symlink, atomic write, 2 unlinks)", floor),
+        ("floor of prepare (1 empty RPC, symlink, atomic write, no fsync)", floor_prep),
     ):
         print(
             f"{label}: p50 {_pct(samples, 0.5) * 1e3:.2f} ms, "
@@ -225,16 +352,38 @@ async def _bench(root: Path, kubeconfig: Path) -> None:
     )
     print(f"plugin peak RSS: {rss_mib:.1f} MiB")
     print(
-        "reference (Go, upstream helper): prepare p50 1.8 ms, p99 3-5 ms, ~400 claims/s, 34 MB RSS"
+        "release 0.1.0's writes alone (4 atomic writes, 5 fsyncs, per prepare+unprepare): "
+        f"p50 {_pct(old_writes, 0.5) * 1e3:.2f} ms, p99 {_pct(old_writes, 0.99) * 1e3:.2f} ms"
     )
+    ours = figures["ours"]
+    print(
+        f"idle RSS: ours {ours['idle RSS MiB']:.1f} MiB, import floor of the daemon's runtime "
+        f"dependencies {floor_kib / 1024:.1f} MiB, "
+        f"{ours['idle RSS MiB'] - floor_kib / 1024:+.1f} MiB above it"
+    )
+    if "go" in figures:
+        _compare(
+            ours, figures["go"], "Go fsyncs its spec and checkpoint; ours needs none (boot ID)"
+        )
+        _compare(ours, figures["go-nofsync"], "fsyncs off on both sides")
 
 
 def main() -> int:
+    from tests.bench.goref import build_goref
+
+    goref: Path | None = None
+    try:
+        goref = build_goref()
+    except (SystemExit, OSError) as exc:  # no Go toolchain, no module proxy
+        print(f"Go reference skipped: {str(exc)[-400:]}")
+    floor = subprocess.run(
+        [sys.executable, "-c", _IMPORT_FLOOR], capture_output=True, text=True, check=True
+    )
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="drab") as name:
         root = Path(name)
         kubeconfig = root / "kubeconfig"
         with _apiserver(kubeconfig):
-            asyncio.run(_bench(root, kubeconfig))
+            asyncio.run(_bench(root, kubeconfig, goref, int(floor.stdout)))
     return 0
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kubernetes.aio import client
 
 from driver.controller import SliceController, plan
+from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.inventory import Inventory
 from driver.kubeapi import Client
@@ -122,7 +123,7 @@ async def main() -> None:
                     api,
                     node_name=name,
                     driver_name=DRIVER,
-                    discover=discoverer(name),
+                    devices=NodeDevices(discoverer(name), node_name=name).published,
                     resync_period=3600,
                     request_timeout=60,
                     identity=name,

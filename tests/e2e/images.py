@@ -66,12 +66,25 @@ def _blob(tar: tarfile.TarFile, data: bytes) -> str:
     return f"sha256:{digest}"
 
 
+def normalized(ref: str) -> str:
+    """The name as the CRI looks it up: ``busybox`` is ``docker.io/library/busybox:latest``."""
+    name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    first = name.split("/", 1)[0]
+    if "/" not in name:
+        name = f"docker.io/library/{name}"
+    elif "." not in first and ":" not in first and first != "localhost":
+        name = f"docker.io/{name}"
+    return f"{name}:{tag}"
+
+
 def write_image(out: Path, ref: str, layer: bytes, entrypoint: list[str]) -> Path:
     """An OCI image layout tarball of one uncompressed layer, tagged ``ref``."""
+    ref = normalized(ref)
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    # The ref as a label: one image ID per name, or the CRI finds an ID under another name.
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "Labels": {"ref": ref}},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
     }).encode()  # fmt: skip
     with tarfile.open(out, "w") as tar:

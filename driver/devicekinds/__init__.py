@@ -1,0 +1,91 @@
+"""Device kinds: the one table of them, and the node's devices of every kind.
+
+A new kind is one module implementing :class:`~driver.devicekinds.base.DeviceKind`
+and one entry in :data:`KINDS`; nothing else names a kind.
+"""
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from driver.devicekinds import gpu
+from driver.devicekinds.base import DeviceKind, NodeDevice, PreparedClaim, PreparedDevice
+from driver.inventory import Inventory
+
+__all__ = [
+    "KINDS",
+    "DeviceKind",
+    "NodeDevice",
+    "NodeDevices",
+    "PreparedClaim",
+    "PreparedDevice",
+    "by_name",
+    "node_devices",
+]
+
+KINDS: tuple[DeviceKind, ...] = (gpu.KIND,)
+
+
+_index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})
+
+
+def by_name() -> Mapping[str, DeviceKind]:
+    """The table by kind name; rebuilt only when the table is replaced (a test's kind)."""
+    global _index
+    if _index[0] is not KINDS:
+        _index = (KINDS, MappingProxyType({kind.name: kind for kind in KINDS}))
+    return _index[1]
+
+
+def node_devices(inventory: Inventory, *, node_name: str) -> list[NodeDevice]:
+    """Every kind's devices on the node, kind by kind in table order."""
+    out: list[NodeDevice] = []
+    for kind in KINDS:
+        out.extend(kind.devices(inventory, node_name=node_name))
+    return out
+
+
+class NodeDevices:
+    """The node's devices, one discovery for the slice publisher and the claim state.
+
+    ``refresh`` rediscovers (the publisher calls it on every resync) and ``current``
+    is what the last discovery found, which prepare plans against: both sides see
+    one inventory with one lifetime, the process's.
+    """
+
+    def __init__(self, discover: Callable[[], Awaitable[Inventory]], *, node_name: str) -> None:
+        self._discover = discover
+        self._node = node_name
+        self._current: Mapping[str, NodeDevice] = MappingProxyType({})
+        self._published: list[dict[str, Any]] = []
+
+    @classmethod
+    def of(cls, inventory: Inventory, *, node_name: str) -> "NodeDevices":
+        """Devices that are already discovered (tests, one-shot tools): no refresh needed."""
+
+        async def same() -> Inventory:
+            return inventory
+
+        devices = cls(same, node_name=node_name)
+        devices._set(node_devices(inventory, node_name=node_name))
+        return devices
+
+    def _set(self, devices: Sequence[NodeDevice]) -> None:
+        self._current = MappingProxyType({d.name: d for d in devices})
+        self._published = [dict(d.published) for d in devices]
+
+    @property
+    def current(self) -> Mapping[str, NodeDevice]:
+        return self._current
+
+    async def refresh(self) -> Sequence[NodeDevice]:
+        """Rediscover; raises what discovery raises and then keeps the last result."""
+        inventory = await self._discover()
+        devices = node_devices(inventory, node_name=self._node)
+        self._set(devices)
+        return devices
+
+    async def published(self) -> list[dict[str, Any]]:
+        """The publisher's source of desired devices: rediscover, then what to publish."""
+        await self.refresh()
+        return list(self._published)

@@ -1,0 +1,389 @@
+"""The node's durable record of prepared claims: one record per claim, no shared file.
+
+Layout (``plugin_dir`` is ``<plugins-dir>/<driver>``):
+
+- ``<cdi_root>/k8s.gpu.nvidia.com-claim_<uid>.json``: a prepared claim's CDI spec *is*
+  its record (``kubeletplugin.cdi``: claim uid, namespace, name, devices, boot ID).
+  Present = prepared; written last in a prepare, removed first in an unprepare.
+- ``plugin_dir/devices/<device>``: a symlink to ``<uid>:<namespace>:<name>``, the
+  device's reservation. ``symlink(2)`` fails when the name exists, so two claims (or
+  two plugin instances of one node, during a surge upgrade) can never both reserve
+  a device: that is the only cross-process exclusion prepare needs, and it is per
+  device. A symlink's target is written with its inode, so it is never torn.
+- ``plugin_dir/claims/<uid>.json``: for a claim whose preparation has side effects
+  (a device kind's ``prepare``), what to undo, written before the side effect.
+- ``plugin_dir/boot_id``: the boot these records belong to, written once per boot at
+  startup. ``plugin_dir/checkpoint.json``: release 0.1.0's node checkpoint, which
+  startup migrates, replaced by a marker that 0.1.0 reads as "rebuild from the CDI
+  specs" (``kubeletplugin.checkpoint``).
+
+A prepare: reserve each device (one ``symlink`` each, skipped for adminAccess), the
+per-claim record if there are side effects, the side effects, the spec (temp file,
+rename). An unprepare: remove the spec, undo the side effects, remove the per-claim
+record, release the devices. Distinct claims touch no common file and take no lock.
+
+Durability. Everything is atomic (a rename or a ``symlink``), so a crash of the
+process leaves each record whole: what it wrote is in the page cache and survives.
+Only a power loss (or kernel crash) can lose or tear a write, and a power loss
+changes the boot ID: every record of an earlier boot is void anyway (its claims are
+prepared again by the kubelet, its side effects, MIG instances or MPS daemons, do
+not outlive the boot), and at the first start of a boot a record that cannot be read
+is taken for a torn one of the earlier boot and removed. So where the boot ID can be
+read, nothing is fsynced. Where it cannot, reboots go unnoticed and every record
+stays live: each record file is fsynced before its rename, so none can be torn (a
+record that cannot be read is then refused, never guessed at); directory entries
+are not fsynced, since losing one loses a prepare the kubelet repeats after the
+reboot, or brings back an unprepared claim that holds its devices until the
+reconciler sees the claim gone. Per prepare: no fsync (one without a boot ID), one
+rename, one ``symlink`` per device, no lock; per unprepare: one ``unlink`` per file.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driver.devicekinds import PreparedClaim, PreparedDevice
+from driver.errors import PermanentError
+from kubeletplugin import cdi, dirs, names
+
+DEVICES_DIR = "devices"
+CLAIMS_DIR = "claims"
+BOOT_FILE = "boot_id"
+STARTUP_LOCK = "startup.lock"
+CLAIM_RECORD_KIND = "GpuDraClaimRecord"
+CLAIM_RECORD_VERSION = 1
+
+# A DRA device name is a DNS label: it can name a file.
+_DEVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_TEMP_SUFFIX = ".tmp"
+
+
+class RecordError(PermanentError):
+    """A record of the current boot that this release cannot read: not serving."""
+
+
+class DeviceTakenError(PermanentError):
+    """The device is reserved for another claim."""
+
+
+def valid_uid(uid: str) -> bool:
+    """A claim UID as Kubernetes writes it; nothing else becomes a path."""
+    return names.is_claim_uid(uid)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who a device reservation is for."""
+
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+def _target(claim: PreparedClaim) -> str:
+    return f"{claim.uid}:{claim.namespace}:{claim.name}"
+
+
+def parse_target(target: str) -> Holder | None:
+    parts = target.split(":")
+    if len(parts) != 3 or not valid_uid(parts[0]):
+        return None
+    return Holder(*parts)
+
+
+def write_atomic(path: Path, content: bytes, *, fsync: bool) -> None:
+    """Temp file in the same directory, (fsync,) rename over ``path``.
+
+    The temp name starts with a dot and ends in .tmp, so nothing that scans the
+    directory (a CDI registry, our recovery) mistakes it for a finished file.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_TEMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            os.write(fd, content)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def _encode_device(device: PreparedDevice) -> dict[str, Any]:
+    return {
+        "requestNames": list(device.request_names),
+        "poolName": device.pool_name,
+        "deviceName": device.device_name,
+        "cdiDeviceIDs": list(device.cdi_device_ids),
+        "shareID": device.share_id,
+        "adminAccess": device.admin_access,
+        "kind": device.kind,
+        "identity": dict(device.identity),
+    }
+
+
+def encode_claim_record(claim: PreparedClaim, *, boot_id: str) -> bytes:
+    return (
+        json.dumps(
+            {
+                "kind": CLAIM_RECORD_KIND,
+                "version": CLAIM_RECORD_VERSION,
+                "bootID": boot_id,
+                "uid": claim.uid,
+                "namespace": claim.namespace,
+                "name": claim.name,
+                "devices": [_encode_device(d) for d in claim.devices],
+            },
+            sort_keys=True,
+        ).encode()
+        + b"\n"
+    )
+
+
+def decode_claim_record(raw: bytes) -> tuple[str, PreparedClaim]:
+    """(boot ID, claim); raises RecordError for anything else."""
+    try:
+        doc = json.loads(raw)
+        if doc["kind"] != CLAIM_RECORD_KIND or doc["version"] != CLAIM_RECORD_VERSION:
+            raise RecordError(f"kind {doc['kind']!r} version {doc['version']!r} unknown")
+        devices = tuple(
+            PreparedDevice(
+                request_names=tuple(str(r) for r in d["requestNames"]),
+                pool_name=str(d["poolName"]),
+                device_name=str(d["deviceName"]),
+                cdi_device_ids=tuple(str(i) for i in d["cdiDeviceIDs"]),
+                share_id=d["shareID"],
+                admin_access=d["adminAccess"] is True,
+                kind=str(d["kind"]),
+                identity=tuple(sorted((str(k), str(v)) for k, v in d["identity"].items())),
+            )
+            for d in doc["devices"]
+        )
+        claim = PreparedClaim(str(doc["uid"]), str(doc["namespace"]), str(doc["name"]), devices)
+        return str(doc["bootID"]), claim
+    except RecordError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RecordError(f"unexpected layout: {exc!r}") from exc
+
+
+class Records:
+    """The record files of one node (blocking calls: worker thread or quick syscalls)."""
+
+    def __init__(self, plugin_dir: Path, cdi_root: Path, *, boot_id: str) -> None:
+        self.plugin_dir = plugin_dir
+        self.cdi_root = cdi_root
+        self.devices_dir = plugin_dir / DEVICES_DIR
+        self.claims_dir = plugin_dir / CLAIMS_DIR
+        self.boot_id = boot_id
+        # Without a boot ID a power loss goes unnoticed: records must never be torn.
+        self.fsync = not boot_id
+
+    def make_dirs(self) -> None:
+        # Each missing directory gets its mode, whatever the umask (kubeletplugin.dirs).
+        for directory in (self.plugin_dir, self.devices_dir, self.claims_dir):
+            dirs.ensure_dir(directory, dirs.PRIVATE, ours=True)
+        dirs.ensure_dir(self.cdi_root, dirs.CDI_ROOT)
+
+    @contextlib.contextmanager
+    def startup_lock(self) -> Iterator[None]:
+        """Held while one instance recovers, so a second one starting never judges
+        records the first is rewriting. Never held while serving."""
+        fd = os.open(self.plugin_dir / STARTUP_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # -- the spec: the record of a prepared claim --
+
+    def spec_path(self, uid: str) -> Path:
+        return cdi.spec_path(self.cdi_root, uid)
+
+    def read_spec(self, uid: str) -> bytes | None:
+        try:
+            return self.spec_path(uid).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_spec(self, uid: str, content: bytes) -> None:
+        path = self.spec_path(uid)
+        try:
+            write_atomic(path, content, fsync=self.fsync)
+        except FileNotFoundError:  # someone removed the CDI root: make it again, once
+            self.cdi_root.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, content, fsync=self.fsync)
+
+    def remove_spec(self, uid: str) -> bool:
+        """True when a spec was removed; absent is fine (idempotent unprepare)."""
+        try:
+            self.spec_path(uid).unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True
+
+    # -- device reservations --
+
+    def reserve(self, claim: PreparedClaim) -> None:
+        """Reserve every device of ``claim`` that needs it to itself (not adminAccess).
+
+        Raises DeviceTakenError naming the holder; what this call reserved is then
+        released again, what the claim held before stays.
+        """
+        made: list[str] = []
+        target = _target(claim)
+        try:
+            for name in sorted({d.device_name for d in claim.devices if not d.admin_access}):
+                path = self.devices_dir / name
+                try:
+                    path.symlink_to(target)
+                    made.append(name)
+                except FileExistsError:
+                    holder = self.holder(name)
+                    if holder is None or holder.uid != claim.uid:
+                        raise DeviceTakenError(
+                            f"claim {claim}: device {name} is already prepared for claim "
+                            f"{holder if holder is not None else '(unreadable reservation)'}"
+                        ) from None
+        except BaseException:
+            self.release(claim.uid, made)
+            raise
+
+    def holder(self, device_name: str) -> Holder | None:
+        try:
+            return parse_target(str((self.devices_dir / device_name).readlink()))
+        except (FileNotFoundError, OSError):
+            return None
+
+    def reservations(self) -> dict[str, str]:
+        """device name -> raw symlink target ("" when the entry is not a symlink)."""
+        out: dict[str, str] = {}
+        try:
+            entries = list(os.scandir(self.devices_dir))
+        except FileNotFoundError:
+            return out
+        for entry in entries:
+            if entry.name.endswith(_TEMP_SUFFIX):
+                continue
+            try:
+                out[entry.name] = str(Path(entry.path).readlink())
+            except OSError:
+                out[entry.name] = ""
+        return out
+
+    def release(self, uid: str, device_names: Iterable[str] | None = None) -> int:
+        """Drop ``uid``'s reservations (of ``device_names``, or all); returns how many."""
+        if device_names is None:
+            device_names = [
+                name
+                for name, target in self.reservations().items()
+                if target.split(":", 1)[0] == uid
+            ]
+        released = 0
+        for name in device_names:
+            holder = self.holder(name)
+            if holder is not None and holder.uid == uid:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.devices_dir / name).unlink()
+                    released += 1
+        return released
+
+    def force_reserve(self, device_name: str, holder: Holder) -> None:
+        """Recovery only: make ``device_name`` reserved for ``holder``."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.devices_dir / device_name).unlink()
+        (self.devices_dir / device_name).symlink_to(
+            f"{holder.uid}:{holder.namespace}:{holder.name}"
+        )
+
+    def remove_reservation(self, device_name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.devices_dir / device_name).unlink()
+
+    # -- per-claim records of side effects --
+
+    def claim_record_path(self, uid: str) -> Path:
+        return self.claims_dir / f"{uid}.json"
+
+    def write_claim_record(self, claim: PreparedClaim) -> None:
+        content = encode_claim_record(claim, boot_id=self.boot_id)
+        write_atomic(self.claim_record_path(claim.uid), content, fsync=self.fsync)
+
+    def read_claim_record(self, uid: str) -> PreparedClaim | None:
+        """The record of ``uid``'s side effects; None without one. Raises RecordError."""
+        try:
+            raw = self.claim_record_path(uid).read_bytes()
+        except FileNotFoundError:
+            return None
+        return decode_claim_record(raw)[1]
+
+    def remove_claim_record(self, uid: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.claim_record_path(uid).unlink()
+
+    def claim_record_files(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.claims_dir.iterdir() if not p.name.startswith("."))
+        except FileNotFoundError:
+            return []
+
+    # -- scanning --
+
+    def spec_files(self) -> list[Path]:
+        try:
+            entries = list(os.scandir(self.cdi_root))
+        except FileNotFoundError:
+            return []
+        return sorted(
+            Path(e.path)
+            for e in entries
+            if e.is_file()
+            and e.name.startswith(cdi.FILE_PREFIX)
+            and e.name.endswith(cdi.SPEC_SUFFIXES)
+        )
+
+    def sweep_temp_files(self) -> int:
+        """Temp files a killed write left behind (ours only); returns how many."""
+        swept = 0
+        for directory, prefix in (
+            (self.cdi_root, f".{cdi.FILE_PREFIX}"),
+            (self.claims_dir, "."),
+            (self.plugin_dir, "."),
+        ):
+            try:
+                entries = list(os.scandir(directory))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.name.startswith(prefix) and entry.name.endswith(_TEMP_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        Path(entry.path).unlink()
+                        swept += 1
+        return swept
+
+    # -- the boot these records belong to --
+
+    def recorded_boot(self) -> str:
+        try:
+            return (self.plugin_dir / BOOT_FILE).read_text().strip()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return ""
+
+    def record_boot(self) -> None:
+        # Not fsynced: losing it means a power loss, after which it must differ anyway.
+        write_atomic(self.plugin_dir / BOOT_FILE, f"{self.boot_id}\n".encode(), fsync=False)

@@ -1,0 +1,54 @@
+"""A second device kind for the seam test: a fake accelerator with one attribute.
+
+Its preparation has a side effect (a marker file, standing in for a MIG instance or
+an MPS daemon), so it also exercises the per-claim record written before one.
+Nothing outside this module and its registration in ``driver.devicekinds.KINDS``
+knows it exists.
+"""
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from driver.devicekinds import NodeDevice, PreparedClaim
+from driver.inventory import Inventory
+
+NAME = "fake-accelerator"
+
+
+class FakeAccelerator:
+    name = NAME
+    identity_keys = ("serial",)
+
+    def __init__(self, side_effects: Path) -> None:
+        self.side_effects = side_effects  # where "prepare" leaves its mark
+
+    def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
+        return [
+            NodeDevice(
+                kind=NAME,
+                name="fake-0",
+                published={"name": "fake-0", "attributes": {"fakeAttr": {"string": "shiny"}}},
+                edits={"env": ["FAKE_ACCELERATOR=fake-0"]},
+                identity={"serial": f"{node_name}-fake-0"},
+            )
+        ]
+
+    def claim_edits(self, devices: Sequence[NodeDevice]) -> Mapping[str, Any]:
+        return {}
+
+    def has_side_effects(self, claim: PreparedClaim) -> bool:
+        return True
+
+    def mark(self, claim: PreparedClaim) -> Path:
+        return self.side_effects / claim.uid
+
+    def prepare(self, claim: PreparedClaim) -> None:
+        self.side_effects.mkdir(parents=True, exist_ok=True)
+        self.mark(claim).write_text("prepared")
+
+    def unprepare(self, claim: PreparedClaim) -> None:
+        self.mark(claim).unlink(missing_ok=True)
+
+    def recover(self, claim: PreparedClaim) -> None:
+        self.unprepare(claim)

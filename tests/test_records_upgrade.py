@@ -1,0 +1,169 @@
+"""Upgrade from release 0.1.0 (one node checkpoint) to per-claim records, and back.
+
+The 0.1.0 state in tests/data/v0_1_0 was written by 0.1.0's own code (see its README).
+An upgrade migrates it at start without unpreparing a live claim. A rollback runs
+0.1.0's code, taken from this repository's history, on what this release leaves:
+0.1.0 finds the marker in place of its checkpoint, takes it for a corrupt one and
+rebuilds its state from the CDI specs, losing no claim.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from kubernetes.aio import client as k8s
+
+from kubeletplugin import cdi, checkpoint
+from kubeletplugin.state import DeviceState, StateConfig
+from tests.test_state import _config, _inventory, create_claim, devices_of, reservations
+
+DATA = Path(__file__).resolve().parent / "data" / "v0_1_0"
+RELEASE_0_1_0 = "08b23bf"
+ROOT = Path(__file__).resolve().parents[1]
+CLAIMS: dict[str, str] = json.loads((DATA / "claims.json").read_text())
+LIVE_A, LIVE_B = CLAIMS["live-a"], CLAIMS["live-b"]
+
+
+def _node_of_0_1_0(tmp_path: Path) -> StateConfig:
+    config = _config(tmp_path)
+    shutil.copytree(DATA / "plugin", config.plugin_dir)
+    shutil.copytree(DATA / "cdi", config.cdi_root)
+    return config
+
+
+def _specs(config: StateConfig) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(config.cdi_root.iterdir())}
+
+
+async def _open(config: StateConfig, api: k8s.ApiClient, tmp_path: Path) -> DeviceState:
+    return await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
+
+
+async def test_upgrade_keeps_every_live_claim_prepared(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    config = _node_of_0_1_0(tmp_path)
+    before = _specs(config)
+    assert len(before) == 2
+    state = await _open(config, api_client, tmp_path)
+    assert _specs(config) == before  # not one live claim unprepared, not one spec rewritten
+    assert reservations(config) == {"gpu-0": LIVE_A, "gpu-1": LIVE_A, "gpu-2": LIVE_B}
+    assert checkpoint.is_marker((config.plugin_dir / checkpoint.FILE_NAME).read_bytes())
+    rival = await create_claim(api_client, "rival", ["gpu-2"])
+    refused = (await state.prepare([rival]))[rival.uid].error
+    assert "device gpu-2 is already prepared for claim default/live-b" in refused
+    # The migrated claims unprepare like any other; restarting migrates nothing twice.
+    live_b = cdi.claim_from_spec(json.loads(before[cdi.spec_name(LIVE_B)]))
+    from kubeletplugin.claims import ClaimRef
+
+    ref = ClaimRef(uid=live_b.uid, namespace=live_b.namespace, name=live_b.name)
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    state = await _open(config, api_client, tmp_path)
+    assert reservations(config) == {"gpu-0": LIVE_A, "gpu-1": LIVE_A}
+    assert (await state.prepare([rival]))[rival.uid].error == ""
+
+
+async def test_upgrade_follows_0_1_0s_checkpoint_for_interrupted_and_orphaned_claims(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    config = _node_of_0_1_0(tmp_path)
+    path = config.plugin_dir / checkpoint.FILE_NAME
+    document = json.loads(path.read_text())
+    claims = document["data"]["claims"]
+    claims[LIVE_A]["state"] = "PrepareStarted"  # killed between its two checkpoint writes
+    del claims[LIVE_B]  # its spec explains no claim 0.1.0 prepared
+    document["checksum"] = checkpoint._checksum(document["data"])
+    path.write_text(json.dumps(document))
+    unrelated = config.cdi_root / "vendor.example.com-thing.json"
+    unrelated.write_text("{}")
+    await _open(config, api_client, tmp_path)
+    assert _specs(config) == {unrelated.name: b"{}"}
+    assert reservations(config) == {"gpu-0": LIVE_A, "gpu-1": LIVE_A}  # until the retry
+
+
+async def test_a_0_1_0_node_that_rebooted_keeps_nothing(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    config = _node_of_0_1_0(tmp_path)
+    config.boot_id_path.write_text("boot-2\n")
+    await _open(config, api_client, tmp_path)
+    assert _specs(config) == {}
+    assert reservations(config) == {}
+
+
+def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
+    """0.1.0's startup recovery, its own code, on this node's files."""
+    if subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{RELEASE_0_1_0}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    ).returncode:
+        pytest.skip(f"release 0.1.0 ({RELEASE_0_1_0}) is not in this checkout's git history")
+    old = tmp_path / "release-0.1.0"
+    old.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", RELEASE_0_1_0, "api", "driver", "kubeletplugin"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from pathlib import Path
+        from kubernetes.aio import client
+        from driver.discovery import discover
+        from driver.nvml.simulated import SimulatedNode
+        from kubeletplugin.state import DeviceState, StateConfig
+
+        async def main():
+            node = SimulatedNode("p5.48xlarge", "node-a", Path({str(tmp_path / "sysfs-0.1.0")!r}))
+            inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
+            config = StateConfig(
+                plugin_dir=Path({str(config.plugin_dir)!r}),
+                cdi_root=Path({str(config.cdi_root)!r}),
+                driver_name="gpu.nvidia.com",
+                node_name="node-a",
+                boot_id_path=Path({str(config.boot_id_path)!r}),
+                nvml_mode="simulated",
+            )
+            async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
+                await DeviceState.open(config, api, inventory)
+
+        asyncio.run(main())
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=old, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+async def test_rollback_to_0_1_0_reads_the_claims_from_the_specs_and_back(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    config = _node_of_0_1_0(tmp_path)
+    state = await _open(config, api_client, tmp_path)
+    fresh = await create_claim(api_client, "after-upgrade", ["gpu-5"])
+    assert (await state.prepare([fresh]))[fresh.uid].error == ""
+    specs = _specs(config)
+
+    _run_0_1_0(tmp_path, config)  # helm rollback
+    assert _specs(config) == specs  # 0.1.0 removed no spec of a live claim
+    rebuilt = checkpoint.decode((config.plugin_dir / checkpoint.FILE_NAME).read_bytes())
+    assert set(rebuilt.claims) == {LIVE_A, LIVE_B, fresh.uid}
+    assert {c.state for c in rebuilt.claims.values()} == {checkpoint.ClaimState.PREPARE_COMPLETED}
+
+    state = await _open(config, api_client, tmp_path)  # and forward again
+    assert _specs(config) == specs
+    assert reservations(config) == {
+        "gpu-0": LIVE_A,
+        "gpu-1": LIVE_A,
+        "gpu-2": LIVE_B,
+        "gpu-5": fresh.uid,
+    }
+    assert await state.prepare([fresh]) == await state.prepare([fresh])
