@@ -442,11 +442,12 @@ class Compiler:
     def _ordering(self, node: Call) -> Code:
         left, right = self._arg(node, 0), self._arg(node, 1)
         lt, rt_ = left.ty, right.ty
-        if lt != DYN and rt_ != DYN:
-            if lt in NUMBERS and rt_ in NUMBERS and lt != rt_:
-                raise self.unsupported(node.pos, f"cross-type numeric comparison ({lt} vs {rt_})")
-            if lt != rt_ or lt.name not in _ORDERABLE:
-                raise self._no_overload(node.pos, node.name, [lt, rt_])
+        # CrossTypeNumericComparisons: int, uint and double order against each other by value
+        # (rt.compare); equality stays homogeneous, see _equality.
+        mixed_numbers = lt in NUMBERS and rt_ in NUMBERS
+        typed = lt != DYN and rt_ != DYN and not mixed_numbers
+        if typed and (lt != rt_ or lt.name not in _ORDERABLE):
+            raise self._no_overload(node.pos, node.name, [lt, rt_])
         test = _ORDER_OPS[node.name]
         fl, fr = left.fn, right.fn
         name = node.name
@@ -458,8 +459,7 @@ class Compiler:
         left, right = self._arg(node, 0), self._arg(node, 1)
         lt, rt_ = left.ty, right.ty
         if not assignable(lt, rt_):
-            if lt in NUMBERS and rt_ in NUMBERS:
-                raise self.unsupported(node.pos, f"cross-type numeric comparison ({lt} vs {rt_})")
+            # Also for 1 == 1.0: the API server's checker has no mixed-number equality.
             raise self._no_overload(node.pos, node.name, [lt, rt_])
         negate = node.name == "_!=_"
         fl, fr = left.fn, right.fn
