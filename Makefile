@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 
-.PHONY: venv lint test bench demo chart proto clean
+.PHONY: venv lint test oracles bench demo chart proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,12 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest --ignore=tests/oracles
+
+# The differential tests against upstream's allocator and CEL (needs Go; builds once, cached).
+oracles: $(STAMP)
+	$(PY) -m tests.e2e.build oracles
+	$(PY) -m pytest tests/oracles
 
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done

@@ -578,6 +578,17 @@ def test_request_selector_error_stops_allocation_when_reached() -> None:
     assert "request gpus selector #0" in text
     assert "CEL runtime error: no such key" in text
     assert "allocation stopped on this node at device gpu-0" in text
+    # Allocate's error, told apart from a mere no-fit (the oracle test compares it).
+    assert out.node("n1").error is not None
+    assert "CEL runtime error" in out.node("n1").error
+
+
+def test_a_claim_that_does_not_fit_is_no_error() -> None:
+    out = explain_claim(
+        claim(exactly("gpus", 4)), slices=[slice_("n1", *GPUS)], classes=[device_class()]
+    )
+    assert out.node("n1").error is None
+    assert "needed 4" in reasons(out)
 
 
 def test_selector_error_on_a_device_never_reached_does_not_matter() -> None:
@@ -606,6 +617,7 @@ def test_claim_level_problems_fail_every_node(
     out = explain_claim(claim(*requests), slices=[slice_("n1", *GPUS)], classes=classes)
     assert out.problems and expected in out.problems[0]
     assert expected in reasons(out)
+    assert out.node("n1").error == out.problems[0]
 
 
 def test_malformed_slice_is_a_clear_permanent_error() -> None:
