@@ -141,6 +141,26 @@ class _Gen:
             )
         return out
 
+    def per_device_slice(self, nodes: list[str]) -> dict[str, Any]:
+        """A pool whose devices each say where they are (DRAPartitionableDevices, 1.36)."""
+        devices: list[dict[str, Any]] = []
+        for index in range(self.rng.randrange(1, 5)):
+            device = self.gpu(f"gpu-{index}", "fabric", index)
+            r = self.rng.randrange(3)
+            if r == 0:
+                device["nodeName"] = self.rng.choice(nodes)
+            elif r == 1:
+                device["allNodes"] = True
+            else:
+                term = {
+                    "matchExpressions": [{"key": "pool", "operator": "In", "values": ["infer"]}]
+                }
+                device["nodeSelector"] = {"nodeSelectorTerms": [term]}
+            devices.append(device)
+            self.devices.append((GPU, "spread", device["name"]))
+        where = {"perDeviceNodeSelection": True}
+        return self.slice("spread-0", GPU, "spread", 1, 1, where, devices)
+
     @staticmethod
     def slice(
         name: str,
@@ -172,6 +192,8 @@ class _Gen:
                 body["allocationMode"] = "ExactCount"
             if self.chance(0.8):
                 body["count"] = self.rng.choice((1, 1, 2, 2, 3, 4))
+                if self.chance(0.01):
+                    body["count"] = 33  # beyond the 32-device claim limit: an error
         if self.chance(0.3):
             body["selectors"] = [
                 {"cel": {"expression": self.rng.choice(_REQUEST_SELECTORS)}}
@@ -205,9 +227,14 @@ class _Gen:
         devices: dict[str, Any] = {"requests": requests}
         if self.chance(0.35):
             constraint: dict[str, Any] = {"matchAttribute": self.rng.choice(_MATCH_ATTRIBUTES)}
-            if len(requests) > 1 and self.chance(0.5):
-                named = self.rng.sample([r["name"] for r in requests], 2)
-                constraint["requests"] = named
+            names = [r["name"] for r in requests]
+            names += [
+                f"{r['name']}/{sub['name']}"
+                for r in requests
+                for sub in r.get("firstAvailable", ())
+            ]
+            if len(names) > 1 and self.chance(0.5):
+                constraint["requests"] = self.rng.sample(names, 2)
             devices["constraints"] = [constraint]
         return {
             "apiVersion": "resource.k8s.io/v1",
@@ -255,6 +282,12 @@ def case(rng: random.Random, version: str) -> dict[str, Any]:
             term = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["train"]}]}
             where = {"nodeSelector": {"nodeSelectorTerms": [term]}}
         slices += gen.pool_slices(rng.choice((GPU, NIC)), "fabric", None, where)
+    if version != "1.34" and gen.chance(0.15):
+        slices.append(gen.per_device_slice([n["name"] for n in nodes]))
+    if version != "1.34":
+        # 1.36 sorts a pool's slices by name; 1.34 keeps the lister's order, so its cases
+        # list them by name (our order) to keep the devices picked comparable.
+        rng.shuffle(slices)
     names = list(_CLASS_SELECTORS)
     classes = [
         {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -72,7 +73,8 @@ type result struct {
 }
 
 // nodeOutcome is "allocated" (with results), "unschedulable" (nil result, or an error
-// wrapping ErrFailedAllocationOnNode) or "error" (Allocate failed for the whole attempt).
+// wrapping ErrFailedAllocationOnNode), "error" (Allocate failed for the whole attempt) or
+// "timeout" (no answer within the time a scheduler's Filter gets).
 type nodeOutcome struct {
 	Outcome string   `json:"outcome"`
 	Results []result `json:"results,omitempty"`
@@ -108,6 +110,8 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 }
 
 var caches = map[string]*dracel.Cache{}
+
+const timeout = 2 * time.Second
 
 func allocate(ctx context.Context, req *request) answer {
 	feats, ok := features[req.Version]
@@ -151,8 +155,15 @@ func allocate(ctx context.Context, req *request) answer {
 	out := answer{ID: req.ID, Nodes: map[string]nodeOutcome{}}
 	for _, n := range req.Nodes {
 		obj := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels}}
-		results, err := alloc.Allocate(ctx, obj, []*resourceapi.ResourceClaim{req.Claim})
+		// The scheduler bounds a Filter call the same way (DRASchedulerFilterTimeout);
+		// without it one combinatorial case could stall the whole stream.
+		nodeCtx, cancel := context.WithTimeout(ctx, timeout)
+		results, err := alloc.Allocate(nodeCtx, obj, []*resourceapi.ResourceClaim{req.Claim})
+		timedOut := nodeCtx.Err() != nil
+		cancel()
 		switch {
+		case timedOut:
+			out.Nodes[n.Name] = nodeOutcome{Outcome: "timeout"}
 		case err != nil && errors.Is(err, structured.ErrFailedAllocationOnNode):
 			out.Nodes[n.Name] = nodeOutcome{Outcome: "unschedulable", Error: err.Error()}
 		case err != nil:
