@@ -408,6 +408,18 @@ CASES: list[Case] = [
     t("1 < 1.5 && 2u >= 1.5 && 1 < 2u", "K8S-ENV CrossTypeNumericComparisons (oracle)"),
     bad("1 == 1.0", "1:3", "K8S-ENV: cross-type numeric equality does not type-check (oracle)"),
     bad("1 == 1u", "1:3", "K8S-ENV: cross-type numeric equality does not type-check (oracle)"),
+    # K8S-ENV HomogeneousAggregateLiterals, each checked against the reference oracle.
+    bad('[1, "a"].size() == 2', "1:5", "K8S-ENV: a list literal has one element type"),
+    bad('{"a": 1, "b": "x"}.size() == 2', "1:15", "K8S-ENV: map literal values share a type"),
+    bad("[[1], [2u]].size() == 2", "1:7", "K8S-ENV: nested element types must agree"),
+    bad(
+        f"[device.driver, {A}.productName].size() == 2",
+        "1:52",
+        "K8S-ENV: an attribute is of the unknown type, not a string, in a literal",
+    ),
+    t(f"[{A}.productName, {A}.architecture].size() == 2", "K8S-ENV: attributes share a type"),
+    t("[[], [1]].size() == 2", "K8S-ENV: the empty list joins any list type"),
+    t('"%s/%d".format([["a", 1][0], 2]) == "a/2"', "GO-FMT: literals in format() are exempt"),
     unsupported("sets.contains([1, 2], [1])", "K8S-ENV ext.Sets"),
     unsupported('ip("10.0.0.1").family() == 4', "K8S-ENV IP library"),
     unsupported('cidr("10.0.0.0/8").containsIP(ip("10.0.0.1"))', "K8S-ENV CIDR library"),

@@ -123,7 +123,7 @@ class _Gen:
         return f"semver({self.q(['v1.2.3', '1.2', '01.2.3', '1.2.3'])}, true)"
 
     def bool_(self, d: int) -> str:
-        r = self.rng.randrange(20 if d > 0 else 4)
+        r = self.rng.randrange(21 if d > 0 else 4)
         if r == 0:
             return self.pick("true", "false", f"{A}.migCapable", "device.allowMultipleAllocations")
         if r == 1:
@@ -175,7 +175,40 @@ class _Gen:
         if r == 18:
             domain = self.pick("other.com", DRIVER, "resource.kubernetes.io")
             return f'device.attributes["{domain}"].{self.pick("x", "pcieRoot", "type")} == "gpu"'
+        if r == 19:
+            return self.more(d)
         return f"{self.int_(d - 1)} {self.pick('<', '==')} {A}.{self.pick('memory', 'productName')}"
+
+    def more(self, d: int) -> str:
+        """Macros over the attribute maps, more string functions, bind, lists."""
+        r = self.rng.randrange(9)
+        if r == 0:
+            var = self.pick("k", "name")
+            test = self.pick(f'{var}.startsWith("m")', f'{var} == "memory"', f"size({var}) > 5")
+            macro = self.pick("exists", "all", "exists_one")
+            return f"{A}.{macro}({var}, {test})"
+        if r == 1:
+            at = self.rng.randrange(-1, 6)
+            return f"{self.str_(d - 1)}.charAt({at}) == {self.q(['N', 'a', ''])}"
+        if r == 2:
+            word = self.q(_WORDS)
+            return f"{self.str_(d - 1)}.lastIndexOf({word}) >= {self.rng.randrange(-1, 3)}"
+        if r == 3:
+            offset = self.rng.randrange(-1, 30)
+            return f"{self.str_(d - 1)}.indexOf({self.q(_WORDS)}, {offset}) > 0"
+        if r == 4:
+            # string(...) keeps the literal homogeneous: see test_cel_oracle on dyn elements.
+            first, second = self.str_(d - 1), self.str_(d - 1)
+            return f"[string({first}), string({second})].join({self.q([' ', ''])}).size() > 4"
+        if r == 5:
+            return f"cel.bind(x, {self.int_(d - 1)}, x > 3 && x < 100000)"
+        if r == 6:
+            items = ", ".join(str(self.rng.randrange(-2, 9)) for _ in range(self.rng.randrange(4)))
+            fn = self.pick("isSorted()", "sum() > 3", "min() < 2", "max() >= 8")
+            return f"[{items}].{fn}"
+        if r == 7:
+            return f'{self.str_(d - 1)}.find({self.q(["[0-9]+", "H[0-9]*", "("])}) != ""'
+        return f"size({A}) {self.pick('>', '==', '<')} {self.rng.randrange(12)}"
 
 
 # Expressions the API server refuses to compile, mixed in so the compile path is checked too.

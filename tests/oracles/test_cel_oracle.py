@@ -15,6 +15,14 @@ tests/test_quantity.py:
     (CrossTypeNumericComparisons). Mixed equality (``1 == 1.0``) is a compile error
     upstream, not "unsupported".
 
+  - list and map literals mixing element types (``[1, "a"]``, an attribute beside a
+    string) compiled; Kubernetes enables HomogeneousAggregateLiterals (format() exempt).
+
+Known difference, not fixed: an element computed from attributes (``a + b`` is ``dyn``
+upstream) beside a string or an attribute (``any``) is refused upstream and accepted by
+ours, whose checker has one type for both. The generator wraps joined elements in
+``string(...)``.
+
 Known difference, in the parser (driver/tools/cel/_parser.py, being replaced): cel-go's
 parser drops an even run of unary operators, so ``!!"a" == "a"`` and ``--1 == 1`` compile
 upstream, while ours type-checks ``!`` on a string and refuses. The generator writes
