@@ -114,7 +114,7 @@ class _Gen:
             if count > 1 and part == 1 and self.chance(0.15):
                 continue  # incomplete: a slice of the pool is missing
             devices: list[dict[str, Any]] = []
-            for _ in range(self.rng.randrange(0, 5)):
+            for _ in range(self.rng.randrange(0, 7)):
                 name = f"{'gpu' if driver == GPU else 'nic'}-{index}"
                 if self.chance(0.03) and index > 0:
                     name = f"{'gpu' if driver == GPU else 'nic'}-0"  # duplicate: invalid pool
@@ -225,7 +225,8 @@ class _Gen:
             else:
                 requests.append({"name": name, "exactly": self.request_body(classes, admin=True)})
         devices: dict[str, Any] = {"requests": requests}
-        if self.chance(0.35):
+        constraints: list[dict[str, Any]] = []
+        for _ in range(self.rng.choice((0, 0, 1, 1, 2))):
             constraint: dict[str, Any] = {"matchAttribute": self.rng.choice(_MATCH_ATTRIBUTES)}
             names = [r["name"] for r in requests]
             names += [
@@ -235,7 +236,9 @@ class _Gen:
             ]
             if len(names) > 1 and self.chance(0.5):
                 constraint["requests"] = self.rng.sample(names, 2)
-            devices["constraints"] = [constraint]
+            constraints.append(constraint)
+        if constraints:
+            devices["constraints"] = constraints
         return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",

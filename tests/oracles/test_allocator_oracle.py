@@ -46,7 +46,7 @@ from tests.oracles import gen_alloc
 from tests.oracles.client import Oracle
 
 SEED = 20261201
-COUNT = 2500  # per version
+COUNT = 5000  # per version
 
 
 def ours(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
