@@ -7,6 +7,7 @@ up whatever the number of cases. See ``cmd/oracle/main.go`` for the case and ans
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -47,6 +48,7 @@ class Oracle:
 
         writer = threading.Thread(target=feed, daemon=True)
         writer.start()
+        finished = False
         try:
             for case in numbered:
                 line = stdout.readline()
@@ -56,7 +58,12 @@ class Oracle:
                 if answer.get("id") != case["id"]:
                     raise OracleError(f"answer {answer.get('id')} for case {case['id']}")
                 yield answer
+            finished = True
         finally:
+            if not finished:
+                # The caller stopped early: a writer blocked on a full pipe only gets out
+                # when the process goes, and the process is out of step anyway.
+                self._proc.kill()
             writer.join(timeout=30)
         if failure:
             raise OracleError(f"writing cases failed: {failure[0]}")
@@ -74,7 +81,8 @@ class Oracle:
     def close(self) -> None:
         if self._proc.poll() is None:
             if self._proc.stdin is not None:
-                self._proc.stdin.close()
+                with contextlib.suppress(OSError):
+                    self._proc.stdin.close()
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
