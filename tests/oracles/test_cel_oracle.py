@@ -23,6 +23,13 @@ upstream) beside a string or an attribute (``any``) is refused upstream and acce
 ours, whose checker has one type for both. The generator wraps joined elements in
 ``string(...)``.
 
+Known difference, not fixed: the API server also refuses an expression whose estimated
+worst-case cost exceeds 1,000,000 ("too complex"); ours has a runtime budget but no static
+estimate, so it accepts them. The oracle reports the estimate as ``overCost`` beside the
+evaluated outcome, which is compared as for any other expression; about 2 % of the random
+cases are over (string(), size() and the string functions on attributes are estimated at
+the declared maximum sizes).
+
 Known difference, in the parser (driver/tools/cel/_parser.py, being replaced): cel-go's
 parser drops an even run of unary operators, so ``!!"a" == "a"`` and ``--1 == 1`` compile
 upstream, while ours type-checks ``!`` on a string and refuses. The generator writes
@@ -67,6 +74,8 @@ def test_random_selectors_agree_with_upstream(oracle: Oracle) -> None:
     for case, answer in zip(cases, oracle.ask(cases), strict=True):
         kind, value, detail = ours(case)
         outcomes[answer["outcome"]] = outcomes.get(answer["outcome"], 0) + 1
+        if answer.get("overCost"):
+            outcomes["overCost"] = outcomes.get("overCost", 0) + 1
         if (kind, value) != (answer["outcome"], answer.get("value")):
             upstream = f"{answer['outcome']} {answer.get('value')} {answer.get('detail', '')}"
             disagreements.append(
@@ -74,5 +83,5 @@ def test_random_selectors_agree_with_upstream(oracle: Oracle) -> None:
                 f"  upstream: {upstream}\n  ours:     {kind} {value} {detail}"
             )
     # Every outcome class is exercised, or the comparison proves little.
-    assert {"ok", "compile", "runtime"} <= set(outcomes), outcomes
+    assert {"ok", "compile", "runtime", "overCost"} <= set(outcomes), outcomes
     assert not disagreements, f"{len(disagreements)} of {COUNT}:\n" + "\n".join(disagreements[:20])

@@ -90,6 +90,8 @@ type answer struct {
 	Outcome string `json:"outcome,omitempty"`
 	Value   *bool  `json:"value,omitempty"`
 	Detail  string `json:"detail,omitempty"`
+	// The API server would refuse the expression as too complex (estimated cost).
+	OverCost bool `json:"overCost,omitempty"`
 }
 
 type classLister map[string]*resourceapi.DeviceClass
@@ -219,6 +221,9 @@ func evalCEL(ctx context.Context, req *request) answer {
 		out.Outcome, out.Detail = "compile", compiled.Error.Error()
 		return out
 	}
+	// validateCELSelector refuses a compiling expression whose estimated worst case is too
+	// costly; it is still evaluated here, so its value can be compared too.
+	out.OverCost = compiled.MaxCost > resourceapi.CELSelectorExpressionMaxCost
 	dev := dracel.Device{Driver: req.Driver}
 	if req.Device != nil {
 		dev.Attributes = req.Device.Attributes
