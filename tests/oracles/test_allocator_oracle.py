@@ -32,6 +32,10 @@ Deliberate differences, accounted for explicitly:
   - Both searches are bounded (upstream: 2 s per node, as the scheduler's Filter timeout;
     ours: the search budget); a node where either gives up is not compared, and the test
     fails if more than 1 % of cases do.
+  - Not generated, because ours does not model them yet (all beta and on in 1.36):
+    sharedCounters/consumesCounters (partitionable devices), capacity requests and
+    allowMultipleAllocations (consumable capacity), bindingConditions (upstream tries
+    such pools last). The oracle already runs with them on, for the MIG and sharing work.
   - ``distinctAttribute`` (ours) has no field in resource.k8s.io/v1 v0.36; not generated.
 """
 
