@@ -6,7 +6,7 @@ PYTHON ?= python3
 # Kubernetes minor of the e2e tier (tests/e2e/versions.toml pins the patch).
 K8S ?= 1.36
 
-.PHONY: venv lint test e2e e2e-build bench demo chart proto clean
+.PHONY: venv lint test e2e e2e-build oracles bench demo chart proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,15 +25,20 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
+# The differential tests against upstream's allocator and CEL (needs Go; builds once, cached).
+oracles: $(STAMP)
+	$(PY) -m tests.e2e.build oracles
+	$(PY) -m pytest -o addopts="-q -ra" tests/oracles
+
 # The real Kubernetes components, built from their Go modules once per machine and version
 # (cached in ~/.cache/gpu-dra-e2e, or $$GPU_DRA_E2E_CACHE).
 e2e-build: $(STAMP)
 	bash tests/e2e/deps.sh
-	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd runc
+	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd runc oracles
 
 # The e2e tier against those components; pytest's addopts exclude it from `make test`.
 e2e: e2e-build
-	K8S=$(K8S) $(PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider tests/e2e
+	K8S=$(K8S) $(PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider tests/oracles tests/e2e
 
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done

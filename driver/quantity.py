@@ -115,6 +115,59 @@ def _canonical(value: Fraction, fmt: Format) -> str:
     return f"{number}{_DECIMAL_BY_EXPONENT[exponent]}"
 
 
+def _fits(n: int) -> bool:
+    return _INT64_MIN <= n <= _INT64_MAX
+
+
+def _parsed_amount(
+    negative: bool, num: str, denom: str, base: int, exponent: int
+) -> tuple[int, int] | None:
+    """ParseQuantity's int64Amount fast path: (mantissa, scale), or None for an inf.Dec."""
+    mantissa = 1
+    if base == 10:
+        scale = exponent
+        precision = 18 - (len(num) + len(denom))  # maxInt64Factors
+    elif exponent >= 0 and not denom:
+        scale = 0
+        mantissa = 1 << exponent
+        precision = 15 - len(num) - int(exponent * 3 / 10) - 1
+    else:
+        return None
+    scale -= len(denom)
+    if precision < 0 or scale < -9:
+        return None
+    value = int(num + denom) * mantissa
+    if not _fits(value):
+        return None
+    return (-value if negative else value, scale)
+
+
+def _add_amounts(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
+    """int64Amount.Add: the smaller scale wins; None (an inf.Dec) on overflow."""
+    if a is None or b is None:
+        return None
+    (av, ascale), (bv, bscale) = a, b
+    if bv == 0:
+        return a
+    if av == 0:
+        return b
+    scale = min(ascale, bscale)
+    x, y = av * 10 ** (ascale - scale), bv * 10 ** (bscale - scale)
+    if not (_fits(x) and _fits(y) and _fits(x + y)):
+        return None
+    return (x + y, scale)
+
+
+def _as_int64(amount: tuple[int, int] | None) -> int | None:
+    if amount is None:
+        return None
+    value, scale = amount
+    if scale < 0:
+        return None
+    number = value * 10**scale
+    return number if _fits(number) else None
+
+
 @functools.total_ordering
 @dataclass(frozen=True, eq=False)
 class Quantity:
@@ -123,6 +176,11 @@ class Quantity:
     value: Fraction
     format: Format = Format.DECIMAL_SI
     _text: str | None = field(default=None, repr=False)
+    # How upstream holds the value: an int64 mantissa with a base-10 scale, or an inf.Dec
+    # (_dec). Only AsInt64 (CEL isInteger/asInteger) can tell: "1000m" or 0.5 + 0.5 are
+    # whole numbers that upstream still refuses to convert. Derived from the value if unset.
+    _amount: tuple[int, int] | None = field(default=None, repr=False)
+    _dec: bool = field(default=False, repr=False)
 
     @classmethod
     def parse(cls, text: str) -> Quantity:
@@ -132,7 +190,7 @@ class Quantity:
         if text == "":
             raise ValueError("quantity must not be empty")
         if text == "0":
-            return cls(Fraction(0), Format.DECIMAL_SI, "0")
+            return cls(Fraction(0), Format.DECIMAL_SI, "0", (0, 0))
         match = _SCAN.fullmatch(text)
         if match is None:
             raise ValueError(
@@ -146,15 +204,22 @@ class Quantity:
         magnitude = Fraction(int(num + denom), 10 ** len(denom))
         magnitude *= Fraction(base) ** exponent
         value = -magnitude if negative else magnitude
+        amount = _parsed_amount(negative, num, denom, base, exponent)
+        if amount is None:
+            return cls._from_dec(value, fmt)
         if _kept_string(num, denom, base, exponent):
-            return cls(value, fmt, text)
+            return cls(value, fmt, text, amount)
+        return cls(value, fmt, None, amount)
+
+    @classmethod
+    def _from_dec(cls, value: Fraction, fmt: Format) -> Quantity:
         value = _round_up_to_nano(value)
         if fmt is Format.BINARY_SI:
             if abs(value) > _INT64_MAX:
                 value = Fraction(_INT64_MAX) if value > 0 else Fraction(-_INT64_MAX)
             if 0 < abs(value) < 1:
                 fmt = Format.DECIMAL_SI
-        return cls(value, fmt)
+        return cls(value, fmt, None, None, True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, Fraction):
@@ -162,6 +227,12 @@ class Quantity:
         if self.value % _NANO:
             object.__setattr__(self, "value", _round_up_to_nano(self.value))
         object.__setattr__(self, "format", Format(self.format))
+        if self._amount is None and not self._dec:
+            whole = self.value.denominator == 1 and _INT64_MIN <= self.value.numerator <= _INT64_MAX
+            if whole:
+                object.__setattr__(self, "_amount", (self.value.numerator, 0))
+            else:
+                object.__setattr__(self, "_dec", True)
 
     def __str__(self) -> str:
         return self._text if self._text is not None else _canonical(self.value, self.format)
@@ -183,13 +254,23 @@ class Quantity:
         return hash(self.value)
 
     def __add__(self, other: Quantity) -> Quantity:
-        return Quantity(self.value + other.value, self._result_format(other))
+        return self._combine(other, other._amount)
 
     def __sub__(self, other: Quantity) -> Quantity:
-        return Quantity(self.value - other.value, self._result_format(other))
+        negated = None if other._amount is None else (-other._amount[0], other._amount[1])
+        return self._combine(-other, negated)
+
+    def _combine(self, other: Quantity, amount: tuple[int, int] | None) -> Quantity:
+        total = _add_amounts(self._amount, amount)
+        fmt = self._result_format(other)
+        if total is None:
+            return Quantity(self.value + other.value, fmt, None, None, True)
+        return Quantity(self.value + other.value, fmt, None, total)
 
     def __neg__(self) -> Quantity:
-        return Quantity(-self.value, self.format)
+        if self._amount is None:
+            return Quantity(-self.value, self.format, None, None, True)
+        return Quantity(-self.value, self.format, None, (-self._amount[0], self._amount[1]))
 
     def _result_format(self, other: Quantity) -> Format:
         # Upstream Add/Sub: a zero receiver takes the other operand's format.
@@ -200,16 +281,18 @@ class Quantity:
         return (self.value > 0) - (self.value < 0)
 
     def is_integer(self) -> bool:
-        """Whether ``as_integer`` succeeds: a whole number that fits in int64."""
-        return self.value.denominator == 1 and _INT64_MIN <= self.value.numerator <= _INT64_MAX
+        """Whether ``as_integer`` succeeds (upstream ``AsInt64``)."""
+        return _as_int64(self._amount) is not None
 
     def as_integer(self) -> int:
-        """The exact integer value; ValueError if fractional or outside int64."""
-        if self.value.denominator != 1:
-            raise ValueError(f"quantity {self} is not an integer")
-        number = self.value.numerator
-        if not _INT64_MIN <= number <= _INT64_MAX:
-            raise ValueError(f"quantity {self} does not fit in int64")
+        """The integer value as upstream's ``AsInt64`` gives it; ValueError where it refuses.
+
+        It refuses fractions and values outside int64, and also whole values held with a
+        negative scale ("1000m") or as an inf.Dec (beyond 18 digits, binary fractions).
+        """
+        number = _as_int64(self._amount)
+        if number is None:
+            raise ValueError(f"quantity {self} cannot be converted to an integer")
         return number
 
     def as_approximate_float(self) -> float:

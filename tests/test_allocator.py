@@ -578,6 +578,59 @@ def test_request_selector_error_stops_allocation_when_reached() -> None:
     assert "request gpus selector #0" in text
     assert "CEL runtime error: no such key" in text
     assert "allocation stopped on this node at device gpu-0" in text
+    # Allocate's error, told apart from a mere no-fit (the oracle test compares it).
+    error = out.node("n1").error
+    assert error is not None
+    assert "CEL runtime error" in error
+
+
+def test_a_claim_that_does_not_fit_is_no_error() -> None:
+    out = explain_claim(
+        claim(exactly("gpus", 4)), slices=[slice_("n1", *GPUS)], classes=[device_class()]
+    )
+    assert out.node("n1").error is None
+    assert "needed 4" in reasons(out)
+
+
+def _per_device_slice(*devices: dict[str, Any]) -> dict[str, Any]:
+    return slice_(None, *devices, pool="spread", perDeviceNodeSelection=True)
+
+
+def test_per_device_node_selection_picks_only_devices_for_the_node() -> None:
+    # incubating isSelectable: NodeMatches on the device's nodeName/allNodes/nodeSelector.
+    devices = [
+        {**device("gpu-0"), "nodeName": "n2"},
+        {**device("gpu-1"), "nodeName": "n1"},
+        {**device("gpu-2"), "allNodes": True},
+    ]
+    out = explain_claim(
+        claim(exactly("gpus", 2)), slices=[_per_device_slice(*devices)], classes=[device_class()]
+    )
+    assert picked(out, "n1") == [("gpus", "gpu-1"), ("gpus", "gpu-2")]
+    assert picked(out, "n2") == [("gpus", "gpu-0"), ("gpus", "gpu-2")]
+
+
+def test_selector_error_on_another_nodes_device_stops_allocation() -> None:
+    # Found by the reference oracle (tests/oracles): the scheduler runs the selectors of a
+    # per-device slice's device before checking its node, so gpu-0 (on n2, no "mem") fails
+    # the claim on n1 too.
+    devices = [{**device("gpu-0"), "nodeName": "n2"}, {**device("gpu-1", mem=10), "nodeName": "n1"}]
+    req = exactly("gpus", 1, 'device.attributes["gpu.nvidia.com"].mem > 5')
+    slices = [_per_device_slice(*devices)]
+    out = explain_claim(claim(req), slices=slices, classes=[device_class()])
+    assert out.node("n1").error is not None
+    assert "allocation stopped on this node at device spread/gpu-0" in reasons(out, "n1")
+    # All mode evaluates the same devices first.
+    every = {
+        "name": "gpus",
+        "exactly": {
+            "deviceClassName": CLASS,
+            "allocationMode": "All",
+            "selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].mem > 5'}}],
+        },
+    }
+    out = explain_claim(claim(every), slices=slices, classes=[device_class()])
+    assert out.node("n1").error is not None
 
 
 def test_selector_error_on_a_device_never_reached_does_not_matter() -> None:
@@ -606,6 +659,7 @@ def test_claim_level_problems_fail_every_node(
     out = explain_claim(claim(*requests), slices=[slice_("n1", *GPUS)], classes=classes)
     assert out.problems and expected in out.problems[0]
     assert expected in reasons(out)
+    assert out.node("n1").error == out.problems[0]
 
 
 def test_malformed_slice_is_a_clear_permanent_error() -> None:

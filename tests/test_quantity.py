@@ -132,13 +132,28 @@ def test_sign_integer_float() -> None:
     assert [Quantity.parse(s).sign() for s in ("-1m", "0", "3Ki")] == [-1, 0, 1]
     assert Quantity.parse("2Ki").as_integer() == 2048
     assert Quantity.parse("1500m").is_integer() is False
-    assert Quantity.parse("1000m").is_integer() is True  # by value
     assert Quantity.parse("10E").is_integer() is False  # beyond int64
-    with pytest.raises(ValueError, match="not an integer"):
+    with pytest.raises(ValueError, match="cannot be converted to an integer"):
         Quantity.parse("1500m").as_integer()
-    with pytest.raises(ValueError, match="int64"):
+    with pytest.raises(ValueError, match="cannot be converted to an integer"):
         Quantity.parse("10E").as_integer()
-    assert Quantity.parse("9223372036854775807").as_integer() == 2**63 - 1
+    assert Quantity.parse("922337203685477580").as_integer() == 922337203685477580
+    assert Quantity.parse("50k").as_integer() == 50000
+
+
+def test_as_integer_follows_upstream_representation() -> None:
+    # Upstream AsInt64 refuses whole values held with a negative scale or as an inf.Dec;
+    # each line was checked against the reference oracle (tests/oracles).
+    assert Quantity.parse("1000m").is_integer() is False
+    assert Quantity.parse("1.0").is_integer() is False
+    assert Quantity.parse("0m").is_integer() is False
+    assert Quantity.parse("9223372036854775807").is_integer() is False  # 19 digits: an inf.Dec
+    assert (Quantity.parse("1500m") + Quantity.parse("500m")).is_integer() is False
+    assert (Quantity.parse("5m") - Quantity.parse("5m")).is_integer() is False
+    assert (Quantity.parse("10") + Quantity.parse("-10")).is_integer() is True
+    assert (Quantity.parse("1Gi") - Quantity.parse("1Gi")).is_integer() is True
+    assert (Quantity.parse("1k") + Quantity.parse("24")).as_integer() == 1024
+    assert (Quantity.parse("0") + Quantity.parse("500m")).is_integer() is False
     assert Quantity.parse("1.5Gi").as_approximate_float() == 1610612736.0
 
 

@@ -15,6 +15,7 @@ and ``godebug`` lines are copied: a dependency's are ignored by the go command).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -266,12 +267,26 @@ def build_runc() -> Path:
     return out
 
 
+def build_oracles() -> Path:
+    """The reference oracle of tests/oracles, keyed by a hash of its Go sources."""
+    src = HERE.parent / "oracles"
+    digest = hashlib.sha256()
+    for f in sorted([src / "go.mod", src / "go.sum", *src.rglob("*.go")]):
+        digest.update(f.relative_to(src).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    out = cache_root() / f"oracles-{digest.hexdigest()[:16]}" / "oracle"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _build(src, "./cmd/oracle", out)
+    return out
+
+
 BUILDERS = {
     "kubernetes": lambda minor: build_kubernetes(k8s_version(minor)),
     "etcd": lambda minor: build_etcd(),
     "containerd": lambda minor: build_containerd(),
     "runc": lambda minor: build_runc(),
     "nvidia-ctk": lambda minor: build_nvidia_ctk(),
+    "oracles": lambda minor: build_oracles(),
 }
 
 

@@ -71,7 +71,7 @@ def _explain_claim(
         problem = str(exc)
         return Explanation(
             ref,
-            tuple(NodeExplanation(n, False, reasons=(problem,)) for n in nodes),
+            tuple(NodeExplanation(n, False, reasons=(problem,), error=problem) for n in nodes),
             problems=(problem,),
         )
     in_use = allocated_devices(allocated, exclude=claim)
@@ -105,9 +105,13 @@ def _node(
 ) -> NodeExplanation:
     search = NodeSearch(node, cluster, parsed, selectors, in_use, budget)
     problem: str | None = None
+    error: str | None = None
     try:
         found = search.run()
-    except (SearchAborted, BudgetExceeded) as exc:
+    except SearchAborted as exc:
+        found, problem = False, str(exc)
+        error = problem
+    except BudgetExceeded as exc:
         found, problem = False, str(exc)
     if found:
         return NodeExplanation(
@@ -120,7 +124,11 @@ def _node(
             steps=search.steps,
         )
     return NodeExplanation(
-        node, False, reasons=tuple(failure_reasons(search, problem)), steps=search.steps
+        node,
+        False,
+        reasons=tuple(failure_reasons(search, problem)),
+        steps=search.steps,
+        error=error,
     )
 
 

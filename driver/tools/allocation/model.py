@@ -37,6 +37,10 @@ class NodeExplanation:
     # status.allocation as the scheduler would write it; None when not allocatable.
     allocation: dict[str, Any] | None = None
     steps: int = 0  # search steps spent on this node
+    # The error the scheduler's Allocate returns here (a CEL runtime error, an unknown
+    # class, ...): it gives up on the claim instead of trying the node. None when the
+    # claim merely does not fit. Not in to_json: the reasons already say it.
+    error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -116,6 +116,17 @@ class Pool:
                 if _device_targets(device, node, labels):
                     yield device
 
+    def evaluated(self) -> Iterable[Device]:
+        """The devices the scheduler runs selectors on, in its order, whatever the node.
+
+        That is every device of the pool's slices: for a slice with per-device node
+        selection the scheduler (incubating allocator, ``isSelectable``) evaluates the
+        selectors before it checks where the device is, so a selector that fails on a
+        device of another node still stops allocation here.
+        """
+        for s in self.slices:
+            yield from s.devices
+
     def describe(self) -> str:
         return f"{self.driver}/{self.name}"
 

@@ -6,7 +6,9 @@ structured/internal/stable/allocator_stable.go, ``allocateOne`` and
 order, devices in pool/slice order; a device is skipped when already taken (by
 another claim unless admin access, or by this claim), when a selector is false,
 when it has a NoSchedule/NoExecute taint no toleration matches, or when adding
-it breaks a constraint; the first complete solution wins. A CEL runtime error
+it breaks a constraint; the first complete solution wins. Devices of a slice with
+per-device node selection that sit on another node are skipped only after the
+selectors ran on them (incubating allocator, ``isSelectable``). A CEL runtime error
 on a device the search reaches stops allocation on the node, as Allocate
 returns that error.
 
@@ -77,11 +79,21 @@ class NodeSearch:
         self.every: list[Device] = []
         # Devices of complete, valid pools: the only ones ExactCount requests draw from.
         self.usable: list[Device] = []
+        # The same two with the devices of per-device slices that are on other nodes, in
+        # the scheduler's order: it evaluates selectors on them before checking the node.
+        self._every_evaluated: list[Device] = []
+        self._usable_evaluated: list[Device] = []
+        self._elsewhere: set[int] = set()
         for pool in self.pools:
             devices = list(pool.devices(node, labels))
+            evaluated = list(pool.evaluated())
+            here = {d.index for d in devices}
+            self._elsewhere.update(d.index for d in evaluated if d.index not in here)
             self.every += devices
+            self._every_evaluated += evaluated
             if pool.usable:
                 self.usable += devices
+                self._usable_evaluated += evaluated
         self.claim = claim
         self.selectors = selectors
         self.in_use = in_use
@@ -110,7 +122,7 @@ class NodeSearch:
             return cached
         covering = self.covering(request)
         out: list[Candidate] = []
-        for device in self.usable:
+        for device in self._usable_evaluated:
             if not request.admin and device.key in self.in_use:
                 continue  # checked first by the scheduler: a taken device is never evaluated
             rejection = self.selectors.first_rejection(request.selectors, device)
@@ -118,6 +130,8 @@ class NodeSearch:
                 if rejection.is_error:
                     label = device_label(device, self.node)
                     out.append(Candidate(device, _stopped(rejection.describe(), label)))
+                continue
+            if device.index in self._elsewhere:
                 continue
             if request.blocking_taint(device) is not None:
                 continue
@@ -164,10 +178,11 @@ class NodeSearch:
                     f"{pool.describe()} is invalid ({pool.invalid})"
                 )
         out: list[Device] = []
-        for device in self.every:
+        for device in self._every_evaluated:
             rejection = self.selectors.first_rejection(request.selectors, device)
             if rejection is None:
-                out.append(device)
+                if device.index not in self._elsewhere:
+                    out.append(device)
             elif rejection.is_error:
                 label = device_label(device, self.node)
                 raise SearchAborted(_stopped(rejection.describe(), label))

@@ -8,7 +8,7 @@ error semantics are kept: ``false && error`` is false, ``error || true`` is true
 Each node's ``size`` (its AST nodes) feeds the runtime budget of the macros (see _eval).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,9 @@ class Code:
     const: bool = False
     value: Any = None
     size: int = 1  # AST nodes, for the cost model
+    # An attribute value: dyn here, Kubernetes' unknown type (AnyType) upstream, which a
+    # list or map literal cannot mix with another type.
+    opaque: bool = False
 
 
 def _constant(ty: Ty, value: Any) -> Code:
@@ -99,6 +102,7 @@ class Compiler:
         self._text = text
         # name -> (static type, bound by cel.bind: the value is a _Thunk until first read)
         self._scope: dict[str, tuple[Ty, bool]] = {}
+        self._in_format = False
 
     # -- errors ---------------------------------------------------------------------------
 
@@ -184,7 +188,8 @@ class Compiler:
         else:
             raise self.error(node.pos, f"type '{ty}' does not support field selection")
         fn = operand.fn
-        return Code(result, lambda c: rt.select(fn(c), field), size=operand.size + 1)
+        opaque = ty.name == "map" and result == DYN
+        return Code(result, lambda c: rt.select(fn(c), field), size=operand.size + 1, opaque=opaque)
 
     def _device_domain(self, node: Node) -> tuple[str, bool] | None:
         """``device.attributes["d"]`` or ``device.capacity["d"]``: the domain, and whether
@@ -222,7 +227,7 @@ class Compiler:
             except KeyError:
                 raise CelEvalError(f"no such key: {ident}") from None
 
-        return Code(DYN, attribute, size=4)
+        return Code(DYN, attribute, size=4, opaque=True)
 
     def _index(self, node: Index) -> Code:
         if isinstance(node.index, Lit) and type(node.index.value) is str:
@@ -246,14 +251,16 @@ class Compiler:
             raise self._no_overload(node.pos, "_[_]", [ty, key.ty])
         fo = operand.fn
         size = operand.size + key.size + 1
+        opaque = ty.name == "map" and result == DYN
         if key.const:
             k = key.value
-            return Code(result, lambda c: rt.index(fo(c), k), size=size)
+            return Code(result, lambda c: rt.index(fo(c), k), size=size, opaque=opaque)
         fk = key.fn
-        return Code(result, lambda c: rt.index(fo(c), fk(c)), size=size)
+        return Code(result, lambda c: rt.index(fo(c), fk(c)), size=size, opaque=opaque)
 
     def _list(self, node: ListLit) -> Code:
         items = [self.compile(i) for i in node.items]
+        self._homogeneous(items, node.items)
         elem = _join_types([i.ty for i in items])
         fns = [i.fn for i in items]
         size = 1 + sum(i.size for i in items)
@@ -262,11 +269,25 @@ class Compiler:
             return Code(list_of(elem), lambda _c: list(values), size=size)
         return Code(list_of(elem), lambda c: [f(c) for f in fns], size=size)
 
+    def _homogeneous(self, codes: list[Code], nodes: Sequence[Node]) -> None:
+        """Kubernetes' HomogeneousAggregateLiterals: a literal's elements share one type."""
+        if self._in_format:
+            return
+        first: Ty | None = None
+        for code, node in zip(codes, nodes, strict=True):
+            ty = _ANY if code.opaque else code.ty
+            if first is None or first == DYN:
+                first = ty
+            elif ty != DYN and not _literal_assignable(first, ty):
+                raise self.error(node.pos, f"expected type '{first}' but found '{ty}'")
+
     def _map(self, node: MapLit) -> Code:
         entries = [(self.compile(k), self.compile(v)) for k, v in node.entries]
         for (key, _), (kn, _) in zip(entries, node.entries, strict=True):
             if key.ty not in (INT, UINT, BOOL, STRING, DYN):
                 raise self.error(kn.pos, f"unsupported map key type: {key.ty}")
+        self._homogeneous([k for k, _ in entries], [k for k, _ in node.entries])
+        self._homogeneous([v for _, v in entries], [v for _, v in node.entries])
         ty = map_of(
             _join_types([k.ty for k, _ in entries]), _join_types([v.ty for _, v in entries])
         )
@@ -299,6 +320,13 @@ class Compiler:
 
     def _call(self, node: Call) -> Code:
         name, target, args = node.name, node.target, node.args
+        if name == "format" and not self._in_format:
+            # cel-go's homogeneous-literal validator exempts everything inside format().
+            self._in_format = True
+            try:
+                return self._call(node)
+            finally:
+                self._in_format = False
         if target is None and name == "has":
             return self._has(node)
         if (
@@ -442,11 +470,12 @@ class Compiler:
     def _ordering(self, node: Call) -> Code:
         left, right = self._arg(node, 0), self._arg(node, 1)
         lt, rt_ = left.ty, right.ty
-        if lt != DYN and rt_ != DYN:
-            if lt in NUMBERS and rt_ in NUMBERS and lt != rt_:
-                raise self.unsupported(node.pos, f"cross-type numeric comparison ({lt} vs {rt_})")
-            if lt != rt_ or lt.name not in _ORDERABLE:
-                raise self._no_overload(node.pos, node.name, [lt, rt_])
+        # CrossTypeNumericComparisons: int, uint and double order against each other by value
+        # (rt.compare); equality stays homogeneous, see _equality.
+        mixed_numbers = lt in NUMBERS and rt_ in NUMBERS
+        typed = lt != DYN and rt_ != DYN and not mixed_numbers
+        if typed and (lt != rt_ or lt.name not in _ORDERABLE):
+            raise self._no_overload(node.pos, node.name, [lt, rt_])
         test = _ORDER_OPS[node.name]
         fl, fr = left.fn, right.fn
         name = node.name
@@ -458,8 +487,7 @@ class Compiler:
         left, right = self._arg(node, 0), self._arg(node, 1)
         lt, rt_ = left.ty, right.ty
         if not assignable(lt, rt_):
-            if lt in NUMBERS and rt_ in NUMBERS:
-                raise self.unsupported(node.pos, f"cross-type numeric comparison ({lt} vs {rt_})")
+            # Also for 1 == 1.0: the API server's checker has no mixed-number equality.
             raise self._no_overload(node.pos, node.name, [lt, rt_])
         negate = node.name == "_!=_"
         fl, fr = left.fn, right.fn
@@ -640,6 +668,15 @@ def _device_field(field: str) -> Fn:
     if field == "allowMultipleAllocations":
         return lambda c: c.device.allow_multiple_allocations
     return lambda c: c.device.cel_field(field)
+
+
+_ANY = Ty("any")  # only for messages and the homogeneity check
+
+
+def _literal_assignable(a: Ty, b: Ty) -> bool:
+    if a == _ANY or b == _ANY:
+        return a == b
+    return assignable(a, b)
 
 
 def _join_types(types: list[Ty]) -> Ty:

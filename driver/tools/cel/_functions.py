@@ -108,8 +108,9 @@ TABLE: dict[str, tuple[Callable[..., Any], list[str]]] = {
     ),
     "add": (lib.q_add, ["Quantity.add(Quantity)->Quantity", "Quantity.add(int)->Quantity"]),
     "sub": (lib.q_sub, ["Quantity.sub(Quantity)->Quantity", "Quantity.sub(int)->Quantity"]),
-    # Upstream declares sign as a global overload while documenting the member form; take both.
-    "sign": (lib.q_sign, ["sign(Quantity)->int", "Quantity.sign()->int"]),
+    # Upstream documents the member form but declares only the global overload, so the API
+    # server refuses `q.sign()` (found by the reference oracle, tests/oracles).
+    "sign": (lib.q_sign, ["sign(Quantity)->int"]),
     "asInteger": (lib.q_as_integer, ["Quantity.asInteger()->int"]),
     "isInteger": (lib.q_is_integer, ["Quantity.isInteger()->bool"]),
     "asApproximateFloat": (lib.q_as_float, ["Quantity.asApproximateFloat()->double"]),

@@ -183,7 +183,8 @@ def split(s: Any, sep: Any, n: Any = -1) -> list[str]:
     if n == 0:
         return []
     if sep == "":
-        chars = list(s) or [""]
+        # Go's strings.Split("", "") is empty: no characters, no pieces.
+        chars = list(s)
         if n > 0 and len(chars) > n:
             return [*chars[: n - 1], "".join(chars[n - 1 :])]
         return chars
