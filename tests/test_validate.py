@@ -557,11 +557,18 @@ def test_cli_warnings_alone_exit_0_and_version_matters(tmp_path: Path) -> None:
     assert run(["--kubernetes-version", "v1.36.0-eks-1", gated]) == (0, [])
 
 
-def test_cli_reads_stdin_and_reports_unreadable_files(tmp_path: Path) -> None:
+def test_cli_reads_stdin_and_reports_unreadable_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, lines = run(["-"], stdin=yaml.safe_dump(claim(requests=[exactly(count=0)])))
     assert code == 1 and lines[0].startswith("-: ResourceClaim/c: ")
+    capsys.readouterr()
     code, lines = run([str(tmp_path / "missing.yaml")])
-    assert code == 1 and "cannot read" in lines[0]
+    # A file that cannot be read is a usage error (2), not a problem in a manifest (1).
+    err = capsys.readouterr().err
+    assert code == 2 and lines == []
+    missing = tmp_path / "missing.yaml"
+    assert err == f"gpu-dra validate: {missing}: cannot read: No such file or directory\n"
 
 
 def test_cli_rejects_unsupported_version(

@@ -53,10 +53,12 @@ def _run(args: argparse.Namespace) -> int:
         try:
             sources.append((name, _read(name)))
         except (OSError, UnicodeDecodeError) as exc:
-            print(f"{name}: cannot read: {exc}")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            print(f"gpu-dra validate: {name}: cannot read: {reason}", file=sys.stderr)
             unreadable += 1
     problems = validate_sources(sources, version=version)
     for problem in problems:
         print(problem)
-    errors = unreadable + sum(1 for p in problems if p.severity is Severity.ERROR)
-    return 1 if errors else 0
+    if unreadable:
+        return 2
+    return 1 if any(p.severity is Severity.ERROR for p in problems) else 0

@@ -23,7 +23,16 @@ _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 _POLL_S = 0.05
 # The environment variables behind the plugin flags the demo leaves unset: a value
 # inherited from the caller's shell must not reach the simulated nodes.
-_DROPPED_ENV = ("NODE_NAME", "POD_UID", "GPU_DRA_SIM_STATE", "GPU_DRA_CRASHPOINT", "KUBECONFIG")
+_DROPPED_ENV = (
+    "NODE_NAME",
+    "POD_UID",
+    "GPU_DRA_NODE_NAME",
+    "GPU_DRA_POD_UID",
+    "GPU_DRA_KUBECONFIG",
+    "GPU_DRA_SIM_STATE",
+    "GPU_DRA_CRASHPOINT",
+    "KUBECONFIG",
+)
 
 
 class DemoError(PermanentError):
