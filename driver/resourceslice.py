@@ -16,6 +16,37 @@ from driver.limits import MAX_VALUE_LENGTH, max_devices
 from driver.semver import Semver, SemverError
 
 API_VERSION = "resource.k8s.io/v1"
+STANDARD_DOMAIN = "resource.kubernetes.io"
+
+# Every attribute a GPU device may carry, by domain, with its value type (the key of the
+# v1 DeviceAttribute: "string", "int", "bool", "version"). Unqualified names belong to the
+# driver's domain. `gpu-dra validate` checks selectors and constraints against this table,
+# and a test checks every device this module builds against it.
+DRIVER_ATTRIBUTES: dict[str, str] = {
+    "architecture": "string",
+    "brand": "string",
+    "cudaComputeCapability": "version",
+    "cudaDriverVersion": "version",
+    "driverVersion": "version",
+    "index": "int",
+    "memory": "int",
+    "minor": "int",
+    "model": "string",
+    "numaNode": "int",
+    "nvlinkDomain": "string",
+    "productName": "string",
+    "type": "string",
+    "uuid": "string",
+}
+STANDARD_ATTRIBUTES: dict[str, str] = {
+    "numaNode": "int",
+    "pciBusID": "string",
+    "pcieRoot": "string",
+}
+DRIVER_CAPACITIES = frozenset({"memory"})
+# Present only where the hardware has them (NUMA, a PCIe root, an NVLink peer, a parsable
+# driver version); a selector on them should guard with `in` or has().
+OPTIONAL_ATTRIBUTES = frozenset({"numaNode", "pcieRoot", "nvlinkDomain", "driverVersion"})
 
 
 def semver(version: str) -> str | None:
@@ -67,15 +98,18 @@ def build_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> dict[str,
         "memory": {"int": gpu.memory_bytes // (1024 * 1024)},
         "cudaComputeCapability": {"version": "{}.{}.0".format(*gpu.cuda_compute_capability)},
         "cudaDriverVersion": {"version": "{}.{}.0".format(*inventory.cuda_driver_version)},
-        "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
+        f"{STANDARD_DOMAIN}/pciBusID": {"string": gpu.pci_bus_id},
     }
     driver_version = semver(inventory.driver_version)
     if driver_version is not None:
         attributes["driverVersion"] = {"version": driver_version}
     if gpu.numa_node is not None:
+        # Ours, and the standard name (GA in Kubernetes 1.37) that other drivers' devices
+        # (EFA adapters, NICs) carry too, so one matchAttribute aligns them all.
         attributes["numaNode"] = {"int": gpu.numa_node}
+        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     if gpu.pcie_root is not None:
-        attributes["resource.kubernetes.io/pcieRoot"] = {"string": gpu.pcie_root}
+        attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": gpu.pcie_root}
     domain = nvlink_domain(gpu, node_name=node_name)
     if domain is not None:
         attributes["nvlinkDomain"] = {"string": domain}

@@ -65,7 +65,10 @@ def fa_claim(*subrequests: dict[str, Any], **devices: Any) -> dict[str, Any]:
     return claim(requests=[{"name": "gpu", "firstAvailable": list(subrequests)}], **devices)
 
 
-OPAQUE = {"driver": "gpu.nvidia.com", "parameters": {}}
+OPAQUE = {
+    "driver": "gpu.nvidia.com",
+    "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"},
+}
 TWO = [exactly(), {"name": "pair", "firstAvailable": [sub("h100"), sub("a100", count=2)]}]
 
 # (id, document, expected field path, expected message fragment)
@@ -202,14 +205,18 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "constraint names a missing subrequest",
         claim(
             requests=TWO,
-            constraints=[{"requests": ["pair/b200"], "matchAttribute": "gpu.nvidia.com/x"}],
+            constraints=[
+                {"requests": ["pair/b200"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}
+            ],
         ),
         "spec.devices.constraints[0].requests[0]",
         "has no subrequest 'b200' (subrequests: a100, h100)",
     ),
     (
         "subrequest of an exactly request",
-        claim(constraints=[{"requests": ["gpu/a"], "matchAttribute": "gpu.nvidia.com/x"}]),
+        claim(
+            constraints=[{"requests": ["gpu/a"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]
+        ),
         "spec.devices.constraints[0].requests[0]",
         "it has no firstAvailable",
     ),
@@ -227,7 +234,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "33 constraints",
-        claim(constraints=[{"matchAttribute": "gpu.nvidia.com/a"}] * 33),
+        claim(constraints=[{"matchAttribute": "gpu.nvidia.com/nvlinkDomain"}] * 33),
         "spec.devices.constraints",
         "at most 32 items, has 33",
     ),
@@ -237,7 +244,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
             config=[
                 {
                     "requests": ["gpu", "other"],
-                    "opaque": {"driver": "gpu.nvidia.com", "parameters": {}},
+                    "opaque": OPAQUE,
                 }
             ]
         ),
@@ -246,7 +253,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "33 configs",
-        claim(config=[{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}] * 33),
+        claim(config=[{"opaque": OPAQUE}] * 33),
         "spec.devices.config",
         "at most 32 items, has 33",
     ),
@@ -270,7 +277,11 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "constraint names a request twice",
-        claim(constraints=[{"requests": ["gpu", "gpu"], "matchAttribute": "gpu.nvidia.com/x"}]),
+        claim(
+            constraints=[
+                {"requests": ["gpu", "gpu"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}
+            ]
+        ),
         "spec.devices.constraints[0].requests[1]",
         "duplicate entry 'gpu'",
     ),
