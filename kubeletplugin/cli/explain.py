@@ -260,40 +260,10 @@ def _only_nodes(explanation: "Explanation", wanted: set[str]) -> "Explanation":
 
 
 def _read_cluster(kubeconfig: Path | None) -> "Inputs":
-    import asyncio
+    from driver.tools.allocation.inputs import read_cluster
+    from kubeletplugin.cli import _cluster
 
-    from driver.tools.allocation.inputs import ClusterAccessError, read_cluster
-
-    if kubeconfig is not None and not kubeconfig.is_file():
-        raise ClusterAccessError(f"kubeconfig {kubeconfig}: no such file")
-    if kubeconfig is None and not _default_kubeconfig_exists():
-        raise ClusterAccessError(
-            "no kubeconfig found ($KUBECONFIG unset or naming no file, no ~/.kube/config): "
-            "pass --kubeconfig FILE or set $KUBECONFIG"
-        )
-
-    async def read() -> "Inputs":
-        from kubernetes.aio import config
-
-        from driver.kubeclient import client_from_kubeconfig, kubeconfig_hint
-
-        try:
-            api = await client_from_kubeconfig(
-                str(kubeconfig) if kubeconfig else None, component="explain"
-            )
-        except (config.ConfigException, OSError) as exc:
-            raise ClusterAccessError(f"kubeconfig: {kubeconfig_hint(str(exc))}") from exc
-        async with api:
-            return await read_cluster(api)
-
-    return asyncio.run(read())
-
-
-def _default_kubeconfig_exists() -> bool:
-    """Whether kubectl's lookup ($KUBECONFIG's paths, else ~/.kube/config) finds a file."""
-    paths = os.environ.get("KUBECONFIG", "").split(os.pathsep)
-    candidates = [Path(p) for p in paths if p] or [Path.home() / ".kube" / "config"]
-    return any(p.is_file() for p in candidates)
+    return _cluster.read(kubeconfig, read_cluster, component="explain")
 
 
 def _device_text(node: str | None, pool: str, device: str) -> str:

@@ -212,6 +212,35 @@ async def read_cluster(api_client: Any) -> Inputs:
     return Inputs(slices=slices, classes=classes, claims=allocated, node_labels=labels)
 
 
+async def read_references(api_client: Any) -> list[dict[str, Any]]:
+    """DeviceClasses, ResourceClaims and ResourceClaimTemplates: what manifests name.
+
+    For ``gpu-dra validate --cluster``: a pod in a file may name a template that is
+    already in the cluster.
+    """
+    from kubernetes.aio import client
+
+    resource = client.ResourceV1Api(api_client)
+    found: list[dict[str, Any]] = []
+    for kind, lister, name in (
+        (CLASS, resource.list_device_class_without_preload_content, "deviceclasses"),
+        (
+            CLAIM,
+            resource.list_resource_claim_for_all_namespaces_without_preload_content,
+            "resourceclaims",
+        ),
+        (
+            TEMPLATE,
+            resource.list_resource_claim_template_for_all_namespaces_without_preload_content,
+            "resourceclaimtemplates",
+        ),
+    ):
+        for item in await _list_all(lister, name):
+            item.setdefault("kind", kind)
+            found.append(item)
+    return found
+
+
 async def _list_all(lister: _Lister, resource: str) -> list[dict[str, Any]]:
     import aiohttp
 

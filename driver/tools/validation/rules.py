@@ -147,7 +147,26 @@ def _gpu_config(path: str, parameters: Any) -> Iterator[Finding]:
     try:
         parse_gpu_config(parameters, source="GpuConfig")
     except ConfigError as exc:
-        yield Finding(path, f"the plugin would reject it: {exc}")
+        yield Finding(path, f"the plugin would reject it: {exc}{_field_hint(str(exc))}")
+
+
+_EXTRA_FIELD = re.compile(r'field "(?:[^"]*\.)?([^".]+)": Extra inputs are not permitted')
+
+
+def _field_hint(message: str) -> str:
+    """``did you mean sharing?`` for the first unknown field of a GpuConfig."""
+    from pydantic import BaseModel
+
+    from api import config
+    from driver.tools.cel import suggest
+
+    match = _EXTRA_FIELD.search(message)
+    if match is None:
+        return ""
+    models = [m for m in vars(config).values() if isinstance(m, type) and issubclass(m, BaseModel)]
+    names = {f.alias or n for m in models for n, f in m.model_fields.items()}
+    near = suggest(match[1], names)
+    return f"; did you mean {near}?" if near else ""
 
 
 def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Finding]:
