@@ -60,7 +60,8 @@ json output (-o json), stable:
   {"claim": {kind, namespace, name}, "problems": [...],
    "summary": {"nodes": N, "allocatable": M},
    "nodes": [{"node", "allocatable", "results": [{"request", "driver", "pool",
-              "device"}], "reasons": [...], "allocation": {...} (if allocatable)}]}
+              "device"}], "reasons": [...], "allocation": {...} (if allocatable)}],
+   "advice": "one line" (when no node can take the claim) or null}
   without -f: {"deviceClass", "problems", "summary": {"devices", "selected"},
    "devices": [{"node", "driver", "pool", "device", "selected", "reason"}]}
 
@@ -231,6 +232,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         node_labels=inputs.node_labels,
         budget=args.budget or DEFAULT_BUDGET,
     )
+    explanation = _with_lint(explanation, claims[0])
     if args.node:
         wanted = set(args.node)
         unknown = wanted - {n.node for n in explanation.nodes}
@@ -243,6 +245,29 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         _claim_table(explanation, out)
     return 0 if explanation.allocatable_nodes else 1
+
+
+def _with_lint(explanation: "Explanation", claim: dict[str, Any]) -> "Explanation":
+    """Add what `gpu-dra validate` finds in the claim: a misspelled attribute fails on every
+    device, and the suggestion says more than the CEL runtime error."""
+    from dataclasses import replace
+
+    import yaml
+
+    from driver.tools.validation import Severity, validate_sources
+
+    found = [
+        f"{p.path}: {p.message}"
+        for p in validate_sources([("claim", yaml.safe_dump(claim))])
+        if p.severity is Severity.ERROR and p.path
+    ]
+    new = tuple(f for f in found if f not in explanation.problems)
+    if not new:
+        return explanation
+    advice = explanation.advice
+    if not explanation.allocatable_nodes:
+        advice = "fix the claim first: `gpu-dra validate` shows every problem in it"
+    return replace(explanation, problems=(*explanation.problems, *new), advice=advice)
 
 
 def _merge_classes(
@@ -300,6 +325,8 @@ def _claim_table(explanation: "Explanation", out: TextIO) -> None:
         out.write(f"  {shown}:\n")
         for reason in reasons:
             out.write(f"    - {reason}\n")
+    if explanation.advice:
+        out.write(f"\nadvice: {explanation.advice}\n")
 
 
 def _class_table(listing: "ClassListing", out: TextIO) -> None:
