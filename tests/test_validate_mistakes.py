@@ -812,7 +812,10 @@ def test_no_false_positive_on_the_chart_examples_and_nvidia_style_claims(version
         *_files(ROOT / "tests" / "data" / "nvidia-style"),
     ]
     assert len(files) >= 14
-    sources = [("chart", chart), *((str(f), f.read_text()) for f in files)]
+    # The EFA driver's class, which gpu-with-efa.yaml names, comes from the EFA chart.
+    efa = ROOT / "tests" / "data" / "efa-deviceclass.yaml"
+    sources = [("chart", chart), (str(efa), efa.read_text())]
+    sources += [(str(f), f.read_text()) for f in files]
     problems = validate_sources(sources, version=parse_version(version))
     # Gated fields of the older version are warnings by design (extendedResourceName on 1.34).
     errors = [str(p) for p in problems if p.severity is Severity.ERROR]
