@@ -31,6 +31,13 @@ EVERYTHING_ON = (
     "kubeletPlugin.profile=p5.48xlarge",
     "imagePullSecrets[0].name=registry",
     "kubeletPlugin.tolerations[0].operator=Exists",
+    "kubeletPlugin.logFormat=json",
+    "featureGates=DRAExtendedResource=true",
+    "kubeletPlugin.nodeSelector.team=ml",
+    "kubeletPlugin.podSecurityContext.seccompProfile.type=RuntimeDefault",
+    "kubeletPlugin.extraEnv[0].name=GPU_DRA_LOG_LEVEL",
+    "kubeletPlugin.extraEnv[0].value=DEBUG",
+    "kubeletPlugin.extraArgs[0]=--cdi-root=/etc/cdi",
 )
 
 

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,12 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         None,
         "state file of the simulated NVML (only with --nvml simulated)",
     ),
+    "--feature-gates": (
+        "GPU_DRA_FEATURE_GATES",
+        None,
+        "the cluster's Kubernetes feature gates the driver relies on, Name=true|false,... "
+        "(the chart's featureGates value); checked, and logged at start",
+    ),
     "--healthcheck-port": (
         "GPU_DRA_HEALTHCHECK_PORT",
         "51515",
@@ -81,7 +88,7 @@ class _ArgumentOptions(TypedDict, total=False):
     default: str | None
     help: str
     choices: tuple[str, ...]
-    type: Callable[[str], int]
+    type: Callable[[str], object]
 
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -106,8 +113,24 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             kwargs["choices"] = ("system", "simulated")
         if flag == "--healthcheck-port":
             kwargs["type"] = int
+        if flag == "--feature-gates":
+            kwargs["type"] = parse_feature_gates
         parser.add_argument(flag, **kwargs)
     parser.set_defaults(func=_run)
+
+
+_GATE = re.compile(r"^([A-Za-z][A-Za-z0-9]*)=(true|false)$")
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """``A=true,B=false`` as Kubernetes components take it; ArgumentTypeError otherwise."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _GATE.match(item)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected Name=true or Name=false")
+        gates[match[1]] = match[2] == "true"
+    return gates
 
 
 def _path(value: str | None) -> Path | None:
@@ -143,6 +166,13 @@ def _run(args: argparse.Namespace) -> int:
         sim_state=_path(args.sim_state),
         healthcheck_port=args.healthcheck_port,
     )
+    if args.feature_gates:
+        import logging
+
+        logging.getLogger(__name__).info(
+            "feature gates",
+            extra={"feature_gates": ",".join(f"{k}={v}" for k, v in args.feature_gates.items())},
+        )
     if args.nvml not in ("system", "simulated"):
         print(
             f"gpu-dra kubelet-plugin: GPU_DRA_NVML={args.nvml!r}: choose system or simulated",
