@@ -94,6 +94,7 @@ def test_every_help_names_its_environment_and_never_a_source_file() -> None:
         "GPU_DRA_NVML",
         "GPU_DRA_PROFILE",
         "GPU_DRA_HEALTHCHECK_PORT",
+        "GPU_DRA_FEATURE_GATES",
         "GPU_DRA_LOG_LEVEL",
         "GPU_DRA_LOG_FORMAT",
     ):
@@ -136,6 +137,12 @@ def test_every_flag_the_daemonset_sets_has_an_environment_variable(
             {"GPU_DRA_HEALTHCHECK_PORT": "http"},
             2,
             "invalid int value: 'http'",
+        ),
+        (
+            ["kubelet-plugin", "--node-name", "n", "--feature-gates", "DRAExtendedResource"],
+            {},
+            2,
+            "'DRAExtendedResource': expected Name=true or Name=false",
         ),
         (
             ["kubelet-plugin", "--node-name", "n"],
