@@ -35,8 +35,8 @@ Global options may also come after the subcommand (gpu-dra validate --log-level 
 Every option of `kubelet-plugin` can also be set through the environment variable named in
 its help (GPU_DRA_<OPTION>), as the Helm chart's DaemonSet does.
 
-exit status: 0 success; 1 the command's own failure (see each command's --help);
-2 usage error (unknown option, bad value, missing file or kubeconfig)."""
+exit status: 0 success; 2 usage error (unknown option, bad value); otherwise as each
+command's --help says. Every error is one line on stderr, never a traceback."""
 
 
 def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
