@@ -3,6 +3,8 @@
 import io
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 from typing import Any
@@ -403,3 +405,20 @@ def test_strict_schema_check_catches_a_misspelt_field(default: list[dict[str, An
     daemonset["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
     with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
         kubernetes_validate.validate(daemonset, "1.34", strict=True)
+
+
+@pytest.mark.skipif(
+    shutil.which("helm") is None,
+    reason="no helm binary (not packaged for Debian or PyPI); helm-python-sdk's lint engine "
+    "runs in test_helm_lint_is_clean",
+)
+@pytest.mark.parametrize("values", [(), (EKS_VALUES,)], ids=["default", "eks"])
+def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
+    files = [arg for path in values for arg in ("-f", str(path))]
+    out = subprocess.run(
+        ["helm", "lint", "--strict", str(chart_render.CHART_DIR), *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
