@@ -44,9 +44,9 @@ STANDARD_ATTRIBUTES: dict[str, str] = {
     "pcieRoot": "string",
 }
 DRIVER_CAPACITIES = frozenset({"memory"})
-# Present only where the hardware has them (NUMA, a PCIe root, an NVLink peer, a parsable
-# driver version); a selector on them should guard with `in` or has().
-OPTIONAL_ATTRIBUTES = frozenset({"numaNode", "pcieRoot", "nvlinkDomain", "driverVersion"})
+# Absent on hardware without them (no NUMA information, no PCIe root, no NVLink peer): a
+# selector that reads one fails on such a GPU unless it guards with `in` or has().
+OPTIONAL_ATTRIBUTES = frozenset({"numaNode", "pcieRoot", "nvlinkDomain"})
 
 
 def semver(version: str) -> str | None:

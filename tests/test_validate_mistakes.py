@@ -391,6 +391,29 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "1:1: gpu.nvidia.com publishes no attribute 'nvlinkdomain'; did you mean "
                 "nvlinkDomain?",
             ),
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "warning",
+                "1:93: nvlinkDomain is absent on GPUs without it, where this expression fails "
+                "and stops the claim's allocation on that node: guard it with "
+                '"nvlinkDomain" in device.attributes["gpu.nvidia.com"] && ...',
+            ),
+        ],
+    ),
+    (
+        "optional attribute read without a guard",
+        [claim(f'{GPU}.nvlinkDomain.startsWith("node-a")')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "warning",
+                "1:36: nvlinkDomain is absent on GPUs without it, where this expression fails "
+                "and stops the claim's allocation on that node: guard it with "
+                '"nvlinkDomain" in device.attributes["gpu.nvidia.com"] && ...',
+            ),
         ],
     ),
     (

@@ -37,12 +37,15 @@ class Schema:
     attributes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     capacities: Mapping[str, frozenset[str]] = field(default_factory=dict)
     drivers: frozenset[str] = frozenset()
+    # Attribute names some devices lack (in any domain that has them).
+    optional: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class Lint:
     offset: int
     message: str  # starts with "line:column: "
+    warning: bool = False  # fails on some devices only, not on every one
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,11 @@ class _Linter:
         self._text = text
         self._schema = schema
         self.found: list[Lint] = []
+        # Optional attributes read, (domain, name) -> first node; and those guarded by
+        # `"name" in device.attributes[domain]` or has(device.attributes[domain].name).
+        self._read: dict[tuple[str, str], Node] = {}
+        self._guarded: set[tuple[str, str]] = set()
+        self._in_has: set[int] = set()
 
     def report(self, node: Node, message: str) -> None:
         self.found.append(Lint(node.pos, f"{position(self._text, node.pos)}: {message}"))
@@ -177,6 +185,41 @@ class _Linter:
         return None
 
     # -- checks -----------------------------------------------------------------------------
+
+    def _record_optional(self, node: Node) -> None:
+        member = self._member(node)
+        if member is None or id(node) in self._in_has:
+            return
+        (which, domain), name = member
+        if which == "attributes" and name in self._schema.optional:
+            self._read.setdefault((domain, name), node)
+
+    def _record_guard(self, node: Call) -> None:
+        guarded: Node | None = None
+        if node.name == "has" and node.target is None and len(node.args) == 1:
+            guarded = node.args[0]
+            self._in_has.add(id(guarded))
+            member = self._member(guarded)
+            if member is not None:
+                self._guarded.add((member[0][1], member[1]))
+        elif node.name == "@in" and len(node.args) == 2 and isinstance(node.args[0], Lit):
+            found = self._domain_of(node.args[1])
+            if found is not None and type(node.args[0].value) is str:
+                self._guarded.add((found[1], node.args[0].value))
+
+    def unguarded(self) -> None:
+        for (domain, name), node in self._read.items():
+            if (domain, name) in self._guarded:
+                continue
+            self.found.append(
+                Lint(
+                    node.pos,
+                    f"{position(self._text, node.pos)}: {name} is absent on GPUs without it, "
+                    "where this expression fails and stops the claim's allocation on that "
+                    f'node: guard it with "{name}" in device.attributes["{domain}"] && ...',
+                    warning=True,
+                )
+            )
 
     def _check_member(self, node: Node) -> None:
         member = self._member(node)
@@ -357,14 +400,18 @@ class _Linter:
     # -- walk -------------------------------------------------------------------------------
 
     def visit(self, node: Node) -> None:
+        if isinstance(node, Call):
+            self._record_guard(node)  # before the children: has()'s argument is no read
         for child in _children(node):
             self.visit(child)
         if isinstance(node, Select):
             self._check_member(node)
             self._check_unqualified(node)
+            self._record_optional(node)
         elif isinstance(node, Index):
             self._check_member(node)
             self._check_domain(node)
+            self._record_optional(node)
         elif isinstance(node, Call):
             self._check_literal_call(node)
             self._check_comparison(node)
@@ -395,6 +442,7 @@ def lint_ast(text: str, tree: Node, schema: Schema) -> list[Lint]:
     """Every finding in a parsed selector, in source order."""
     linter = _Linter(text, schema)
     linter.visit(tree)
+    linter.unguarded()
     # A member that is both unpublished and compared is reported once, for the name.
     seen: set[int] = set()
     unique = []

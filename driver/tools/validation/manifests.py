@@ -14,6 +14,7 @@ from driver import DEFAULT_DRIVER_NAME
 from driver.resourceslice import (
     DRIVER_ATTRIBUTES,
     DRIVER_CAPACITIES,
+    OPTIONAL_ATTRIBUTES,
     STANDARD_ATTRIBUTES,
     STANDARD_DOMAIN,
 )
@@ -59,6 +60,7 @@ def _schema_of(published: rules.Published) -> Schema:
         attributes=published.attributes,
         capacities={published.driver: published.capacities},
         drivers=frozenset({published.driver}),
+        optional=OPTIONAL_ATTRIBUTES,
     )
 
 
@@ -67,7 +69,10 @@ def linter(published: rules.Published) -> "rules.SelectorLint":
     schema = _schema_of(published)
 
     def lint(expression: str) -> list[rules.Finding]:
-        return [rules.Finding("", f.message) for f in lint_selector(expression, schema)]
+        return [
+            rules.Finding("", f.message, Severity.WARNING if f.warning else Severity.ERROR)
+            for f in lint_selector(expression, schema)
+        ]
 
     return lint
 
