@@ -409,8 +409,9 @@ def test_strict_schema_check_catches_a_misspelt_field(default: list[dict[str, An
 
 @pytest.mark.skipif(
     shutil.which("helm") is None,
-    reason="no helm binary (not packaged for Debian or PyPI); helm-python-sdk's lint engine "
-    "runs in test_helm_lint_is_clean",
+    reason="no helm binary (not packaged for Debian or PyPI; `go install "
+    "helm.sh/helm/v3/cmd/helm@v3.22.0` builds one); helm-python-sdk's lint engine runs in "
+    "test_helm_lint_is_clean",
 )
 @pytest.mark.parametrize("values", [(), (EKS_VALUES,)], ids=["default", "eks"])
 def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
@@ -422,3 +423,32 @@ def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(shutil.which("helm") is None, reason="no helm binary installed")
+def test_helm_template_renders_what_the_tests_render() -> None:
+    """`helm template` (the README's render command) and the engine of these tests agree."""
+    out = subprocess.run(
+        [
+            "helm",
+            "template",
+            "gpu-dra-driver",
+            str(chart_render.CHART_DIR),
+            "-n",
+            NAMESPACE,
+            "--kube-version",
+            "1.34.0",
+            "-f",
+            str(EKS_VALUES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    def key(obj: dict[str, Any]) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    assert sorted(docs, key=key) == sorted(render([EKS_VALUES]), key=key)
