@@ -5,8 +5,10 @@ Every component names itself in the User-Agent, so the API server's audit log
 the node daemon's requests from anyone else's.
 """
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from os import PathLike
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from driver.errors import PermanentError
@@ -17,15 +19,34 @@ if TYPE_CHECKING:
 USER_AGENT_PREFIX = "gpu-dra"
 
 
-def user_agent(component: str) -> str:
-    """``gpu-dra/<version> (<component>)``."""
+def kubeconfig_hint(message: str) -> str:
+    """The kubernetes package's kubeconfig messages, said in the user's terms."""
+    if "current-context" in message or "No configuration found" in message:
+        return (
+            "no usable kubeconfig: it names no current-context; pass --kubeconfig FILE, set "
+            "$KUBECONFIG, or run `kubectl config use-context NAME`"
+        )
+    if "Service host/port is not set" in message:
+        return (
+            "not running in a cluster (no KUBERNETES_SERVICE_HOST) and no kubeconfig given: "
+            "pass --kubeconfig FILE or set $KUBECONFIG"
+        )
+    return message
+
+
+def release() -> str:
+    """This package's version from its installed metadata; ``dev`` in a bare source tree."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        release = version("gpu-dra-driver")
+        return version("gpu-dra-driver")
     except PackageNotFoundError:  # running from a source tree that was never installed
-        release = "dev"
-    return f"{USER_AGENT_PREFIX}/{release} ({component})"
+        return "dev"
+
+
+def user_agent(component: str) -> str:
+    """``gpu-dra/<version> (<component>)``."""
+    return f"{USER_AGENT_PREFIX}/{release()} ({component})"
 
 
 async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) -> "ApiClient":
@@ -37,6 +58,9 @@ async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) 
     from kubernetes.aio import config
     from kubernetes.aio.client import ApiClient, Configuration
 
+    # Checked first: the kubernetes package would log a warning and then blame current-context.
+    if kubeconfig and not await asyncio.to_thread(Path(kubeconfig).is_file):
+        raise PermanentError(f"kubeconfig {kubeconfig}: no such file")
     configuration = Configuration()
     # The kubernetes package leaves these untyped.
     load_kube_config = cast(Callable[..., Awaitable[None]], config.load_kube_config)
@@ -48,7 +72,7 @@ async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) 
             load_incluster_config(client_configuration=configuration)
     except (config.ConfigException, OSError) as exc:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-        raise PermanentError(f"cannot load {where}: {exc}") from exc
+        raise PermanentError(f"cannot load {where}: {kubeconfig_hint(str(exc))}") from exc
     # With trust_env, aiohttp looks up the proxy and ~/.netrc in a worker thread on every
     # request (0.4 ms of each claim fetch of the kubelet plugin, and a thread it
     # shares with fsyncs). The environment of a running process does not change:

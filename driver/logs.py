@@ -19,24 +19,41 @@ def _quote(value: object) -> str:
     return text
 
 
+def _fields(formatter: logging.Formatter, record: logging.LogRecord) -> dict[str, object]:
+    fields: dict[str, object] = {
+        "time": formatter.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "msg": record.getMessage(),
+    }
+    fields.update(
+        (key, value)
+        for key, value in vars(record).items()
+        if key not in _STANDARD and not key.startswith("_")
+    )
+    if record.exc_info:
+        fields["exc"] = formatter.formatException(record.exc_info)
+    return fields
+
+
 class KeyValueFormatter(logging.Formatter):
     """``time=… level=… logger=… msg=… key=value …`` on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, object] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        fields.update(
-            (key, value)
-            for key, value in vars(record).items()
-            if key not in _STANDARD and not key.startswith("_")
-        )
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
-        return " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+        return " ".join(f"{k}={_quote(v)}" for k, v in _fields(self, record).items())
+
+
+class JsonFormatter(logging.Formatter):
+    """The same fields as one JSON object per line, for log pipelines that parse JSON."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        return json.dumps(_fields(self, record), default=str)
+
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FORMATS = {"kv": KeyValueFormatter, "json": JsonFormatter}
 
 
 def kv(**fields: Any) -> Mapping[str, Any]:
@@ -44,13 +61,13 @@ def kv(**fields: Any) -> Mapping[str, Any]:
     return fields
 
 
-def setup(level: str = "INFO") -> None:
-    """Route the root logger to stderr in key=value form (idempotent)."""
+def setup(level: str = "INFO", fmt: str = "kv") -> None:
+    """Route the root logger to stderr, one record a line, key=value or JSON (idempotent)."""
     root = logging.getLogger()
     for handler in root.handlers:
-        if isinstance(handler.formatter, KeyValueFormatter):
+        if isinstance(handler.formatter, (KeyValueFormatter, JsonFormatter)):
             return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
+    handler.setFormatter(FORMATS[fmt]())
     root.addHandler(handler)
     root.setLevel(level.upper())

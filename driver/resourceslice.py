@@ -11,11 +11,42 @@ controller's) business, passed through.
 from collections.abc import Sequence
 from typing import Any
 
-from driver.devicekinds import node_devices
+from driver.devicekinds import gpu, node_devices
 from driver.inventory import Inventory
 from driver.limits import max_devices
 
 API_VERSION = "resource.k8s.io/v1"
+STANDARD_DOMAIN = gpu.STANDARD_DOMAIN
+
+# Every attribute a GPU device may carry, by domain, with its value type (the key of the
+# v1 DeviceAttribute: "string", "int", "bool", "version"). Unqualified names belong to the
+# driver's domain. `gpu-dra validate` checks selectors and constraints against this table,
+# and a test checks every device this module builds against it.
+DRIVER_ATTRIBUTES: dict[str, str] = {
+    "architecture": "string",
+    "brand": "string",
+    "cudaComputeCapability": "version",
+    "cudaDriverVersion": "version",
+    "driverVersion": "version",
+    "index": "int",
+    "memory": "int",
+    "minor": "int",
+    "model": "string",
+    "numaNode": "int",
+    "nvlinkDomain": "string",
+    "productName": "string",
+    "type": "string",
+    "uuid": "string",
+}
+STANDARD_ATTRIBUTES: dict[str, str] = {
+    "numaNode": "int",
+    "pciBusID": "string",
+    "pcieRoot": "string",
+}
+DRIVER_CAPACITIES = frozenset({"memory"})
+# Absent on hardware without them (no NUMA information, no PCIe root, no NVLink peer): a
+# selector that reads one fails on such a GPU unless it guards with `in` or has().
+OPTIONAL_ATTRIBUTES = frozenset({"numaNode", "pcieRoot", "nvlinkDomain"})
 
 
 def build_devices(inventory: Inventory, *, node_name: str) -> list[dict[str, Any]]:

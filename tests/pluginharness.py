@@ -66,6 +66,10 @@ async def wait_for(condition: Callable[[], bool], what: str, wait_s: float = 30.
         await asyncio.sleep(_POLL)
 
 
+# Variables that would name another node or pod to the plugin under test.
+_NODE_ENV = ("NODE_NAME", "POD_UID", "GPU_DRA_NODE_NAME", "GPU_DRA_POD_UID")
+
+
 class PluginProcess:
     def __init__(
         self,
@@ -110,7 +114,7 @@ class PluginProcess:
             ]
         if pod_uid:
             args.append(f"--pod-uid={pod_uid}")
-        env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "POD_UID")}
+        env = {k: v for k, v in os.environ.items() if k not in _NODE_ENV}
         env.pop("GPU_DRA_CRASHPOINT", None)
         if crashpoint:
             env["GPU_DRA_CRASHPOINT"] = crashpoint

@@ -3,6 +3,8 @@
 import io
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 from typing import Any
@@ -31,6 +33,13 @@ EVERYTHING_ON = (
     "kubeletPlugin.profile=p5.48xlarge",
     "imagePullSecrets[0].name=registry",
     "kubeletPlugin.tolerations[0].operator=Exists",
+    "kubeletPlugin.logFormat=json",
+    "featureGates=DRAExtendedResource=true",
+    "kubeletPlugin.nodeSelector.team=ml",
+    "kubeletPlugin.podSecurityContext.seccompProfile.type=RuntimeDefault",
+    "kubeletPlugin.extraEnv[0].name=GPU_DRA_LOG_LEVEL",
+    "kubeletPlugin.extraEnv[0].value=DEBUG",
+    "kubeletPlugin.extraArgs[0]=--cdi-root=/etc/cdi",
 )
 
 
@@ -438,3 +447,50 @@ def test_strict_schema_check_catches_a_misspelt_field(default: list[dict[str, An
     daemonset["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
     with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
         kubernetes_validate.validate(daemonset, "1.34", strict=True)
+
+
+@pytest.mark.skipif(
+    shutil.which("helm") is None,
+    reason="no helm binary (not packaged for Debian or PyPI; `go install "
+    "helm.sh/helm/v3/cmd/helm@v3.22.0` builds one); helm-python-sdk's lint engine runs in "
+    "test_helm_lint_is_clean",
+)
+@pytest.mark.parametrize("values", [(), (EKS_VALUES,)], ids=["default", "eks"])
+def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
+    files = [arg for path in values for arg in ("-f", str(path))]
+    out = subprocess.run(
+        ["helm", "lint", "--strict", str(chart_render.CHART_DIR), *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(shutil.which("helm") is None, reason="no helm binary installed")
+def test_helm_template_renders_what_the_tests_render() -> None:
+    """`helm template` (the README's render command) and the engine of these tests agree."""
+    out = subprocess.run(
+        [
+            "helm",
+            "template",
+            "gpu-dra-driver",
+            str(chart_render.CHART_DIR),
+            "-n",
+            NAMESPACE,
+            "--kube-version",
+            "1.34.0",
+            "-f",
+            str(EKS_VALUES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    def key(obj: dict[str, Any]) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    assert sorted(docs, key=key) == sorted(render([EKS_VALUES]), key=key)

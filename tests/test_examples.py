@@ -24,6 +24,8 @@ from kubeletplugin.cli import main
 from tests.chart_render import render
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "charts" / "examples"
+# The EFA driver's DeviceClass, which gpu-with-efa.yaml names (the EFA chart installs it).
+EFA_CLASS = Path(__file__).resolve().parent / "data" / "efa-deviceclass.yaml"
 FILES = sorted(EXAMPLES.glob("*.yaml"))
 DRIVER = "gpu.nvidia.com"
 
@@ -82,6 +84,8 @@ def test_every_scenario_has_an_example() -> None:
         "cuda-driver-floor.yaml",
         "first-available.yaml",
         "gpu-by-model.yaml",
+        "gpu-with-efa.yaml",
+        "job-one-gpu.yaml",
         "legacy-extended-resource.yaml",
         "memory-floor.yaml",
         "pipeline-parallel.yaml",
@@ -89,6 +93,9 @@ def test_every_scenario_has_an_example() -> None:
         "shared-gpu-two-containers.yaml",
         "single-gpu.yaml",
         "tensor-parallel.yaml",
+        "torchrun-8-gpus.yaml",
+        "vllm-pipeline-parallel-g6e.yaml",
+        "vllm-tensor-parallel.yaml",
     ]
 
 
@@ -122,7 +129,14 @@ def test_examples_pass_gpu_dra_validate_with_the_charts_classes(
     out = io.StringIO()
     with redirect_stdout(out):
         code = main(
-            ["validate", "--kubernetes-version", version, str(class_file), *map(str, FILES)]
+            [
+                "validate",
+                "--kubernetes-version",
+                version,
+                str(class_file),
+                str(EFA_CLASS),
+                *map(str, FILES),
+            ]
         )
     assert (code, out.getvalue()) == (0, "")
 
@@ -248,3 +262,191 @@ def test_legacy_pod_is_served_through_extended_resource_name(
         },
     }
     assert schedulable(explain_claim(implicit, slices=slices, classes=with_value)) == ALL
+
+
+# --- the workload examples: Jobs and Deployments whose pods use the claims -------------
+
+
+def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return spec
+
+
+def _shm(spec: dict[str, Any]) -> int | None:
+    """The memory-backed /dev/shm of a pod spec, in GiB, or None."""
+    mounts = [m for c in spec["containers"] for m in c.get("volumeMounts", [])]
+    (mount,) = [m for m in mounts if m["mountPath"] == "/dev/shm"] or [None]
+    if mount is None:
+        return None
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    return int(volume["emptyDir"]["sizeLimit"].removesuffix("Gi"))
+
+
+def _numa(node: Any, slices: list[dict[str, Any]], key: str) -> set[int]:
+    by_device = {
+        (s["spec"]["pool"]["name"], d["name"]): d["attributes"][key]["int"]
+        for s in slices
+        for d in s["spec"]["devices"]
+        if key in d["attributes"]
+    }
+    return {by_device[(r.pool, r.device)] for r in node.results}
+
+
+def test_job_with_one_gpu(slices: list[dict[str, Any]], classes: list[dict[str, Any]]) -> None:
+    docs = load("job-one-gpu.yaml")
+    job = the(docs, "Job")
+    spec = _pod_spec(job)
+    assert spec["restartPolicy"] == "Never"
+    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    result = allocate(the(docs, "ResourceClaimTemplate"), slices, classes)
+    assert schedulable(result) == ALL
+    assert all(len(n.results) == 1 for n in result.nodes)
+
+
+def test_vllm_tensor_parallel_takes_four_nvlinked_gpus_of_one_numa_node(
+    slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    docs = load("vllm-tensor-parallel.yaml")
+    deployment = the(docs, "Deployment")
+    spec = _pod_spec(deployment)
+    (vllm,) = spec["containers"]
+    assert "--tensor-parallel-size=4" in vllm["args"]
+    assert _shm(spec) == 16
+    claim = the(docs, "ResourceClaimTemplate")
+    result = allocate(claim, slices, classes)
+    assert schedulable(result) == {"p5", "p5-old", "p5e", "p4d"}
+    for node in ("p5", "p5e", "p4d"):
+        entry = result.node(node)
+        assert len(entry.results) == 4
+        assert len(_numa(entry, slices, "resource.kubernetes.io/numaNode")) == 1, node
+    assert any("nvlinkDomain" in r for r in result.node("g6e").reasons)
+    # With GPU 0 (NUMA node 0) and GPU 5 (NUMA node 1) of the p5 taken, each NUMA node keeps
+    # 3 free GPUs: 6 free in all, but the claim does not spill across the two.
+    held = {
+        **claim,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "other", "namespace": "default"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpus", "driver": DRIVER, "pool": "p5", "device": d}
+                        for d in ("gpu-0", "gpu-5")
+                    ]
+                }
+            }
+        },
+    }
+    crowded = explain_claim(claim, slices=slices, classes=classes, allocated=[held])
+    assert not crowded.node("p5").allocatable
+    assert any("numaNode" in r for r in crowded.node("p5").reasons)
+
+
+def _efa_slices(gpu_slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the EFA DRA driver publishes on the p5 nodes: 4 adapters on each GPU's PCIe root,
+    with the standard attributes (AWS: on p5.48xlarge each GPU shares a root with 4 EFAs)."""
+    out = []
+    for piece in gpu_slices:
+        node = piece["spec"]["nodeName"]
+        if not node.startswith("p5"):
+            continue
+        devices: list[dict[str, Any]] = []
+        for gpu in piece["spec"]["devices"]:
+            attrs = gpu["attributes"]
+            for _ in range(4):
+                devices.append(
+                    {
+                        "name": f"efa-{len(devices)}",
+                        "attributes": {
+                            "dra.net/pciDevice": {"string": "Elastic Fabric Adapter (EFA)"},
+                            "resource.kubernetes.io/pcieRoot": attrs[
+                                "resource.kubernetes.io/pcieRoot"
+                            ],
+                            "resource.kubernetes.io/numaNode": attrs["numaNode"],
+                        },
+                    }
+                )
+        out.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{node}-efa"},
+                "spec": {
+                    "driver": "dra.net",
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices,
+                },
+            }
+        )
+    return out
+
+
+def test_gpu_with_its_efa_adapters_on_one_pcie_root(
+    slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    docs = load("gpu-with-efa.yaml")
+    pod = the(docs, "Pod")
+    assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpu-and-its-efas"
+    efa_class = yaml.safe_load(EFA_CLASS.read_text())
+    everything = slices + _efa_slices(slices)
+    result = allocate(the(docs, "ResourceClaimTemplate"), everything, [*classes, efa_class])
+    assert schedulable(result) == {"p5", "p5-old", "p5e"}
+    roots = {
+        (s["spec"]["pool"]["name"], s["spec"]["driver"], d["name"]): d["attributes"][
+            "resource.kubernetes.io/pcieRoot"
+        ]["string"]
+        for s in everything
+        for d in s["spec"]["devices"]
+    }
+    entry = result.node("p5")
+    assert sorted(r.request for r in entry.results) == ["efa"] * 4 + ["gpu"]
+    assert len({roots[(r.pool, r.driver, r.device)] for r in entry.results}) == 1
+    # Without the EFA driver's devices the p5 cannot serve the efa request.
+    assert (
+        not allocate(the(docs, "ResourceClaimTemplate"), slices, [*classes, efa_class])
+        .node("p5")
+        .allocatable
+    )
+
+
+def test_torchrun_takes_all_eight_gpus_of_one_nvlink_node(
+    slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    docs = load("torchrun-8-gpus.yaml")
+    job = the(docs, "Job")
+    spec = _pod_spec(job)
+    (trainer,) = spec["containers"]
+    assert "--nproc_per_node=8" in trainer["command"]
+    assert _shm(spec) == 64
+    result = allocate(the(docs, "ResourceClaimTemplate"), slices, classes)
+    assert schedulable(result) == {"p5", "p5-old", "p5e", "p4d"}
+    assert all(len(result.node(n).results) == 8 for n in ("p5", "p5e", "p4d"))
+    assert any("nvlinkDomain" in r for r in result.node("g6e").reasons)
+
+
+def test_vllm_pipeline_parallel_pair_on_pcie_only_g6e(
+    slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    docs = load("vllm-pipeline-parallel-g6e.yaml")
+    spec = _pod_spec(the(docs, "Deployment"))
+    (vllm,) = spec["containers"]
+    assert "--pipeline-parallel-size=2" in vllm["args"]
+    assert _shm(spec) == 8
+    result = allocate(the(docs, "ResourceClaimTemplate"), slices, classes)
+    assert schedulable(result) == {"g6e", "g6e-12"}
+    for node in ("g6e", "g6e-12"):
+        entry = result.node(node)
+        assert len(entry.results) == 2
+        assert len(_numa(entry, slices, "resource.kubernetes.io/numaNode")) == 1
+    assert any("productName" in r for r in result.node("p5").reasons)
+
+
+def test_tensor_parallel_stays_on_one_numa_node(
+    slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    result = allocate(the(load("tensor-parallel.yaml"), "ResourceClaimTemplate"), slices, classes)
+    for node in ("p5", "p5e", "p4d"):
+        numa = _numa(result.node(node), slices, "resource.kubernetes.io/numaNode")
+        assert len(numa) == 1, node

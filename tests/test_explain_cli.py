@@ -393,3 +393,94 @@ def test_cluster_unreachable_or_no_kubeconfig_exits_2(
     code, _, err = run(["-f", claim, "--cluster", "--kubeconfig", missing], capsys)
     assert code == 2
     assert f"kubeconfig {missing}: no such file" in err
+
+
+def _claim(*selectors: str, count: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {
+                            "deviceClassName": DRIVER,
+                            "count": count,
+                            "selectors": [{"cel": {"expression": e}} for e in selectors],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def test_every_failing_selector_of_a_request_is_reported(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    attrs = 'device.attributes["gpu.nvidia.com"]'
+    claim = write(
+        tmp_path / "c.yaml",
+        GPU_CLASS,
+        _claim(f'{attrs}.productName == "NVIDIA B200"', f"{attrs}.memory > 200000"),
+    )
+    code, out, _ = run(["-f", str(claim), "--slices", str(files["slices"]), "-o", "json"], capsys)
+    assert code == 1
+    body = json.loads(out)
+    for node in body["nodes"]:
+        reasons = "\n".join(node["reasons"])
+        assert "gpus selector #0 (" in reasons and "gpus selector #1 (" in reasons, reasons
+    assert body["advice"].startswith("no device passes the selectors")
+
+
+def test_taken_devices_name_their_claims_and_advice_ends_the_table(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def holder(name: str, devices: list[tuple[str, str]]) -> dict[str, Any]:
+        results = [
+            {"request": "gpus", "driver": DRIVER, "pool": pool, "device": device}
+            for pool, device in devices
+        ]
+        return {
+            **_claim(),
+            "metadata": {"name": name, "namespace": "ml"},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
+
+    p5 = [("p5-a", f"gpu-{i}") for i in range(8)]
+    g6e = [("g6e-a", f"gpu-{i}") for i in range(8)]  # a g6e.48xlarge has 8
+    allocated = write(
+        tmp_path / "allocated.yaml", holder("trainer", p5[:6] + g6e), holder("notebook", p5[6:])
+    )
+    claim = write(tmp_path / "c.yaml", GPU_CLASS, _claim())
+    argv = ["-f", str(claim), "--slices", str(files["slices"]), "--allocated", str(allocated)]
+    code, out, _ = run(argv, capsys)
+    assert code == 1
+    assert "held by ml/trainer (6), ml/notebook (2)" in out
+    assert "held by ml/trainer (8)" in out
+    last = out.rstrip("\n").splitlines()[-1]
+    assert last == (
+        "advice: the devices that fit are taken: delete or wait for the claims holding them "
+        "(kubectl get resourceclaims -A), or add nodes"
+    )
+
+
+def test_a_misspelled_attribute_is_named_with_its_correction(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claim = write(
+        tmp_path / "c.yaml",
+        GPU_CLASS,
+        _claim('device.attributes["gpu.nvidia.com"].prodcutName == "NVIDIA H100 80GB HBM3"'),
+    )
+    code, out, _ = run(["-f", str(claim), "--slices", str(files["slices"])], capsys)
+    assert code == 1
+    assert (
+        "  problem: spec.devices.requests[0].exactly.selectors[0].cel.expression: 1:36: "
+        "gpu.nvidia.com publishes no attribute 'prodcutName'; did you mean productName?\n"
+    ) in out
+    assert out.rstrip("\n").splitlines()[-1] == (
+        "advice: fix the claim first: `gpu-dra validate` shows every problem in it"
+    )

@@ -258,10 +258,12 @@ def test_flags_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setenv("NODE_NAME", "from-env")
     monkeypatch.setenv("POD_UID", "pod-1")
-    monkeypatch.setenv("HEALTHCHECK_PORT", "6000")
+    monkeypatch.setenv("GPU_DRA_HEALTHCHECK_PORT", "6000")
     args = build_parser().parse_args(["kubelet-plugin", "--cdi-root=/x"])
     assert (args.node_name, args.pod_uid, args.healthcheck_port) == ("from-env", "pod-1", 6000)
     assert args.cdi_root == "/x"
+    monkeypatch.setenv("GPU_DRA_NODE_NAME", "ours-first")
+    assert build_parser().parse_args(["kubelet-plugin"]).node_name == "ours-first"
     assert args.kubelet_registrar_directory_path == "/var/lib/kubelet/plugins_registry"
     assert args.kubelet_plugins_directory_path == "/var/lib/kubelet/plugins"
     assert (args.driver_name, args.nvml, args.container_driver_root) == (

@@ -164,3 +164,35 @@ def test_long_node_name_keeps_domain_within_64_and_unique() -> None:
     assert a is not None and b is not None and a != b
     assert len(a) <= 64 and len(b) <= 64
     assert nvlink_domain(gpu, node_name="short") == "short.nvlink-1"
+
+
+def test_every_published_attribute_is_in_the_table_validate_checks_against(
+    tmp_path: Path,
+) -> None:
+    from driver.resourceslice import (
+        DRIVER_ATTRIBUTES,
+        DRIVER_CAPACITIES,
+        STANDARD_ATTRIBUTES,
+        STANDARD_DOMAIN,
+    )
+
+    seen: set[str] = set()
+    for profile in profile_names():
+        for device in _devices(_slices(tmp_path / profile, profile)):
+            for name, value in device["attributes"].items():
+                (kind,) = value
+                domain, _, ident = name.rpartition("/")
+                table = STANDARD_ATTRIBUTES if domain == STANDARD_DOMAIN else DRIVER_ATTRIBUTES
+                assert domain in ("", STANDARD_DOMAIN), name
+                assert table.get(ident) == kind, (profile, name, kind)
+                seen.add(name)
+            assert set(device["capacity"]) == DRIVER_CAPACITIES
+    expected = set(DRIVER_ATTRIBUTES) | {f"{STANDARD_DOMAIN}/{n}" for n in STANDARD_ATTRIBUTES}
+    assert seen == expected  # no table entry that no profile ever publishes
+
+
+def test_numa_node_is_published_under_the_standard_name_too(tmp_path: Path) -> None:
+    for device in _devices(_slices(tmp_path, "p5.48xlarge")):
+        attrs = device["attributes"]
+        assert attrs["resource.kubernetes.io/numaNode"] == attrs["numaNode"]
+        assert attrs["numaNode"]["int"] in (0, 1)

@@ -65,7 +65,10 @@ def fa_claim(*subrequests: dict[str, Any], **devices: Any) -> dict[str, Any]:
     return claim(requests=[{"name": "gpu", "firstAvailable": list(subrequests)}], **devices)
 
 
-OPAQUE = {"driver": "gpu.nvidia.com", "parameters": {}}
+OPAQUE = {
+    "driver": "gpu.nvidia.com",
+    "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"},
+}
 TWO = [exactly(), {"name": "pair", "firstAvailable": [sub("h100"), sub("a100", count=2)]}]
 
 # (id, document, expected field path, expected message fragment)
@@ -202,14 +205,18 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "constraint names a missing subrequest",
         claim(
             requests=TWO,
-            constraints=[{"requests": ["pair/b200"], "matchAttribute": "gpu.nvidia.com/x"}],
+            constraints=[
+                {"requests": ["pair/b200"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}
+            ],
         ),
         "spec.devices.constraints[0].requests[0]",
         "has no subrequest 'b200' (subrequests: a100, h100)",
     ),
     (
         "subrequest of an exactly request",
-        claim(constraints=[{"requests": ["gpu/a"], "matchAttribute": "gpu.nvidia.com/x"}]),
+        claim(
+            constraints=[{"requests": ["gpu/a"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]
+        ),
         "spec.devices.constraints[0].requests[0]",
         "it has no firstAvailable",
     ),
@@ -227,7 +234,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "33 constraints",
-        claim(constraints=[{"matchAttribute": "gpu.nvidia.com/a"}] * 33),
+        claim(constraints=[{"matchAttribute": "gpu.nvidia.com/nvlinkDomain"}] * 33),
         "spec.devices.constraints",
         "at most 32 items, has 33",
     ),
@@ -237,7 +244,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
             config=[
                 {
                     "requests": ["gpu", "other"],
-                    "opaque": {"driver": "gpu.nvidia.com", "parameters": {}},
+                    "opaque": OPAQUE,
                 }
             ]
         ),
@@ -246,7 +253,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "33 configs",
-        claim(config=[{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}] * 33),
+        claim(config=[{"opaque": OPAQUE}] * 33),
         "spec.devices.config",
         "at most 32 items, has 33",
     ),
@@ -270,7 +277,11 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "constraint names a request twice",
-        claim(constraints=[{"requests": ["gpu", "gpu"], "matchAttribute": "gpu.nvidia.com/x"}]),
+        claim(
+            constraints=[
+                {"requests": ["gpu", "gpu"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}
+            ]
+        ),
         "spec.devices.constraints[0].requests[1]",
         "duplicate entry 'gpu'",
     ),
@@ -557,11 +568,18 @@ def test_cli_warnings_alone_exit_0_and_version_matters(tmp_path: Path) -> None:
     assert run(["--kubernetes-version", "v1.36.0-eks-1", gated]) == (0, [])
 
 
-def test_cli_reads_stdin_and_reports_unreadable_files(tmp_path: Path) -> None:
+def test_cli_reads_stdin_and_reports_unreadable_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, lines = run(["-"], stdin=yaml.safe_dump(claim(requests=[exactly(count=0)])))
     assert code == 1 and lines[0].startswith("-: ResourceClaim/c: ")
+    capsys.readouterr()
     code, lines = run([str(tmp_path / "missing.yaml")])
-    assert code == 1 and "cannot read" in lines[0]
+    # A file that cannot be read is a usage error (2), not a problem in a manifest (1).
+    err = capsys.readouterr().err
+    assert code == 2 and lines == []
+    missing = tmp_path / "missing.yaml"
+    assert err == f"gpu-dra validate: {missing}: cannot read: No such file or directory\n"
 
 
 def test_cli_rejects_unsupported_version(

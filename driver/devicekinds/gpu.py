@@ -17,6 +17,9 @@ from driver.inventory import Gpu, Inventory
 from driver.limits import MAX_VALUE_LENGTH
 from driver.semver import Semver, SemverError
 
+# The attributes Kubernetes itself names (pciBusID, pcieRoot, numaNode).
+STANDARD_DOMAIN = "resource.kubernetes.io"
+
 NAME = "gpu"
 UUID_KEY = "gpu-uuid"
 VISIBLE_UUIDS_ENV = "GPU_DRA_VISIBLE_GPU_UUIDS"
@@ -75,15 +78,18 @@ def build_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> dict[str,
         "memory": {"int": gpu.memory_bytes // (1024 * 1024)},
         "cudaComputeCapability": {"version": "{}.{}.0".format(*gpu.cuda_compute_capability)},
         "cudaDriverVersion": {"version": "{}.{}.0".format(*inventory.cuda_driver_version)},
-        "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
+        f"{STANDARD_DOMAIN}/pciBusID": {"string": gpu.pci_bus_id},
     }
     driver_version = semver(inventory.driver_version)
     if driver_version is not None:
         attributes["driverVersion"] = {"version": driver_version}
     if gpu.numa_node is not None:
+        # Ours, and the standard name (GA in Kubernetes 1.37) that other drivers' devices
+        # (EFA adapters, NICs) carry too, so one matchAttribute aligns them all.
         attributes["numaNode"] = {"int": gpu.numa_node}
+        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     if gpu.pcie_root is not None:
-        attributes["resource.kubernetes.io/pcieRoot"] = {"string": gpu.pcie_root}
+        attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": gpu.pcie_root}
     domain = nvlink_domain(gpu, node_name=node_name)
     if domain is not None:
         attributes["nvlinkDomain"] = {"string": domain}

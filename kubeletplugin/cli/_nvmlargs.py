@@ -27,8 +27,8 @@ def add_nvml_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         default=None,
-        help="simulated NVML fault file, re-read at every NVML init "
-        "(default: $GPU_DRA_SIM_STATE; format in driver/nvml/faults.py)",
+        help="simulated NVML fault file (YAML), re-read at every NVML init "
+        "(default: $GPU_DRA_SIM_STATE)",
     )
     parser.add_argument(
         "--sysfs-root",

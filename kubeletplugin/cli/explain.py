@@ -60,7 +60,8 @@ json output (-o json), stable:
   {"claim": {kind, namespace, name}, "problems": [...],
    "summary": {"nodes": N, "allocatable": M},
    "nodes": [{"node", "allocatable", "results": [{"request", "driver", "pool",
-              "device"}], "reasons": [...], "allocation": {...} (if allocatable)}]}
+              "device"}], "reasons": [...], "allocation": {...} (if allocatable)}],
+   "advice": "one line" (when no node can take the claim) or null}
   without -f: {"deviceClass", "problems", "summary": {"devices", "selected"},
    "devices": [{"node", "driver", "pool", "device", "selected", "reason"}]}
 
@@ -231,6 +232,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         node_labels=inputs.node_labels,
         budget=args.budget or DEFAULT_BUDGET,
     )
+    explanation = _with_lint(explanation, claims[0])
     if args.node:
         wanted = set(args.node)
         unknown = wanted - {n.node for n in explanation.nodes}
@@ -243,6 +245,29 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         _claim_table(explanation, out)
     return 0 if explanation.allocatable_nodes else 1
+
+
+def _with_lint(explanation: "Explanation", claim: dict[str, Any]) -> "Explanation":
+    """Add what `gpu-dra validate` finds in the claim: a misspelled attribute fails on every
+    device, and the suggestion says more than the CEL runtime error."""
+    from dataclasses import replace
+
+    import yaml
+
+    from driver.tools.validation import Severity, validate_sources
+
+    found = [
+        f"{p.path}: {p.message}"
+        for p in validate_sources([("claim", yaml.safe_dump(claim))])
+        if p.severity is Severity.ERROR and p.path
+    ]
+    new = tuple(f for f in found if f not in explanation.problems)
+    if not new:
+        return explanation
+    advice = explanation.advice
+    if not explanation.allocatable_nodes:
+        advice = "fix the claim first: `gpu-dra validate` shows every problem in it"
+    return replace(explanation, problems=(*explanation.problems, *new), advice=advice)
 
 
 def _merge_classes(
@@ -260,28 +285,10 @@ def _only_nodes(explanation: "Explanation", wanted: set[str]) -> "Explanation":
 
 
 def _read_cluster(kubeconfig: Path | None) -> "Inputs":
-    import asyncio
+    from driver.tools.allocation.inputs import read_cluster
+    from kubeletplugin.cli import _cluster
 
-    from driver.tools.allocation.inputs import ClusterAccessError, read_cluster
-
-    if kubeconfig is not None and not kubeconfig.is_file():
-        raise ClusterAccessError(f"kubeconfig {kubeconfig}: no such file")
-
-    async def read() -> "Inputs":
-        from kubernetes.aio import config
-
-        from driver.kubeclient import client_from_kubeconfig
-
-        try:
-            api = await client_from_kubeconfig(
-                str(kubeconfig) if kubeconfig else None, component="explain"
-            )
-        except (config.ConfigException, OSError) as exc:
-            raise ClusterAccessError(f"kubeconfig: {exc}") from exc
-        async with api:
-            return await read_cluster(api)
-
-    return asyncio.run(read())
+    return _cluster.read(kubeconfig, read_cluster, component="explain")
 
 
 def _device_text(node: str | None, pool: str, device: str) -> str:
@@ -318,6 +325,8 @@ def _claim_table(explanation: "Explanation", out: TextIO) -> None:
         out.write(f"  {shown}:\n")
         for reason in reasons:
             out.write(f"    - {reason}\n")
+    if explanation.advice:
+        out.write(f"\nadvice: {explanation.advice}\n")
 
 
 def _class_table(listing: "ClassListing", out: TextIO) -> None:

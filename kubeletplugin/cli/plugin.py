@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -9,38 +10,43 @@ from typing import TypedDict
 
 from driver import DEFAULT_DRIVER_NAME
 
-# flag -> (environment variable, default, help)
+# flag -> (environment variable, default, help). Each variable is GPU_DRA_<FLAG>; the
+# three with a conventional name of their own (the downward API's, kubectl's) also take it.
 _FLAGS: dict[str, tuple[str, str | None, str]] = {
-    "--node-name": ("NODE_NAME", None, "name of this Node object (required)"),
-    "--driver-name": ("DRIVER_NAME", DEFAULT_DRIVER_NAME, "DRA driver name"),
+    "--node-name": ("GPU_DRA_NODE_NAME", None, "name of this Node object (required)"),
+    "--driver-name": ("GPU_DRA_DRIVER_NAME", DEFAULT_DRIVER_NAME, "DRA driver name"),
     "--kubeconfig": (
-        "KUBECONFIG",
+        "GPU_DRA_KUBECONFIG",
         None,
         "kubeconfig file; without it, the in-cluster service account is used",
     ),
     "--kubelet-registrar-directory-path": (
-        "KUBELET_REGISTRAR_DIRECTORY_PATH",
+        "GPU_DRA_KUBELET_REGISTRAR_DIRECTORY_PATH",
         "/var/lib/kubelet/plugins_registry",
         "directory the kubelet watches for registration sockets",
     ),
     "--kubelet-plugins-directory-path": (
-        "KUBELET_PLUGINS_DIRECTORY_PATH",
+        "GPU_DRA_KUBELET_PLUGINS_DIRECTORY_PATH",
         "/var/lib/kubelet/plugins",
         "kubelet plugins directory; the DRA socket and the claim records go to <this>/<driver>",
     ),
-    "--cdi-root": ("CDI_ROOT", "/var/run/cdi", "directory for the CDI specs of prepared claims"),
+    "--cdi-root": (
+        "GPU_DRA_CDI_ROOT",
+        "/var/run/cdi",
+        "directory for the CDI specs of prepared claims",
+    ),
     "--nvidia-driver-root": (
-        "NVIDIA_DRIVER_ROOT",
+        "GPU_DRA_NVIDIA_DRIVER_ROOT",
         "/",
         "root of the NVIDIA driver installation on the host",
     ),
     "--container-driver-root": (
-        "CONTAINER_DRIVER_ROOT",
+        "GPU_DRA_CONTAINER_DRIVER_ROOT",
         "/driver-root",
         "where the host's driver root is mounted in this container",
     ),
     "--pod-uid": (
-        "POD_UID",
+        "GPU_DRA_POD_UID",
         None,
         "UID of this plugin pod (downward API): enables side-by-side sockets for surge upgrades",
     ),
@@ -55,11 +61,24 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         None,
         "state file of the simulated NVML (only with --nvml simulated)",
     ),
+    "--feature-gates": (
+        "GPU_DRA_FEATURE_GATES",
+        None,
+        "the cluster's Kubernetes feature gates the driver relies on, Name=true|false,... "
+        "(the chart's featureGates value); checked, and logged at start",
+    ),
     "--healthcheck-port": (
-        "HEALTHCHECK_PORT",
+        "GPU_DRA_HEALTHCHECK_PORT",
         "51515",
         "TCP port of the grpc.health.v1 service; 0 picks a free port",
     ),
+}
+
+
+_CONVENTIONAL = {
+    "GPU_DRA_NODE_NAME": "NODE_NAME",
+    "GPU_DRA_POD_UID": "POD_UID",
+    "GPU_DRA_KUBECONFIG": "KUBECONFIG",
 }
 
 
@@ -69,7 +88,7 @@ class _ArgumentOptions(TypedDict, total=False):
     default: str | None
     help: str
     choices: tuple[str, ...]
-    type: Callable[[str], int]
+    type: Callable[[str], object]
 
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -85,15 +104,33 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         ),
     )
     for flag, (env, default, text) in _FLAGS.items():
-        value = os.environ.get(env, default)
-        suffix = f" [env {env}" + (f", default {default}]" if default is not None else "]")
+        other = _CONVENTIONAL.get(env)
+        value = os.environ.get(env) or (os.environ.get(other) if other else None) or default
+        names = env + (f" or {other}" if other else "")
+        suffix = f" [env {names}" + (f", default {default}]" if default is not None else "]")
         kwargs: _ArgumentOptions = {"default": value, "help": text + suffix}
         if flag == "--nvml":
             kwargs["choices"] = ("system", "simulated")
         if flag == "--healthcheck-port":
             kwargs["type"] = int
+        if flag == "--feature-gates":
+            kwargs["type"] = parse_feature_gates
         parser.add_argument(flag, **kwargs)
     parser.set_defaults(func=_run)
+
+
+_GATE = re.compile(r"^([A-Za-z][A-Za-z0-9]*)=(true|false)$")
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """``A=true,B=false`` as Kubernetes components take it; ArgumentTypeError otherwise."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _GATE.match(item)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected Name=true or Name=false")
+        gates[match[1]] = match[2] == "true"
+    return gates
 
 
 def _path(value: str | None) -> Path | None:
@@ -106,7 +143,10 @@ def _run(args: argparse.Namespace) -> int:
     from kubeletplugin import node
 
     if not args.node_name:
-        print("gpu-dra kubelet-plugin: --node-name (or NODE_NAME) is required", file=sys.stderr)
+        print(
+            "gpu-dra kubelet-plugin: --node-name (or GPU_DRA_NODE_NAME) is required",
+            file=sys.stderr,
+        )
         return 2
     if args.nvml == "simulated" and not args.profile:
         print("gpu-dra kubelet-plugin: --nvml simulated needs --profile", file=sys.stderr)
@@ -126,4 +166,17 @@ def _run(args: argparse.Namespace) -> int:
         sim_state=_path(args.sim_state),
         healthcheck_port=args.healthcheck_port,
     )
+    if args.feature_gates:
+        import logging
+
+        logging.getLogger(__name__).info(
+            "feature gates",
+            extra={"feature_gates": ",".join(f"{k}={v}" for k, v in args.feature_gates.items())},
+        )
+    if args.nvml not in ("system", "simulated"):
+        print(
+            f"gpu-dra kubelet-plugin: GPU_DRA_NVML={args.nvml!r}: choose system or simulated",
+            file=sys.stderr,
+        )
+        return 2
     return asyncio.run(node.main(config))

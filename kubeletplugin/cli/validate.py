@@ -2,24 +2,48 @@
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
+
+_EPILOG = """\
+what is checked:
+  every object: the Kubernetes API schema, unknown fields rejected (kubernetes-validate
+    --strict) for the chosen version.
+  DeviceClass, ResourceClaim, ResourceClaimTemplate: the rules the schema lacks (DNS-label
+    request names, list limits, exactly one of exactly/firstAvailable, count >= 1, CEL at
+    most 10 KiB); every CEL selector compiled with Kubernetes' DRA environment; attribute
+    and capacity names against what gpu.nvidia.com publishes (with the closest name);
+    comparisons across types (an int attribute against a string); quantity() and semver()
+    literals; constraint attributes; capacity requests; request names used by constraints
+    and config; opaque GpuConfig parameters, parsed as the kubelet plugin parses them;
+    deviceClassName against the DeviceClasses given (when any is).
+  Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet: each container's
+    resources.claims against the pod's resourceClaims, and those against the claims and
+    templates given (in the files, or read with --cluster; when any is known).
+  Fields behind a feature gate that is off by default in the chosen version are warnings.
+
+output: one line per problem, FILE: KIND/NAME: FIELD.PATH: error|warning: MESSAGE
+  (CEL messages start with the LINE:COLUMN of the mistake in the expression).
+
+exit status:
+  0  no errors (warnings alone, or nothing)
+  1  at least one error
+  2  usage error: bad option, unsupported version, a file that cannot be read, or the
+     cluster could not be read with --cluster
+"""
 
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "validate",
-        help="check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests offline",
+        help="check DRA manifests and the pods that use them, offline",
         description=(
-            "Check manifests (multi-document YAML; '-' reads stdin) before applying them: the "
-            "Kubernetes API schema with unknown fields rejected (kubernetes-validate --strict), "
-            "the rules the schema lacks (DNS-label request names, list limits, exactly one of "
-            "exactly/firstAvailable, count >= 1, CEL at most 10 KiB), every CEL selector "
-            "compiled with Kubernetes' DRA environment, request names used by constraints and "
-            "config, and, when any DeviceClass is among the files, that every deviceClassName "
-            "names one of them. Fields that need a feature gate that is off by default in the "
-            "chosen version are warnings. Other kinds (a Pod, say) get the schema check only. "
-            "Prints one line per problem, 'FILE: KIND/NAME: FIELD: error|warning: MESSAGE'; "
-            "exit status 1 on any error, 0 when there are only warnings or nothing."
+            "Check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests, and the "
+            "workloads that name them, before applying them (multi-document YAML; '-' reads "
+            "stdin)."
         ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--kubernetes-version",
@@ -27,6 +51,18 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         metavar="V",
         help="Kubernetes version whose schema and feature-gate defaults apply, 1.34 to 1.37 "
         "(e.g. 1.35 or v1.35.2-eks-113cf36; default 1.34)",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also read DeviceClasses, ResourceClaims and ResourceClaimTemplates from the "
+        "API server, for the names the files use",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig for --cluster (default: $KUBECONFIG or ~/.kube/config)",
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="manifest file, or - for stdin")
     parser.set_defaults(func=_run)
@@ -53,10 +89,26 @@ def _run(args: argparse.Namespace) -> int:
         try:
             sources.append((name, _read(name)))
         except (OSError, UnicodeDecodeError) as exc:
-            print(f"{name}: cannot read: {exc}")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            print(f"gpu-dra validate: {name}: cannot read: {reason}", file=sys.stderr)
             unreadable += 1
-    problems = validate_sources(sources, version=version)
+    if unreadable:
+        return 2
+    known: list[dict[str, Any]] = []
+    if args.kubeconfig is not None and not args.cluster:
+        print("gpu-dra validate: --kubeconfig needs --cluster", file=sys.stderr)
+        return 2
+    if args.cluster:
+        from driver.errors import DriverError
+        from driver.tools.allocation.inputs import read_references
+        from kubeletplugin.cli import _cluster
+
+        try:
+            known = _cluster.read(args.kubeconfig, read_references, component="validate")
+        except DriverError as exc:
+            print(f"gpu-dra validate: --cluster: {exc}", file=sys.stderr)
+            return 2
+    problems = validate_sources(sources, version=version, known=known)
     for problem in problems:
         print(problem)
-    errors = unreadable + sum(1 for p in problems if p.severity is Severity.ERROR)
-    return 1 if errors else 0
+    return 1 if any(p.severity is Severity.ERROR for p in problems) else 0

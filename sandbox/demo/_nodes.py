@@ -23,7 +23,16 @@ _MAX_NODE_NAME = 32  # the demo's own bound, below a DNS label's 63
 _POLL_S = 0.05
 # The environment variables behind the plugin flags the demo leaves unset: a value
 # inherited from the caller's shell must not reach the simulated nodes.
-_DROPPED_ENV = ("NODE_NAME", "POD_UID", "GPU_DRA_SIM_STATE", "GPU_DRA_CRASHPOINT", "KUBECONFIG")
+_DROPPED_ENV = (
+    "NODE_NAME",
+    "POD_UID",
+    "GPU_DRA_NODE_NAME",
+    "GPU_DRA_POD_UID",
+    "GPU_DRA_KUBECONFIG",
+    "GPU_DRA_SIM_STATE",
+    "GPU_DRA_CRASHPOINT",
+    "KUBECONFIG",
+)
 
 
 class DemoError(PermanentError):

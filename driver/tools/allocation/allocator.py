@@ -20,7 +20,7 @@ from driver.tools.allocation.model import (
     NodeExplanation,
 )
 from driver.tools.allocation.pools import Cluster, DeviceKey
-from driver.tools.allocation.reasons import failure_reasons
+from driver.tools.allocation.reasons import advice, failure_reasons
 from driver.tools.allocation.search import DEFAULT_BUDGET, BudgetExceeded, NodeSearch, SearchAborted
 from driver.tools.allocation.selectors import SelectorProblem, Selectors, selector_refs
 from driver.tools.allocation.status import allocation_json
@@ -73,12 +73,13 @@ def _explain_claim(
             ref,
             tuple(NodeExplanation(n, False, reasons=(problem,), error=problem) for n in nodes),
             problems=(problem,),
+            advice="fix the claim first: `gpu-dra validate` shows every problem in it",
         )
-    in_use = allocated_devices(allocated, exclude=claim)
-    return Explanation(
-        ref,
-        tuple(_node(n, cluster, parsed, selectors, in_use, budget) for n in nodes),
-    )
+    in_use = device_holders(allocated, exclude=claim)
+    outcomes = tuple(_node(n, cluster, parsed, selectors, in_use, budget) for n in nodes)
+    if any(o.allocatable for o in outcomes):
+        return Explanation(ref, outcomes)
+    return Explanation(ref, outcomes, advice=advice(o.reasons for o in outcomes))
 
 
 @contextmanager
@@ -100,7 +101,7 @@ def _node(
     cluster: Cluster,
     parsed: ParsedClaim,
     selectors: Selectors,
-    in_use: frozenset[DeviceKey],
+    in_use: Mapping[DeviceKey, str],
     budget: int,
 ) -> NodeExplanation:
     search = NodeSearch(node, cluster, parsed, selectors, in_use, budget)
@@ -181,27 +182,34 @@ def allocated_devices(
     namespace and name, so re-explaining an allocated claim does not count its
     own devices as taken.
     """
+    return frozenset(device_holders(claims, exclude=exclude))
+
+
+def device_holders(
+    claims: Iterable[Mapping[str, Any]], *, exclude: Mapping[str, Any] | None = None
+) -> dict[DeviceKey, str]:
+    """:func:`allocated_devices` with the claim holding each: ``namespace/name``."""
     skip_uid = skip_name = None
     if exclude is not None and exclude.get("kind") == "ResourceClaim":
         meta = exclude.get("metadata") or {}
         skip_uid = meta.get("uid")
         skip_name = (meta.get("namespace") or "default", meta.get("name"))
-    taken: set[DeviceKey] = set()
+    taken: dict[DeviceKey, str] = {}
     for claim in claims:
         meta = claim.get("metadata") or {}
         if skip_uid and meta.get("uid") == skip_uid:
             continue
-        if skip_name is not None and (meta.get("namespace") or "default", meta.get("name")) == (
-            skip_name
-        ):
+        name = (meta.get("namespace") or "default", meta.get("name"))
+        if skip_name is not None and name == skip_name:
             continue
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or ():
             if result.get("adminAccess"):
                 # Shared with other claims (scheduler plugin foreachAllocatedDevice).
                 continue
-            taken.add((str(result["driver"]), str(result["pool"]), str(result["device"])))
-    return frozenset(taken)
+            key = (str(result["driver"]), str(result["pool"]), str(result["device"]))
+            taken[key] = f"{name[0]}/{name[1]}"
+    return taken
 
 
 def claim_ref(obj: Mapping[str, Any]) -> ClaimRef:

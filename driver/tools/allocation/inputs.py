@@ -217,6 +217,28 @@ _HINTS = {
 }
 
 
+async def read_references(api_client: Any) -> list[dict[str, Any]]:
+    """DeviceClasses, ResourceClaims and ResourceClaimTemplates: what manifests name.
+
+    For ``gpu-dra validate --cluster``: a pod in a file may name a template that is
+    already in the cluster.
+    """
+    from driver.kubeapi import Client
+
+    api = Client(api_client)
+    group = "/apis/resource.k8s.io/v1"
+    found: list[dict[str, Any]] = []
+    for kind, name in (
+        (CLASS, "deviceclasses"),
+        (CLAIM, "resourceclaims"),
+        (TEMPLATE, "resourceclaimtemplates"),
+    ):
+        for item in await _list_all(api, f"{group}/{name}", name):
+            item.setdefault("kind", kind)
+            found.append(item)
+    return found
+
+
 async def _list_all(api: "Client", path: str, resource: str) -> list[dict[str, Any]]:
     from driver.kubeapi import ApiError
 

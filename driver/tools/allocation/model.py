@@ -78,6 +78,8 @@ class Explanation:
     # Claim-level problems (unknown class, selector that does not compile): they
     # also appear in every node's reasons, and here when there is no node at all.
     problems: tuple[str, ...] = ()
+    # One line for the most common cause when no node can take the claim, else None.
+    advice: str | None = None
 
     @property
     def allocatable_nodes(self) -> list[str | None]:
@@ -98,6 +100,7 @@ class Explanation:
                 "allocatable": sum(1 for n in self.nodes if n.allocatable),
             },
             "nodes": [n.to_json() for n in self.nodes],
+            "advice": self.advice,
         }
 
 

@@ -93,11 +93,12 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
         if not request.all_mode and not request.admin and device.key in search.in_use:
             taken.append(device)
             continue
-        rejection = search.selectors.first_rejection(request.selectors, device)
-        if rejection is not None:
-            key = (rejection.selector.describe(), rejection.verdict)
-            rejected[key].append(device)
-            first.setdefault(key, rejection)
+        rejections = search.selectors.rejections(request.selectors, device)
+        if rejections:
+            for rejection in rejections:
+                key = (rejection.selector.describe(), rejection.verdict)
+                rejected[key].append(device)
+                first.setdefault(key, rejection)
             continue
         if request.all_mode and not request.admin and device.key in search.in_use:
             taken.append(device)
@@ -123,7 +124,11 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
     if taken:
         labels = (device_label(d, search.node) for d in taken)
         count = _plural(len(taken), "device")
-        lines.append(f"{prefix}: {count} allocated to other claims [{_names(labels)}]")
+        held = Counter(search.in_use[d.key] for d in taken)
+        holders = _names(f"{claim} ({n})" for claim, n in held.most_common())
+        lines.append(
+            f"{prefix}: {count} allocated to other claims [{_names(labels)}], held by {holders}"
+        )
     if tainted:
         lines.append(
             f"{prefix}: {_plural(len(tainted), 'device')} tainted without a matching "
@@ -223,3 +228,61 @@ def _offered(search: NodeSearch, constraint: Constraint, request: Request) -> st
         return "none"
     shown = [f"{_value(v)} (x{n})" for v, n in values.most_common(_LISTED)]
     return _names(shown) if len(values) <= _LISTED else ", ".join(shown) + ", ..."
+
+
+# (what a reason says, the advice), most specific first: the first that the most
+# unallocatable nodes share is the one line `explain` ends with.
+_ADVICE = (
+    (
+        "no devices are published",
+        "the node publishes no devices: is the plugin pod there ready (kubectl -n "
+        "gpu-dra-driver get pods -o wide), and does `kubectl get resourceslices` list it?",
+    ),
+    (
+        "CEL runtime error",
+        "a selector fails on the devices: guard optional attributes with `in` "
+        '("numaNode" in device.attributes["gpu.nvidia.com"]) and run `gpu-dra validate`',
+    ),
+    (
+        "allocated to other claims",
+        "the devices that fit are taken: delete or wait for the claims holding them "
+        "(kubectl get resourceclaims -A), or add nodes",
+    ),
+    (
+        "tainted without a matching toleration",
+        "the devices that fit are tainted: add a toleration to the request or fix the device",
+    ),
+    (
+        "no value is shared by",
+        "no node has that many devices sharing the constraint's attribute: ask for fewer "
+        "devices, or use nodes whose devices share it (NVLink, NUMA node, PCIe root)",
+    ),
+    (
+        "lack attribute",
+        "some devices lack the constraint's attribute: select only devices that have it",
+    ),
+    (
+        "rejected by",
+        "no device passes the selectors: compare them with what the nodes publish "
+        "(gpu-dra discover -o table, kubectl get resourceslices -o yaml)",
+    ),
+    (
+        "needed",
+        "not enough devices on any one node: ask for fewer, or add larger nodes",
+    ),
+)
+
+
+def advice(reasons_per_node: Iterable[Iterable[str]]) -> str | None:
+    """One line for the most common cause among nodes that cannot take the claim."""
+    counts: Counter[int] = Counter()
+    for reasons in reasons_per_node:
+        text = "\n".join(reasons)
+        for index, (marker, _) in enumerate(_ADVICE):
+            if marker in text:
+                counts[index] += 1
+                break
+    if not counts:
+        return None
+    best = max(counts, key=lambda i: (counts[i], -i))
+    return _ADVICE[best][1]

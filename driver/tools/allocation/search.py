@@ -20,7 +20,7 @@ whose constraint values cannot) fails without search.
 """
 
 from collections import Counter
-from collections.abc import Set
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from driver.tools.allocation.claims import (
@@ -70,7 +70,7 @@ class NodeSearch:
         cluster: Cluster,
         claim: ParsedClaim,
         selectors: Selectors,
-        in_use: Set[DeviceKey],
+        in_use: Mapping[DeviceKey, str],  # taken devices -> the claim holding each
         budget: int,
     ) -> None:
         self.node = node

@@ -113,6 +113,16 @@ class Selectors:
                 return Rejection(ref, result)
         return None
 
+    def rejections(self, refs: Sequence[SelectorRef], device: Device) -> list[Rejection]:
+        """Every selector that does not return true: what a person fixing the claim needs,
+        where the scheduler stops at the first."""
+        found = []
+        for ref in refs:
+            result = self.verdict(ref.expression, device)
+            if result is not True:
+                found.append(Rejection(ref, result))
+        return found
+
 
 def selector_refs(owner: str, selectors: Sequence[Mapping[str, Any]] | None) -> list[SelectorRef]:
     """The CEL selectors of a class or request; a selector without ``cel`` is a problem."""

@@ -10,6 +10,7 @@ from driver.tools.cel._compile import Compiler
 from driver.tools.cel._device import CelDevice
 from driver.tools.cel._errors import CelCompileError, CelError, CelEvalError, CelUnsupportedError
 from driver.tools.cel._eval import Ctx
+from driver.tools.cel._lint import Lint, Schema, lint_ast, suggest
 from driver.tools.cel._parser import parse
 from driver.tools.cel._runtime import type_name
 from driver.tools.cel._types import BOOL, DYN
@@ -21,7 +22,11 @@ __all__ = [
     "CelEvalError",
     "CelSelector",
     "CelUnsupportedError",
+    "Lint",
+    "Schema",
     "compile_selector",
+    "lint_selector",
+    "suggest",
 ]
 
 _SAFETY_NET = (ArithmeticError, ValueError, TypeError, LookupError, RecursionError)
@@ -78,3 +83,18 @@ def compile_selector(expression: str) -> CelSelector:
 @lru_cache(maxsize=4096)
 def _compile_cached(expression: str) -> CelSelector:
     return CelSelector(expression)
+
+
+def lint_selector(expression: str, schema: Schema) -> list[Lint]:
+    """What in a selector can never select a device of the drivers ``schema`` describes.
+
+    Only for an expression that parses; a parse error is :func:`compile_selector`'s to report.
+    """
+    try:
+        tree = parse(expression)
+    except (CelError, RecursionError):
+        return []
+    try:
+        return lint_ast(expression, tree, schema)
+    except RecursionError:
+        return []

@@ -10,9 +10,31 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
-from driver.tools.cel import CelCompileError, CelUnsupportedError, compile_selector
-from driver.tools.validation import gates, rules
+from driver import DEFAULT_DRIVER_NAME
+from driver.resourceslice import (
+    DRIVER_ATTRIBUTES,
+    DRIVER_CAPACITIES,
+    OPTIONAL_ATTRIBUTES,
+    STANDARD_ATTRIBUTES,
+    STANDARD_DOMAIN,
+)
+from driver.tools.cel import (
+    CelCompileError,
+    CelUnsupportedError,
+    Schema,
+    compile_selector,
+    lint_selector,
+)
+from driver.tools.validation import gates, rules, workloads
 from driver.tools.validation.problems import Problem, Severity
+
+# What this driver publishes (driver/resourceslice.py), the one source for names and types.
+PUBLISHED = rules.Published(
+    driver=DEFAULT_DRIVER_NAME,
+    attributes={DEFAULT_DRIVER_NAME: DRIVER_ATTRIBUTES, STANDARD_DOMAIN: STANDARD_ATTRIBUTES},
+    capacities=DRIVER_CAPACITIES,
+    classes=frozenset({DEFAULT_DRIVER_NAME}),
+)
 
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
@@ -31,6 +53,28 @@ def check_selector(expression: str) -> rules.Finding | None:
     except CelCompileError as exc:
         return rules.Finding("", f"invalid CEL: {exc}")
     return None
+
+
+def _schema_of(published: rules.Published) -> Schema:
+    return Schema(
+        attributes=published.attributes,
+        capacities={published.driver: published.capacities},
+        drivers=frozenset({published.driver}),
+        optional=OPTIONAL_ATTRIBUTES,
+    )
+
+
+def linter(published: rules.Published) -> "rules.SelectorLint":
+    """Selector findings against what ``published`` says the driver publishes."""
+    schema = _schema_of(published)
+
+    def lint(expression: str) -> list[rules.Finding]:
+        return [
+            rules.Finding("", f.message, Severity.WARNING if f.warning else Severity.ERROR)
+            for f in lint_selector(expression, schema)
+        ]
+
+    return lint
 
 
 def _label(doc: Mapping[str, Any], index: int) -> str:
@@ -89,6 +133,9 @@ def _object_findings(doc: Mapping[str, Any], ctx: rules.Context) -> Iterator[rul
     if schema is not None:
         yield schema
     kind = doc.get("kind")
+    if kind in workloads.POD_SPEC_PATHS:
+        yield from workloads.check_workload(doc, ctx.claims)
+        return
     if kind not in _DRA_KINDS:
         return
     if doc.get("apiVersion") not in _RULE_API_VERSIONS:
@@ -113,11 +160,16 @@ def validate_sources(
     *,
     version: gates.Version = gates.OLDEST,
     selector_check: rules.SelectorCheck = check_selector,
+    published: rules.Published | None = PUBLISHED,
+    known: Sequence[Mapping[str, Any]] = (),
 ) -> list[Problem]:
     """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
 
-    DeviceClass names are collected across all sources first: when any DeviceClass is given,
-    every ``deviceClassName`` in a claim must name one of them.
+    DeviceClass, ResourceClaim and ResourceClaimTemplate names are collected across all
+    sources (and ``known``, objects read from a cluster) first: when any DeviceClass is
+    given, every ``deviceClassName`` must name one; when any claim or template is given,
+    every pod's ``resourceClaims`` must name one. ``published`` is what the driver
+    publishes, for names and types in selectors, constraints and configs (None: unchecked).
     """
     per_file: list[tuple[str, list[tuple[int, Any]], list[Problem]]] = []
     for file, text in sources:
@@ -129,10 +181,14 @@ def validate_sources(
             else:
                 docs.append(item)
         per_file.append((file, docs, unparsable))
+    every = [*known, *(doc for _, docs, _ in per_file for _, doc in docs)]
     ctx = rules.Context(
         version=version,
         check_selector=selector_check,
-        classes=_class_names([doc for _, docs, _ in per_file for _, doc in docs]),
+        classes=_class_names(every),
+        lint_selector=linter(published) if published is not None else rules.no_lint,
+        published=published,
+        claims=workloads.collect_claims(every),
     )
     problems: list[Problem] = []
     for file, docs, unparsable in per_file:

@@ -8,8 +8,8 @@ accessor tolerates a wrong type, because the schema check reports those already.
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from driver.limits import (
     C_IDENTIFIER,
@@ -21,6 +21,16 @@ from driver.limits import (
 )
 from driver.tools.validation import gates
 from driver.tools.validation.problems import Severity
+
+if TYPE_CHECKING:
+    from driver.tools.validation.workloads import Claims
+
+
+def _no_claims() -> "Claims":
+    from driver.tools.validation.workloads import Claims
+
+    return Claims()
+
 
 # pkg/apis/resource/types.go
 MAX_REQUESTS = 32  # DeviceRequestsMaxSize
@@ -48,12 +58,35 @@ class Finding:
 SelectorCheck = Callable[[str], Finding | None]
 
 
+SelectorLint = Callable[[str], list[Finding]]
+
+
+def no_lint(_expression: str) -> list[Finding]:
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a driver publishes, for names in constraints, capacity requests and configs."""
+
+    driver: str
+    attributes: Mapping[str, Mapping[str, str]]  # domain -> name -> kind
+    capacities: frozenset[str]
+    # DeviceClasses whose devices are this driver's (their unqualified names are its own).
+    classes: frozenset[str]
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     version: gates.Version
     check_selector: SelectorCheck
     # DeviceClass names known from the given files; None: no DeviceClass given, do not check.
     classes: frozenset[str] | None = None
+    # Findings that compile cannot make: names and types against what drivers publish.
+    lint_selector: SelectorLint = no_lint
+    published: Published | None = None
+    # Claims and templates known from the given files, for the pods that name them.
+    claims: "Claims" = field(default_factory=lambda: _no_claims())
 
 
 def _list(value: Any) -> list[Any]:
@@ -107,11 +140,42 @@ def _selectors(path: str, selectors: list[Any], ctx: Context) -> Iterator[Findin
         finding = ctx.check_selector(expression)
         if finding is not None:
             yield Finding(expr_path, finding.message, finding.severity)
+        for lint in ctx.lint_selector(expression):
+            yield Finding(expr_path, lint.message, lint.severity)
         if _USES_ALLOW_MULTIPLE.search(expression):
             yield from _gated(expr_path, gates.DRA_CONSUMABLE_CAPACITY, ctx)
 
 
-def _opaque_configs(path: str, configs: list[Any]) -> Iterator[Finding]:
+def _gpu_config(path: str, parameters: Any) -> Iterator[Finding]:
+    """The opaque config through the very models (and steps) the kubelet plugin uses."""
+    from api.config import ConfigError, parse_gpu_config
+
+    try:
+        parse_gpu_config(parameters, source="GpuConfig")
+    except ConfigError as exc:
+        yield Finding(path, f"the plugin would reject it: {exc}{_field_hint(str(exc))}")
+
+
+_EXTRA_FIELD = re.compile(r'field "(?:[^"]*\.)?([^".]+)": Extra inputs are not permitted')
+
+
+def _field_hint(message: str) -> str:
+    """``did you mean sharing?`` for the first unknown field of a GpuConfig."""
+    from pydantic import BaseModel
+
+    from api import config
+    from driver.tools.cel import suggest
+
+    match = _EXTRA_FIELD.search(message)
+    if match is None:
+        return ""
+    models = [m for m in vars(config).values() if isinstance(m, type) and issubclass(m, BaseModel)]
+    names = {f.alias or n for m in models for n, f in m.model_fields.items()}
+    near = suggest(match[1], names)
+    return f"; did you mean {near}?" if near else ""
+
+
+def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Finding]:
     yield from _too_many(path, configs, MAX_CONFIGS)
     for i, config in enumerate(configs):
         opaque = _map(config).get("opaque")
@@ -133,6 +197,9 @@ def _opaque_configs(path: str, configs: list[Any]) -> Iterator[Finding]:
                     f"{path}[{i}].opaque.parameters",
                     f"must be at most {MAX_OPAQUE_PARAMETERS_BYTES} bytes as JSON, is {size}",
                 )
+                continue
+        if ctx.published is not None and driver == ctx.published.driver:
+            yield from _gpu_config(f"{path}[{i}].opaque.parameters", opaque.get("parameters"))
 
 
 def check_name(metadata: Any) -> Iterator[Finding]:
@@ -145,7 +212,7 @@ def check_name(metadata: Any) -> Iterator[Finding]:
 def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
     spec = _map(spec)
     yield from _selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx)
-    yield from _opaque_configs(f"{path}.config", _list(spec.get("config")))
+    yield from _opaque_configs(f"{path}.config", _list(spec.get("config")), ctx)
     name = _str(spec.get("extendedResourceName"))
     if name is not None:
         erp = f"{path}.extendedResourceName"
@@ -190,6 +257,62 @@ def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iter
     capacity = _map(request.get("capacity"))
     if capacity.get("requests"):
         yield from _gated(f"{path}.capacity.requests", gates.DRA_CONSUMABLE_CAPACITY, ctx)
+        yield from _capacity_requests(
+            f"{path}.capacity.requests", _map(capacity.get("requests")), class_name, ctx
+        )
+
+
+def _capacity_requests(
+    path: str, requests: Mapping[str, Any], class_name: str | None, ctx: Context
+) -> Iterator[Finding]:
+    from driver.quantity import Quantity
+    from driver.tools.cel import suggest
+
+    published = ctx.published
+    for name, value in requests.items():
+        if isinstance(value, str):
+            try:
+                Quantity.parse(value)
+            except ValueError:
+                yield Finding(
+                    f"{path}.{name}",
+                    f"{value!r} is not a quantity (e.g. 40Gi, 512Mi); the API server rejects it",
+                )
+        if published is None:
+            continue
+        domain, slash, ident = str(name).rpartition("/")
+        ours = domain == published.driver or (not slash and class_name in published.classes)
+        if ours and ident not in published.capacities:
+            near = suggest(ident, published.capacities)
+            yield Finding(
+                f"{path}.{name}",
+                f"{published.driver} publishes no capacity {ident!r} (it has: "
+                f"{', '.join(sorted(published.capacities))})"
+                + (f"; did you mean {near}?" if near else ""),
+            )
+
+
+def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding]:
+    """A constraint's attribute must be one the driver publishes, to match anything."""
+    from driver.tools.cel import suggest
+
+    published = ctx.published
+    if published is None:
+        return
+    domain, _, ident = name.partition("/")
+    names = published.attributes.get(domain)
+    if names is None:
+        near = suggest(domain, set(published.attributes))
+        if near is not None:
+            yield Finding(path, f"no driver publishes domain {domain!r}; did you mean {near}?")
+        return
+    if ident not in names:
+        near = suggest(ident, set(names))
+        yield Finding(
+            path,
+            f"{domain} publishes no attribute {ident!r}: the constraint can never be met"
+            + (f"; did you mean {domain}/{near}?" if near else ""),
+        )
 
 
 def _requests(
@@ -282,13 +405,15 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
         distinct = _str(constraint.get("distinctAttribute"))
         if (match is None) == (distinct is None):
             yield Finding(cpath, "exactly one of matchAttribute and distinctAttribute must be set")
-        for field, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
+        for key, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
             if value is not None and (why := _fully_qualified_name(value)):
-                yield Finding(f"{cpath}.{field}", why)
+                yield Finding(f"{cpath}.{key}", why)
+            elif value is not None:
+                yield from _published_attribute(f"{cpath}.{key}", value, ctx)
         if distinct is not None:
             yield from _gated(f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx)
     configs = _list(devices.get("config"))
-    yield from _opaque_configs(f"{dpath}.config", configs)
+    yield from _opaque_configs(f"{dpath}.config", configs, ctx)
     for i, raw in enumerate(configs):
         refs = _list(_map(raw).get("requests"))
         yield from _references(f"{dpath}.config[{i}].requests", refs, names)

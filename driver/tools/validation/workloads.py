@@ -1,0 +1,197 @@
+"""Pods and the workloads that template them, checked against the claims they name.
+
+The schema accepts a container that names a claim its pod never lists, or a pod that
+names a template nobody wrote; the pod then never starts. Every check here is one the
+kubelet or the scheduler would fail on later, reported with the workload's field path.
+"""
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from driver.tools.cel import suggest
+from driver.tools.validation.problems import Severity
+from driver.tools.validation.rules import Finding
+
+# kind -> path from the object to its PodSpec
+POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
+    "Pod": ("spec",),
+    "Job": ("spec", "template", "spec"),
+    "Deployment": ("spec", "template", "spec"),
+    "StatefulSet": ("spec", "template", "spec"),
+    "DaemonSet": ("spec", "template", "spec"),
+    "ReplicaSet": ("spec", "template", "spec"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+_CLAIM_KINDS = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """The ResourceClaims and ResourceClaimTemplates known, by (namespace, name): their
+    request names (``req`` and ``req/sub``)."""
+
+    claims: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    templates: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.claims or self.templates)
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _namespace(doc: Mapping[str, Any]) -> str:
+    namespace = _map(doc.get("metadata")).get("namespace")
+    return namespace if isinstance(namespace, str) and namespace else "default"
+
+
+def _request_names(spec: Any) -> frozenset[str]:
+    names: set[str] = set()
+    for request in _list(_map(_map(spec).get("devices")).get("requests")):
+        name = _map(request).get("name")
+        if not isinstance(name, str):
+            continue
+        names.add(name)
+        for sub in _list(_map(request).get("firstAvailable")):
+            subname = _map(sub).get("name")
+            if isinstance(subname, str):
+                names.add(f"{name}/{subname}")
+    return frozenset(names)
+
+
+def collect_claims(docs: Sequence[Any]) -> Claims:
+    claims: dict[tuple[str, str], frozenset[str]] = {}
+    templates: dict[tuple[str, str], frozenset[str]] = {}
+    for doc in docs:
+        if not isinstance(doc, Mapping) or doc.get("kind") not in _CLAIM_KINDS:
+            continue
+        name = _map(doc.get("metadata")).get("name")
+        if not isinstance(name, str):
+            continue
+        spec: Any = doc
+        for key in _CLAIM_KINDS[str(doc["kind"])]:
+            spec = _map(spec).get(key)
+        target = claims if doc["kind"] == "ResourceClaim" else templates
+        target[(_namespace(doc), name)] = _request_names(spec)
+    return Claims(claims, templates)
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    near = suggest(name, set(known))
+    return f"; did you mean {near}?" if near else ""
+
+
+def _pod_claim(
+    path: str, entry: Mapping[str, Any], namespace: str, known: Claims
+) -> tuple[list[Finding], frozenset[str] | None]:
+    """Findings for one ``spec.resourceClaims`` entry, and the request names of what it
+    names (None when unknown)."""
+    findings: list[Finding] = []
+    claim = entry.get("resourceClaimName")
+    template = entry.get("resourceClaimTemplateName")
+    if (claim is None) == (template is None):
+        findings.append(
+            Finding(path, "exactly one of resourceClaimName and resourceClaimTemplateName")
+        )
+        return findings, None
+    kind, name, table = (
+        ("ResourceClaim", claim, known.claims)
+        if claim is not None
+        else ("ResourceClaimTemplate", template, known.templates)
+    )
+    field_name = "resourceClaimName" if claim is not None else "resourceClaimTemplateName"
+    if not isinstance(name, str) or not known.any:
+        return findings, None
+    requests = table.get((namespace, name))
+    if requests is None:
+        in_namespace = sorted(n for ns, n in table if ns == namespace)
+        other = "ResourceClaimTemplate" if claim is not None else "ResourceClaim"
+        other_table = known.templates if claim is not None else known.claims
+        hint = (
+            f"; a {other} of that name exists: use "
+            f"{'resourceClaimTemplateName' if claim is not None else 'resourceClaimName'}"
+            if (namespace, name) in other_table
+            else _did_you_mean(name, in_namespace)
+        )
+        findings.append(
+            Finding(
+                f"{path}.{field_name}",
+                f"no {kind} {name!r} in namespace {namespace!r} among the given manifests "
+                f"(known: {', '.join(in_namespace) or 'none'}){hint}",
+            )
+        )
+    return findings, requests
+
+
+def _containers(spec: Mapping[str, Any], path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for key in ("initContainers", "containers"):
+        for i, container in enumerate(_list(spec.get(key))):
+            yield f"{path}.{key}[{i}]", _map(container)
+
+
+def check_pod_spec(spec: Any, path: str, namespace: str, known: Claims) -> Iterator[Finding]:
+    spec = _map(spec)
+    entries: dict[str, frozenset[str] | None] = {}
+    for i, raw in enumerate(_list(spec.get("resourceClaims"))):
+        entry = _map(raw)
+        name = entry.get("name")
+        findings, requests = _pod_claim(f"{path}.resourceClaims[{i}]", entry, namespace, known)
+        yield from findings
+        if isinstance(name, str):
+            entries[name] = requests
+    used: set[str] = set()
+    for cpath, container in _containers(spec, path):
+        resources = _map(container.get("resources"))
+        for k, raw in enumerate(_list(resources.get("claims"))):
+            ref = _map(raw)
+            name = ref.get("name")
+            rpath = f"{cpath}.resources.claims[{k}]"
+            if not isinstance(name, str):
+                continue
+            used.add(name)
+            if name not in entries:
+                yield Finding(
+                    f"{rpath}.name",
+                    f"the pod has no resourceClaims entry {name!r} (it has: "
+                    f"{', '.join(sorted(entries)) or 'none'}): the pod can never start"
+                    + _did_you_mean(name, sorted(entries)),
+                )
+                continue
+            request = ref.get("request")
+            requests = entries[name]
+            if isinstance(request, str) and requests is not None and request not in requests:
+                top = sorted(r for r in requests if "/" not in r)
+                yield Finding(
+                    f"{rpath}.request",
+                    f"claim {name!r} has no request {request!r} (requests: "
+                    f"{', '.join(top) or 'none'})" + _did_you_mean(request, top),
+                )
+    for name in sorted(set(entries) - used):
+        index = next(
+            i
+            for i, e in enumerate(_list(spec.get("resourceClaims")))
+            if _map(e).get("name") == name
+        )
+        yield Finding(
+            f"{path}.resourceClaims[{index}]",
+            f"no container lists {name!r} in resources.claims: its devices are allocated "
+            "but no container gets them",
+            Severity.WARNING,
+        )
+
+
+def check_workload(doc: Mapping[str, Any], known: Claims) -> Iterator[Finding]:
+    spec_path = POD_SPEC_PATHS.get(str(doc.get("kind")))
+    if spec_path is None:
+        return
+    spec: Any = doc
+    for key in spec_path:
+        spec = _map(spec).get(key)
+    yield from check_pod_spec(spec, ".".join(spec_path), _namespace(doc), known)

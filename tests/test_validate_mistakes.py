@@ -1,0 +1,907 @@
+"""Realistic mistakes, each with the exact problem ``gpu-dra validate`` reports for it.
+
+Each case is one manifest set with one mistake a user makes (a typo in an attribute, a
+quantity written as people write it, a pod naming the wrong claim, ...) and every line
+validate prints for it: field path, message and, where one exists, the suggestion. The
+last tests prove the other side: no problem on the chart's examples, nor on claims
+written the way NVIDIA's DRA driver documents them for gpu.nvidia.com.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from driver.tools.validation import Severity, parse_version, validate_sources
+from sandbox.apiserver import LocalApiServer
+
+ROOT = Path(__file__).parent.parent
+GPU = 'device.attributes["gpu.nvidia.com"]'
+CAP = 'device.capacity["gpu.nvidia.com"]'
+SELECTOR = "spec.devices.requests[0].exactly.selectors[0].cel.expression"
+OPAQUE_PATH = "spec.devices.config[0].opaque.parameters"
+GPU_CONFIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+
+
+def claim(
+    *selectors: str,
+    constraints: list[dict[str, Any]] | None = None,
+    config: list[dict[str, Any]] | None = None,
+    name: str = "c",
+    requests: list[dict[str, Any]] | None = None,
+    **exactly: Any,
+) -> dict[str, Any]:
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            **({"selectors": [{"cel": {"expression": s}} for s in selectors]} if selectors else {}),
+            **exactly,
+        },
+    }
+    devices: dict[str, Any] = {"requests": requests or [request]}
+    if constraints:
+        devices["constraints"] = constraints
+    if config:
+        devices["config"] = config
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": devices},
+    }
+
+
+def template(name: str = "t", requests: tuple[str, ...] = ("gpu",)) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                        for r in requests
+                    ]
+                }
+            }
+        },
+    }
+
+
+def gpu_config(**parameters: Any) -> list[dict[str, Any]]:
+    return [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {**GPU_CONFIG, **parameters}}}]
+
+
+def pod_spec(
+    uses: str = "gpu", entries: list[dict[str, Any]] | None = None, request: str | None = None
+) -> dict[str, Any]:
+    ref: dict[str, Any] = {"name": uses, **({"request": request} if request else {})}
+    return {
+        "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [ref]}}],
+        "resourceClaims": entries
+        if entries is not None
+        else [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+    }
+
+
+def pod(**kwargs: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": pod_spec(**kwargs),
+    }
+
+
+def job(**kwargs: Any) -> dict[str, Any]:
+    spec = {**pod_spec(**kwargs), "restartPolicy": "Never"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"template": {"spec": spec}},
+    }
+
+
+def deployment(**kwargs: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "d"}},
+            "template": {"metadata": {"labels": {"app": "d"}}, "spec": pod_spec(**kwargs)},
+        },
+    }
+
+
+def device_class(expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "h100.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+# (id, documents, Kubernetes version, [(object, field path, severity, exact message)])
+MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, str]]]] = [
+    (
+        "misspelled attribute",
+        [claim(f'{GPU}.prodcutName == "NVIDIA H100 80GB HBM3"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:36: gpu.nvidia.com publishes no attribute 'prodcutName'; did you mean "
+                "productName?",
+            ),
+        ],
+    ),
+    (
+        "attribute in the wrong case",
+        [claim(f'{GPU}.productname.startsWith("NVIDIA H100")')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:36: gpu.nvidia.com publishes no attribute 'productname'; did you mean "
+                "productName?",
+            ),
+        ],
+    ),
+    (
+        "attribute by index, misspelled",
+        [claim(f'{GPU}["cudaComputeCapabilty"].isGreaterThan(semver("8.0.0"))')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:36: gpu.nvidia.com publishes no attribute 'cudaComputeCapabilty'; did you "
+                "mean cudaComputeCapability?",
+            ),
+        ],
+    ),
+    (
+        "quantity with a byte suffix",
+        [claim(f'{CAP}.memory.compareTo(quantity("40GiB")) >= 0')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:61: quantity('40GiB') fails on every device: not a quantity; did you mean "
+                'quantity("40Gi")?',
+            ),
+        ],
+    ),
+    (
+        "quantity with a space and GB",
+        [claim(f'{CAP}.memory.compareTo(quantity("80 GB")) >= 0')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:61: quantity('80 GB') fails on every device: not a quantity; did you mean "
+                'quantity("80G")?',
+            ),
+        ],
+    ),
+    (
+        "quantity that is no number",
+        [claim(f'{CAP}.memory.compareTo(quantity("lots")) >= 0')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:61: quantity('lots') fails on every device: not a quantity; e.g. 40Gi, "
+                "512Mi, 80G",
+            ),
+        ],
+    ),
+    (
+        "semver with two parts",
+        [claim(f'{GPU}.cudaDriverVersion.isGreaterThan(semver("12.4"))')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:76: semver('12.4') fails on every device: no major, minor and patch version "
+                "in '12.4'; did you mean semver(\"12.4.0\")?",
+            ),
+        ],
+    ),
+    (
+        "semver as nvidia-smi prints it",
+        [claim(f'{GPU}.driverVersion.compareTo(semver("580.95.05")) >= 0')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:68: semver('580.95.05') fails on every device: patch number must not contain "
+                "leading zeroes '05' of '580.95.05'; did you mean semver(\"580.95.5\")?",
+            ),
+        ],
+    ),
+    (
+        "int attribute against a string",
+        [claim(f'{GPU}.memory == "81559"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:44: attribute memory is an int, compared with a string: never true; write "
+                "the number without quotes",
+            ),
+        ],
+    ),
+    (
+        "string attribute against an int",
+        [claim(f"{GPU}.productName == 100")],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:49: attribute productName is a string, compared with an int: never true",
+            ),
+        ],
+    ),
+    (
+        "version against a string",
+        [claim(f'{GPU}.driverVersion == "580.95.5"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:51: attribute driverVersion is a version, compared with a string: never "
+                'true; write semver("580.95.5")',
+            ),
+        ],
+    ),
+    (
+        "version ordered with >=",
+        [claim(f'{GPU}.cudaDriverVersion >= semver("12.4.0")')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:55: attribute cudaDriverVersion is a version: compare with semver(...) "
+                "through compareTo, isGreaterThan or isLessThan, not >=",
+            ),
+        ],
+    ),
+    (
+        "capacity compared with an int",
+        [claim(f"{CAP}.memory.isGreaterThan(40)")],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "invalid CEL: 1:55: found no matching overload for 'isGreaterThan' applied to "
+                "'kubernetes.Quantity.(int)'",
+            ),
+        ],
+    ),
+    (
+        "attribute domain misspelled",
+        [claim('device.attributes["gpu.nvidia.co"].productName == "x"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:18: no driver publishes domain 'gpu.nvidia.co'; did you mean gpu.nvidia.com?",
+            ),
+        ],
+    ),
+    (
+        "qualified name as the map key",
+        [claim('device.attributes["gpu.nvidia.com/productName"] == "x"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "invalid CEL: 1:49: found no matching overload for '_==_' applied to "
+                "'(map(string, dyn), string)'",
+            ),
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:18: device.attributes is keyed by domain alone: write "
+                'device.attributes["gpu.nvidia.com"].productName, not '
+                'device.attributes["gpu.nvidia.com/productName"]',
+            ),
+        ],
+    ),
+    (
+        "domain level left out",
+        [claim('device.attributes.productName == "x"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "invalid CEL: 1:31: found no matching overload for '_==_' applied to "
+                "'(map(string, dyn), string)'",
+            ),
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:18: device.attributes is keyed by domain: write "
+                'device.attributes["gpu.nvidia.com"].productName',
+            ),
+        ],
+    ),
+    (
+        "driver name misspelled",
+        [claim('device.driver == "gpu.nvidia.co"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:18: no driver is named 'gpu.nvidia.co'; did you mean gpu.nvidia.com?",
+            ),
+        ],
+    ),
+    (
+        "presence test with a typo",
+        [claim(f'"nvlinkdomain" in {GPU} && {GPU}.nvlinkDomain != ""')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:1: gpu.nvidia.com publishes no attribute 'nvlinkdomain'; did you mean "
+                "nvlinkDomain?",
+            ),
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "warning",
+                "1:93: nvlinkDomain is absent on GPUs without it, where this expression fails "
+                "and stops the claim's allocation on that node: guard it with "
+                '"nvlinkDomain" in device.attributes["gpu.nvidia.com"] && ...',
+            ),
+        ],
+    ),
+    (
+        "optional attribute read without a guard",
+        [claim(f'{GPU}.nvlinkDomain.startsWith("node-a")')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "warning",
+                "1:36: nvlinkDomain is absent on GPUs without it, where this expression fails "
+                "and stops the claim's allocation on that node: guard it with "
+                '"nvlinkDomain" in device.attributes["gpu.nvidia.com"] && ...',
+            ),
+        ],
+    ),
+    (
+        "string method on an int",
+        [claim(f'{GPU}.memory.startsWith("8")')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:54: attribute memory is an int: it has no method startsWith()",
+            ),
+        ],
+    ),
+    (
+        "capacity name abbreviated",
+        [claim(f'{CAP}.mem.compareTo(quantity("40Gi")) >= 0')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "1:34: gpu.nvidia.com publishes no capacity 'mem' (it has: memory); did you "
+                "mean memory?",
+            ),
+        ],
+    ),
+    (
+        "mistake on the second line",
+        [claim(f'{GPU}.type == "gpu" &&\n  {GPU}.archtecture == "Hopper"')],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+                "error",
+                "2:38: gpu.nvidia.com publishes no attribute 'archtecture'; did you mean "
+                "architecture?",
+            ),
+        ],
+    ),
+    (
+        "class selector misspelled",
+        [device_class(f'{GPU}.prodName.startsWith("NVIDIA H100")')],
+        "1.34",
+        [
+            (
+                "DeviceClass/h100.nvidia.com",
+                "spec.selectors[0].cel.expression",
+                "error",
+                "1:36: gpu.nvidia.com publishes no attribute 'prodName'; did you mean productName?",
+            ),
+        ],
+    ),
+    (
+        "matchAttribute misspelled",
+        [claim(count=4, constraints=[{"matchAttribute": "gpu.nvidia.com/nvlinkdomain"}])],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.constraints[0].matchAttribute",
+                "error",
+                "gpu.nvidia.com publishes no attribute 'nvlinkdomain': the constraint can never "
+                "be met; did you mean gpu.nvidia.com/nvlinkDomain?",
+            ),
+        ],
+    ),
+    (
+        "matchAttribute on the standard domain misspelled",
+        [claim(count=2, constraints=[{"matchAttribute": "resource.kubernetes.io/pcieroot"}])],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.constraints[0].matchAttribute",
+                "error",
+                "resource.kubernetes.io publishes no attribute 'pcieroot': the constraint can "
+                "never be met; did you mean resource.kubernetes.io/pcieRoot?",
+            ),
+        ],
+    ),
+    (
+        "matchAttribute abbreviated",
+        [claim(count=4, constraints=[{"matchAttribute": "gpu.nvidia.com/numa"}])],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.constraints[0].matchAttribute",
+                "error",
+                "gpu.nvidia.com publishes no attribute 'numa': the constraint can never be met; "
+                "did you mean gpu.nvidia.com/numaNode?",
+            ),
+        ],
+    ),
+    (
+        "matchAttribute domain misspelled",
+        [claim(count=4, constraints=[{"matchAttribute": "gpu.nvidia.co/nvlinkDomain"}])],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.constraints[0].matchAttribute",
+                "error",
+                "no driver publishes domain 'gpu.nvidia.co'; did you mean gpu.nvidia.com?",
+            ),
+        ],
+    ),
+    (
+        "capacity request in words",
+        [claim(capacity={"requests": {"memory": "forty"}})],
+        "1.36",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.capacity.requests.memory",
+                "error",
+                "'forty' is not a quantity (e.g. 40Gi, 512Mi); the API server rejects it",
+            ),
+        ],
+    ),
+    (
+        "capacity request misspelled",
+        [claim(capacity={"requests": {"memroy": "40Gi"}})],
+        "1.36",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.capacity.requests.memroy",
+                "error",
+                "gpu.nvidia.com publishes no capacity 'memroy' (it has: memory); did you mean "
+                "memory?",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig field misspelled",
+        [claim(config=gpu_config(sharng={"strategy": "TimeSlicing"}))],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.parameters",
+                "error",
+                'the plugin would reject it: GpuConfig: field "sharng": Extra inputs are not '
+                "permitted; did you mean sharing?",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig without apiVersion",
+        [
+            claim(
+                config=[
+                    {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig"}}}
+                ]
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.parameters",
+                "error",
+                'the plugin would reject it: GpuConfig: field "apiVersion": Field required',
+            ),
+        ],
+    ),
+    (
+        "GpuConfig of another kind",
+        [
+            claim(
+                config=[
+                    {
+                        "opaque": {
+                            "driver": "gpu.nvidia.com",
+                            "parameters": {**GPU_CONFIG, "kind": "MigDeviceConfig"},
+                        }
+                    }
+                ]
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.parameters",
+                "error",
+                "the plugin would reject it: GpuConfig: field \"kind\": 'MigDeviceConfig' is "
+                "not supported (only GpuConfig)",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig with a nested typo",
+        [
+            claim(
+                config=gpu_config(
+                    sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercent": 50}}
+                )
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.parameters",
+                "error",
+                "the plugin would reject it: GpuConfig: field "
+                '"sharing.mpsConfig.defaultActiveThreadPercent": Extra inputs are not '
+                "permitted; did you mean defaultActiveThreadPercentage?",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig out of range",
+        [
+            claim(
+                config=gpu_config(
+                    sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}
+                )
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.parameters",
+                "error",
+                "the plugin would reject it: GpuConfig: field "
+                '"sharing.mpsConfig.defaultActiveThreadPercentage": Input should be less than '
+                "or equal to 100",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig with an unknown strategy",
+        [claim(config=gpu_config(sharing={"strategy": "TimeSlice"}))],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.parameters",
+                "error",
+                'the plugin would reject it: GpuConfig: field "sharing.strategy": unknown GPU '
+                "sharing strategy TimeSlice",
+            ),
+        ],
+    ),
+    (
+        "container names a claim the pod lacks",
+        [template(), pod(uses="gpus")],
+        "1.34",
+        [
+            (
+                "Pod/p",
+                "spec.containers[0].resources.claims[0].name",
+                "error",
+                "the pod has no resourceClaims entry 'gpus' (it has: gpu): the pod can never "
+                "start; did you mean gpu?",
+            ),
+            (
+                "Pod/p",
+                "spec.resourceClaims[0]",
+                "warning",
+                "no container lists 'gpu' in resources.claims: its devices are allocated but no "
+                "container gets them",
+            ),
+        ],
+    ),
+    (
+        "pod names a template nobody wrote",
+        [
+            template("single-gpu"),
+            pod(entries=[{"name": "gpu", "resourceClaimTemplateName": "single-gpus"}]),
+        ],
+        "1.34",
+        [
+            (
+                "Pod/p",
+                "spec.resourceClaims[0].resourceClaimTemplateName",
+                "error",
+                "no ResourceClaimTemplate 'single-gpus' in namespace 'default' among the given "
+                "manifests (known: single-gpu); did you mean single-gpu?",
+            ),
+        ],
+    ),
+    (
+        "pod names a template as a claim",
+        [template(), pod(entries=[{"name": "gpu", "resourceClaimName": "t"}])],
+        "1.34",
+        [
+            (
+                "Pod/p",
+                "spec.resourceClaims[0].resourceClaimName",
+                "error",
+                "no ResourceClaim 't' in namespace 'default' among the given manifests (known: "
+                "none); a ResourceClaimTemplate of that name exists: use "
+                "resourceClaimTemplateName",
+            ),
+        ],
+    ),
+    (
+        "container names a request the claim lacks",
+        [template(requests=("gpus",)), pod(request="gpu")],
+        "1.34",
+        [
+            (
+                "Pod/p",
+                "spec.containers[0].resources.claims[0].request",
+                "error",
+                "claim 'gpu' has no request 'gpu' (requests: gpus); did you mean gpus?",
+            ),
+        ],
+    ),
+    (
+        "job template container names a missing claim",
+        [template(), job(uses="gpu0")],
+        "1.34",
+        [
+            (
+                "Job/j",
+                "spec.template.spec.containers[0].resources.claims[0].name",
+                "error",
+                "the pod has no resourceClaims entry 'gpu0' (it has: gpu): the pod can never "
+                "start; did you mean gpu?",
+            ),
+            (
+                "Job/j",
+                "spec.template.spec.resourceClaims[0]",
+                "warning",
+                "no container lists 'gpu' in resources.claims: its devices are allocated but no "
+                "container gets them",
+            ),
+        ],
+    ),
+    (
+        "deployment entry names both a claim and a template",
+        [
+            template(),
+            claim(name="t"),
+            deployment(
+                entries=[
+                    {"name": "gpu", "resourceClaimName": "t", "resourceClaimTemplateName": "t"}
+                ]
+            ),
+        ],
+        "1.34",
+        [
+            (
+                "Deployment/d",
+                "spec.template.spec.resourceClaims[0]",
+                "error",
+                "exactly one of resourceClaimName and resourceClaimTemplateName",
+            ),
+        ],
+    ),
+    (
+        "pod claim no container uses",
+        [
+            template(),
+            pod(
+                entries=[
+                    {"name": "gpu", "resourceClaimTemplateName": "t"},
+                    {"name": "extra", "resourceClaimTemplateName": "t"},
+                ]
+            ),
+        ],
+        "1.34",
+        [
+            (
+                "Pod/p",
+                "spec.resourceClaims[1]",
+                "warning",
+                "no container lists 'extra' in resources.claims: its devices are allocated but "
+                "no container gets them",
+            ),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("documents", "version", "expected"),
+    [pytest.param(docs, version, want, id=name) for name, docs, version, want in MISTAKES],
+)
+def test_mistake_is_reported_exactly(
+    documents: list[dict[str, Any]], version: str, expected: list[tuple[str, str, str, str]]
+) -> None:
+    problems = validate_sources(
+        [("m.yaml", yaml.safe_dump_all(documents))], version=parse_version(version)
+    )
+    got = [(p.obj, p.path, p.severity.value, p.message) for p in problems]
+    assert got == expected
+    assert any(p.severity is Severity.ERROR for p in problems) or all(
+        e[2] == "warning" for e in expected
+    )
+
+
+def test_the_table_is_large_enough_and_every_case_is_a_problem() -> None:
+    assert len(MISTAKES) >= 30
+    assert all(want for _, _, _, want in MISTAKES)
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.37"])
+def test_no_false_positive_on_the_chart_examples_and_nvidia_style_claims(version: str) -> None:
+    from tests.chart_render import render
+
+    chart = yaml.safe_dump_all([o for o in render() if o["kind"] == "DeviceClass"])
+    files = [
+        *_files(ROOT / "charts" / "examples"),
+        *_files(ROOT / "tests" / "data" / "nvidia-style"),
+    ]
+    assert len(files) >= 14
+    # The EFA driver's class, which gpu-with-efa.yaml names, comes from the EFA chart.
+    efa = ROOT / "tests" / "data" / "efa-deviceclass.yaml"
+    sources = [("chart", chart), (str(efa), efa.read_text())]
+    sources += [(str(f), f.read_text()) for f in files]
+    problems = validate_sources(sources, version=parse_version(version))
+    # Gated fields of the older version are warnings by design (extendedResourceName on 1.34).
+    errors = [str(p) for p in problems if p.severity is Severity.ERROR]
+    assert errors == []
+    if version == "1.37":
+        assert [str(p) for p in problems] == []
+
+
+async def test_cluster_supplies_the_templates_a_pod_names(
+    apiserver: LocalApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    from kubeletplugin.cli import main
+
+    apiserver.seed(
+        {**template("single-gpu"), "metadata": {"name": "single-gpu", "namespace": "default"}}
+    )
+    kubeconfig = str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        yaml.safe_dump(pod(entries=[{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]))
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(pod(entries=[{"name": "gpu", "resourceClaimTemplateName": "singel-gpu"}]))
+    )
+    capsys.readouterr()
+    argv = ["validate", "--cluster", "--kubeconfig", kubeconfig]
+    assert await asyncio.to_thread(main, [*argv, str(good)]) == 0
+    assert await asyncio.to_thread(main, [*argv, str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert out == (
+        f"{bad}: Pod/p: spec.resourceClaims[0].resourceClaimTemplateName: error: no "
+        "ResourceClaimTemplate 'singel-gpu' in namespace 'default' among the given manifests "
+        "(known: single-gpu); did you mean single-gpu?\n"
+    )
+    # Without the cluster nothing says which templates exist: the reference is not checked.
+    assert await asyncio.to_thread(main, ["validate", str(bad)]) == 0
+
+
+def test_exit_status_is_documented_and_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kubeletplugin.cli import build_parser, main
+
+    sub = build_parser()._subparsers
+    assert sub is not None
+    text = next(
+        p.format_help()
+        for a in sub._group_actions
+        for name, p in getattr(a, "choices", {}).items()
+        if name == "validate"
+    )
+    assert "0  no errors" in text and "1  at least one error" in text and "2  usage error" in text
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(yaml.safe_dump(claim()))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(claim(f"{GPU}.prodcutName == 'x'")))
+    assert main(["validate", str(clean)]) == 0
+    assert main(["validate", str(broken)]) == 1
+    assert main(["validate", "--kubeconfig", "k", str(clean)]) == 2
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
+    with pytest.raises(SystemExit) as usage:
+        main(["validate"])
+    assert usage.value.code == 2
