@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -38,14 +39,17 @@ def gpu_dra(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, st
     """Run the real command in a clean environment: no kubeconfig, no home directory."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_DRA_", "KUBE"))}
     base.pop("NODE_NAME", None)
-    base["HOME"] = "/nonexistent"
-    out = subprocess.run(
-        [sys.executable, "-m", "kubeletplugin.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**base, **(env or {})},
-        timeout=120,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        # A home that does not exist, under a directory the test removes: whatever the
+        # command creates there (a build cache) goes with it.
+        base["HOME"] = str(Path(tmp) / "absent")
+        out = subprocess.run(
+            [sys.executable, "-m", "kubeletplugin.cli", *args],
+            capture_output=True,
+            text=True,
+            env={**base, **(env or {})},
+            timeout=120,
+        )
     return out.returncode, out.stdout, out.stderr
 
 
