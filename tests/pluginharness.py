@@ -83,6 +83,7 @@ class PluginProcess:
         extra_env: dict[str, str] | None = None,
         umask: int = -1,  # -1: the test process's
         driver_root: Path | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         """Simulated NVML of ``profile``; with ``driver_root``, ``--nvml system`` over it."""
         self.dirs = dirs
@@ -114,6 +115,7 @@ class PluginProcess:
             ]
         if pod_uid:
             args.append(f"--pod-uid={pod_uid}")
+        args += extra_args
         env = {k: v for k, v in os.environ.items() if k not in _NODE_ENV}
         env.pop("GPU_DRA_CRASHPOINT", None)
         if crashpoint:

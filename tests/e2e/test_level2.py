@@ -30,6 +30,7 @@ from tests.e2e.cluster import ControlPlane, kubeconfig
 from tests.e2e.kube import PLUGIN_POD_IMAGE, await_until, install_chart, plugin_token
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
 from tests.pluginharness import NodeDirs, PluginProcess
+from tests.simroot import fake_root
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
@@ -117,19 +118,29 @@ async def plugin(node: RealNode) -> AsyncIterator[PluginProcess]:
     dirs.root.mkdir(parents=True, exist_ok=True)
     config = dirs.root / "kubeconfig"
     config.write_text(kubeconfig(cp.server, cp.pki / "ca.crt", token=token))
-    proc = PluginProcess(
-        dirs,
-        kubeconfig=config,
-        node_name=NODE,
-        profile=PROFILE,
-        extra_env={"POD_NAMESPACE": NAMESPACE},
-    )
+    # A fake AL2023 driver root whose dev/ holds the character devices (mknod) the CDI
+    # spec names; the plugin's simulated NVML (real pynvml over the simulated C library)
+    # describes the same profile's GPUs.
+    fake_root(dirs.root / "driver-root", PROFILE)
+    proc = start_plugin(dirs, config)
     try:
         await proc.wait_ready(120)
         await proc.wait_log("registered with the kubelet|plugin_registered=True", 60)
         yield proc
     finally:
         await proc.terminate()
+
+
+def start_plugin(dirs: NodeDirs, config: Path) -> PluginProcess:
+    return PluginProcess(
+        dirs,
+        kubeconfig=config,
+        node_name=NODE,
+        profile=PROFILE,
+        extra_env={"POD_NAMESPACE": NAMESPACE},
+        # One machine: the host sees the driver root where the plugin does.
+        extra_args=(f"--nvidia-driver-root={dirs.root / 'driver-root'}",),
+    )
 
 
 def _pod(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
@@ -224,7 +235,6 @@ async def test_one_gpu_pod_runs_with_its_cdi_edits(node: RealNode, plugin: Plugi
     assert report["visible"] == "void"
     assert "nvidiactl" in report["devices"].split()
     assert len([d for d in report["devices"].split() if d[len("nvidia") :].isdigit()]) == 1
-    assert len(spec_files(node)) == 1
     await delete_namespace_claims(cp, "single")
     await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
 
@@ -270,13 +280,7 @@ async def test_sigkill_while_pods_start_then_restart(node: RealNode, plugin: Plu
         names.append(p["metadata"]["name"])
     os.kill(plugin.pid, signal.SIGKILL)
     plugin.proc.wait()
-    successor = PluginProcess(
-        plugin.dirs,
-        kubeconfig=plugin.dirs.root / "kubeconfig",
-        node_name=NODE,
-        profile=PROFILE,
-        extra_env={"POD_NAMESPACE": NAMESPACE},
-    )
+    successor = start_plugin(plugin.dirs, plugin.dirs.root / "kubeconfig")
     plugin.proc = successor.proc  # the fixture's teardown stops the successor
     plugin.log_path = successor.log_path
     await successor.wait_ready(120)
