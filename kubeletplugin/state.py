@@ -288,8 +288,14 @@ class DeviceState:
                 dev_root=self._dev_root,
             )
         )
-        if not claim.devices:  # nothing of this claim is on this node: nothing to record
-            return "prepared", claim
+        if not claim.devices:
+            # The kubelet asks us only for claims with results of our driver; none in this
+            # node's pool means the claim was allocated for another node. An empty success
+            # would start the container without the GPUs it asked for.
+            raise ClaimError(
+                f"claim {ref} has no device of driver {self._config.driver_name} in pool "
+                f"{self._pool}: it is allocated for another node"
+            )
         existing = self._records.read_spec(ref.uid)
         if existing == spec:
             return "already-prepared", claim

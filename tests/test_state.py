@@ -287,6 +287,19 @@ async def test_results_for_other_drivers_and_nodes_are_ignored(node: Node) -> No
     assert [d["name"] for d in node.spec(ref.uid)["devices"]] == [f"{ref.uid}-gpu-1"]
 
 
+async def test_a_claim_allocated_on_another_node_is_an_error(node: Node) -> None:
+    """Issue 13, defect 9: it was recorded as prepared with no devices (empty success)."""
+    results = [{"request": "gpu", "driver": DRIVER, "pool": "node-b", "device": "gpu-3"}]
+    ref = await node.claim("elsewhere", results=results)
+    result = (await node.state.prepare([ref]))[ref.uid]
+    assert result.error == (
+        f"claim default/elsewhere has no device of driver {DRIVER} in pool {NODE}: "
+        "it is allocated for another node"
+    )
+    assert result.devices == ()
+    assert not node.spec_path(ref.uid).exists()
+
+
 def _opaque(
     parameters: dict[str, Any],
     *,
