@@ -86,16 +86,20 @@ def _tools_go(pkgs: list[str]) -> str:
     return f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n"
 
 
-def _build(module_dir: Path, pkg: str, out: Path, ldflags: str = "", cgo: bool = False) -> None:
+def _build(module_dir: Path, pkg: str, out: Path, ldflags: str = "", *, cgo: bool = False,
+           tags: str = "") -> None:  # fmt: skip
     started = time.monotonic()
     print(f"building {out.name} ({pkg}) ...", file=sys.stderr, flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     env = {"CGO_ENABLED": "1" if cgo else "0"}
+    flags = ["-tags", tags] if tags else []
     _go(
-        ["build", "-trimpath", "-ldflags", f"-s -w {ldflags}".strip(), "-o", str(tmp), pkg],
+        ["build", "-trimpath", *flags, "-ldflags", f"-s -w {ldflags}".strip(), "-o", str(tmp),
+         pkg],
         module_dir,
         env,
-    )
+    )  # fmt: skip
     tmp.rename(out)
     print(f"built {out.name} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
@@ -179,46 +183,35 @@ def build_etcd() -> Path:
     return out
 
 
+def _tool_module(name: str, upstream: str, version: str, pkgs: list[str]) -> Path:
+    """A module of ours requiring ``upstream`` at ``version``, for ``go build`` of ``pkgs``
+    (``go install pkg@version`` would do, but not with the go line the upstream needs)."""
+    module = cache_root() / name / "module"
+    module.mkdir(parents=True, exist_ok=True)
+    go_line, _ = _directives(_upstream_gomod(upstream, version, module))
+    (module / "go.mod").write_text(
+        f"module gpudra.test/{name}\n\ngo {go_line}\n\nrequire {upstream} {version}\n"
+    )
+    (module / "tools.go").write_text(_tools_go(pkgs))
+    if not (module / "go.sum").exists():
+        _go(["mod", "tidy"], module)
+    return module
+
+
 def build_containerd() -> Path:
     version = VERSIONS["containerd"]["version"]
     bindir = cache_root() / f"containerd-{version}" / "bin"
     names = ("containerd", "containerd-shim-runc-v2", "ctr")
     if all((bindir / n).exists() for n in names):
         return bindir
-    pkgs = [f"github.com/containerd/containerd/v2/cmd/{n}" for n in names]
-    module = cache_root() / f"containerd-{version}" / "module"
-    module.mkdir(parents=True, exist_ok=True)
-    upstream = _upstream_gomod("github.com/containerd/containerd/v2", version, module)
-    go_line, _ = _directives(upstream)
-    (module / "go.mod").write_text(
-        f"module gpudra.test/containerd\n\ngo {go_line}\n\n"
-        f"require github.com/containerd/containerd/v2 {version}\n"
-    )
-    (module / "tools.go").write_text(_tools_go(pkgs))
-    if not (module / "go.sum").exists():
-        _go(["mod", "tidy"], module)
+    upstream = "github.com/containerd/containerd/v2"
+    pkgs = [f"{upstream}/cmd/{n}" for n in names]
+    module = _tool_module(f"containerd-{version}", upstream, version, pkgs)
     bindir.mkdir(parents=True, exist_ok=True)
-    tags = "no_btrfs no_devmapper no_zfs no_aufs"
     for n, pkg in zip(names, pkgs, strict=True):
         if not (bindir / n).exists():
-            started = time.monotonic()
-            print(f"building {n} ...", file=sys.stderr, flush=True)
-            _go(
-                [
-                    "build",
-                    "-trimpath",
-                    "-tags",
-                    tags,
-                    "-ldflags",
-                    f"-s -w -X github.com/containerd/containerd/v2/version.Version={version}",
-                    "-o",
-                    str(bindir / n),
-                    pkg,
-                ],
-                module,
-                {"CGO_ENABLED": "0"},
-            )
-            print(f"built {n} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            _build(module, pkg, bindir / n, f"-X {upstream}/version.Version={version}",
+                   tags="no_btrfs no_devmapper no_zfs no_aufs")  # fmt: skip
     return bindir
 
 
@@ -226,18 +219,9 @@ def build_nvidia_ctk() -> Path:
     version = VERSIONS["nvidia-container-toolkit"]["version"]
     out = cache_root() / f"nvidia-container-toolkit-{version}" / "nvidia-ctk"
     if not out.exists():
-        pkg = "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk"
-        module = cache_root() / f"nvidia-container-toolkit-{version}" / "module"
-        module.mkdir(parents=True, exist_ok=True)
-        upstream = _upstream_gomod("github.com/NVIDIA/nvidia-container-toolkit", version, module)
-        go_line, _ = _directives(upstream)
-        (module / "go.mod").write_text(
-            f"module gpudra.test/ctk\n\ngo {go_line}\n\n"
-            f"require github.com/NVIDIA/nvidia-container-toolkit {version}\n"
-        )
-        (module / "tools.go").write_text(_tools_go([pkg]))
-        if not (module / "go.sum").exists():
-            _go(["mod", "tidy"], module)
+        upstream = "github.com/NVIDIA/nvidia-container-toolkit"
+        pkg = f"{upstream}/cmd/nvidia-ctk"
+        module = _tool_module(f"nvidia-container-toolkit-{version}", upstream, version, [pkg])
         _build(module, pkg, out, cgo=True)  # go-nvml dlopens libnvidia-ml through cgo
     return out
 
@@ -247,23 +231,10 @@ def build_runc() -> Path:
     out = cache_root() / f"runc-{version}-seccomp" / "runc"
     if not out.exists():
         pkg = "github.com/opencontainers/runc"
-        module = cache_root() / f"runc-{version}" / "module"
-        module.mkdir(parents=True, exist_ok=True)
-        upstream = _upstream_gomod(pkg, version, module)
-        go_line, _ = _directives(upstream)
-        (module / "go.mod").write_text(
-            f"module gpudra.test/runc\n\ngo {go_line}\n\nrequire {pkg} {version}\n"
-        )
-        (module / "tools.go").write_text(_tools_go([pkg]))
-        if not (module / "go.sum").exists():
-            _go(["mod", "tidy"], module)
+        module = _tool_module(f"runc-{version}", pkg, version, [pkg])
         # containerd gives every sandbox a seccomp profile: build with libseccomp (cgo).
-        started = time.monotonic()
-        print(f"building runc {version} ...", file=sys.stderr, flush=True)
-        _go(["build", "-trimpath", "-tags", "seccomp", "-ldflags",
-             f"-s -w -X main.version={version.removeprefix('v')}", "-o", str(out), pkg],
-            module, {"CGO_ENABLED": "1"})  # fmt: skip
-        print(f"built runc in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        _build(module, pkg, out, f"-X main.version={version.removeprefix('v')}", cgo=True,
+               tags="seccomp")  # fmt: skip
     return out
 
 
