@@ -49,6 +49,12 @@ FEATURE_GATES: dict[str, dict[str, bool]] = {
 }
 
 
+def run_root() -> Path:
+    """Where runs keep their state: ``$GPU_DRA_E2E_RUN`` (default /tmp), short for sockets.
+    Two runs at once need two roots: each sweeps what an earlier run left in its own."""
+    return Path(os.environ.get("GPU_DRA_E2E_RUN", "/tmp"))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

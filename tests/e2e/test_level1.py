@@ -26,7 +26,7 @@ import yaml
 from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
-from tests.e2e.cluster import ControlPlane, kubeconfig
+from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
 from tests.e2e.kube import (
     DRIVER,
     EXTENDED_RESOURCE_MINORS,
@@ -55,7 +55,7 @@ GPUS = {"p5": 8, "g6e": 4, "p4d": 8, "g6": 1}
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster() -> AsyncIterator[ControlPlane]:
-    cp = ControlPlane(Path(f"/tmp/gpu-dra-e2e-{MINOR}"), MINOR)
+    cp = ControlPlane(run_root() / f"gpu-dra-e2e-{MINOR}", MINOR)
     try:
         await cp.start()
         yield cp

@@ -26,7 +26,7 @@ import yaml
 
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
-from tests.e2e.cluster import ControlPlane, kubeconfig
+from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
 from tests.e2e.kube import PLUGIN_POD_IMAGE, await_until, install_chart, plugin_token
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
 from tests.pluginharness import NodeDirs, PluginProcess
@@ -98,7 +98,7 @@ async def node() -> AsyncIterator[RealNode]:
     missing = missing_dependencies()
     if missing:
         pytest.skip(f"a real node needs {', '.join(missing)}")
-    cp = ControlPlane(Path(f"/tmp/gpu-dra-e2e-{MINOR}-l2"), MINOR, node_lifecycle=True)
+    cp = ControlPlane(run_root() / f"gpu-dra-e2e-{MINOR}-l2", MINOR, node_lifecycle=True)
     real = RealNode(cp, NODE, cp.root / "node", example_images())
     try:
         await cp.start()
