@@ -131,12 +131,13 @@ async def plugin(node: RealNode) -> AsyncIterator[PluginProcess]:
         await proc.terminate()
 
 
-def start_plugin(dirs: NodeDirs, config: Path) -> PluginProcess:
+def start_plugin(dirs: NodeDirs, config: Path, pod_uid: str | None = None) -> PluginProcess:
     return PluginProcess(
         dirs,
         kubeconfig=config,
         node_name=NODE,
         profile=PROFILE,
+        pod_uid=pod_uid,
         extra_env={"POD_NAMESPACE": NAMESPACE},
         # One machine: the host sees the driver root where the plugin does.
         extra_args=(f"--nvidia-driver-root={dirs.root / 'driver-root'}",),
@@ -293,3 +294,25 @@ async def test_sigkill_while_pods_start_then_restart(node: RealNode, plugin: Plu
     assert len(seen) == 3  # three claims, three distinct GPUs
     await delete_namespace_claims(cp, ns)
     await await_until("no orphan spec", lambda: not spec_files(node), 60)
+
+
+async def test_surge_a_second_plugin_beside_the_first(
+    node: RealNode, plugin: PluginProcess
+) -> None:
+    """A rolling update's surge: the new pod's plugin registers beside the old one (sockets
+    named by pod UID); pods keep getting devices while both run and after the old one stops."""
+    cp = node.cp
+    surge = start_plugin(plugin.dirs, plugin.dirs.root / "kubeconfig", pod_uid="surge-pod-2")
+    try:
+        await surge.wait_ready(120)
+        await surge.wait_log("registered with the kubelet", 60)
+        (pod,) = await run_example(cp, "surge-both", "single-gpu.yaml")
+        assert reports(pod)["cuda"]["uuids"].startswith("GPU-")
+        await delete_namespace_claims(cp, "surge-both")
+        assert await plugin.terminate() == 0  # the old pod goes once the new one is ready
+        (pod,) = await run_example(cp, "surge-new", "single-gpu.yaml")
+        assert reports(pod)["cuda"]["uuids"].startswith("GPU-")
+        await delete_namespace_claims(cp, "surge-new")
+        await await_until("no orphan spec", lambda: not spec_files(node), 60)
+    finally:
+        await surge.terminate()
