@@ -16,7 +16,12 @@ patch (every list this project patches is atomic, where the two agree); server-s
 inside the owner's DELETE; a gated field is dropped on every write, also on an update of an
 object that already used it (the real server keeps it there); the default gate set has every
 gate on, where a real 1.34 or 1.35 server has the alpha gates (taints, counters, consumable
-capacity, binding conditions) off.
+capacity, binding conditions) off. It checks what the e2e tier showed the real server refuses
+and it once took (a DeviceClass name that is no DNS subdomain, a request count of 0, a CEL
+selector that does not compile: our CEL compiles it, so its messages are ours, with the real
+server's status 422); CEL this project cannot run (``.?``) is taken, as the real server would.
+The watch-list stream (``sendInitialEvents`` with the ``k8s.io/initial-events-end`` bookmark
+that client-go 0.35 informers wait for) is served.
 """
 
 from sandbox.apiserver._faults import Faults, RequestLog, RequestRecord

@@ -333,8 +333,57 @@ def immutable_errors(rt: ResourceType, old: dict[str, Any], new: dict[str, Any])
     return errors
 
 
+def _request_errors(devices: Any, prefix: str) -> Errors:
+    """A request's count and every selector, as the real server's validation checks them."""
+    errors: Errors = []
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    for i, request in enumerate(requests if isinstance(requests, list) else []):
+        if not isinstance(request, dict):
+            continue
+        path = f"{prefix}.requests[{i}]"
+        subs = [(f"{path}.exactly", request.get("exactly"))]
+        first = request.get("firstAvailable")
+        subs += [(f"{path}.firstAvailable[{j}]", s) for j, s in enumerate(first or [])]
+        for sub_path, sub in subs:
+            if not isinstance(sub, dict):
+                continue
+            if sub.get("allocationMode", "ExactCount") == "ExactCount" and sub.get("count", 1) < 1:
+                errors.append((f"{sub_path}.count", f"Invalid value: {sub['count']}: must be "
+                               "greater than zero"))  # fmt: skip
+            errors += _selector_errors(sub.get("selectors"), f"{sub_path}.selectors")
+    return errors
+
+
+def _selector_errors(selectors: Any, prefix: str) -> Errors:
+    """CEL that does not compile is refused at write time, as the real server does."""
+    from driver.tools.cel import CelCompileError, CelUnsupportedError, compile_selector
+
+    errors: Errors = []
+    for i, selector in enumerate(selectors if isinstance(selectors, list) else []):
+        expression = (selector.get("cel") or {}).get("expression") if isinstance(
+            selector, dict) else None  # fmt: skip
+        if not isinstance(expression, str):
+            continue
+        try:
+            compile_selector(expression)
+        except CelCompileError as exc:
+            errors.append((f"{prefix}[{i}].cel.expression", f"Invalid value: compilation "
+                           f"failed: {exc}"))  # fmt: skip
+        except CelUnsupportedError:
+            continue  # valid Kubernetes CEL this project's CEL does not run: the server takes it
+    return errors
+
+
 def extra_errors(rt: ResourceType, obj: dict[str, Any]) -> Errors:
-    """Rules the schemas do not carry (driver.limits), as (field, message) pairs."""
+    """Rules the schemas do not carry (driver.limits, counts, CEL), as (field, message) pairs."""
+    spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
+    if rt.plural == "deviceclasses":
+        return _selector_errors(spec.get("selectors"), "spec.selectors")
+    if rt.plural == "resourceclaims":
+        return _request_errors(spec.get("devices"), "spec.devices")
+    if rt.plural == "resourceclaimtemplates":
+        inner: dict[str, Any] = spec["spec"] if isinstance(spec.get("spec"), dict) else {}
+        return _request_errors(inner.get("devices"), "spec.spec.devices")
     if rt.plural != "resourceslices":
         return []
     errors: Errors = []
