@@ -41,7 +41,9 @@ int main(int argc, char **argv) {
         setenv("GPU_DRA_SIM_NVML", argv[bad], 1);
         EXPECT(nvmlInit_v2(), 999);
     }
-    setenv("GPU_DRA_SIM_NVML", "/nonexistent", 1);
+    char missing[4096];                              /* a file that is not there */
+    snprintf(missing, sizeof missing, "%s.missing", argv[2]);
+    setenv("GPU_DRA_SIM_NVML", missing, 1);
     EXPECT(nvmlInit_v2(), 999);
     setenv("GPU_DRA_SIM_NVML", argv[2], 1);
     for (int round = 0; round < 3; round++) {       /* re-inits keep handles valid */
