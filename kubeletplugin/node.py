@@ -28,7 +28,7 @@ from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
 from driver.inventory import Inventory
 from driver.logs import kv
-from kubeletplugin import draservice
+from kubeletplugin import draservice, health
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
@@ -130,6 +130,8 @@ class _Node:
         self._exit_stack = contextlib.ExitStack()
         self._backend: tuple[Nvml, Path] | None = None
         self._devices: NodeDevices | None = None
+        # The kubelet's health stream reads it; the NVML watcher writes it.
+        self._health = health.HealthBoard()
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
@@ -224,14 +226,19 @@ class _Node:
     async def _serve(self, state: DeviceState) -> None:
         cfg = self._config
         assert self._devices is not None, "_open_state runs first"
+        self._health.replace(
+            health.DeviceHealth(pool=cfg.node_name, device=name, health="Healthy")
+            for name in self._devices.current
+        )
         dra = grpc.aio.server()
         draservice.add_to_server(dra, state)
+        health.add_to_server(dra, self._health)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
             RegistrationServicer(
                 driver_name=cfg.driver_name,
                 endpoint=str(self._paths.dra),
-                versions=draservice.SUPPORTED_VERSIONS,
+                versions=draservice.SUPPORTED_VERSIONS + health.SERVICE_NAMES,
             ),
             registration,
         )
