@@ -32,6 +32,7 @@ from driver.inventory import Inventory
 from driver.logs import kv
 from kubeletplugin import draservice, health
 from kubeletplugin.healthmonitor import HealthMonitor
+from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
@@ -63,6 +64,8 @@ class NodeConfig:
     sim_state: Path | None = None
     healthcheck_port: int = 51515
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    # Prometheus metrics on this TCP port (0: a free one); None: not served.
+    metrics_port: int | None = None
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
     # How long to wait before retrying a failed setup or re-checking the guard.
@@ -149,6 +152,7 @@ class _Node:
         # The kubelet's health stream reads it; the NVML watcher writes it.
         self._health = health.HealthBoard()
         self._watcher: tuple[threading.Thread, EventWatcher] | None = None
+        self._metrics: MetricsServer | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
@@ -252,8 +256,13 @@ class _Node:
             on_change=lambda: controller.trigger(),
         )
         monitor.set_devices(self._gpu_uuids())
+        metrics = Metrics(board=self._health, events_by_xid=lambda: monitor.events_by_xid)
+        by_name = {name: uuid for uuid, name in self._gpu_uuids().items()}
+        if cfg.metrics_port is not None:
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
+            await self._metrics.start()
         dra = grpc.aio.server()
-        draservice.add_to_server(dra, state)
+        draservice.add_to_server(dra, state, metrics, lambda name: by_name.get(name, ""))
         health.add_to_server(dra, self._health)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
@@ -329,6 +338,9 @@ class _Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self._metrics is not None:
+            await self._metrics.stop()
+            self._metrics = None
         if self._watcher is not None:  # before NVML goes away with the exit stack
             thread, watcher = self._watcher
             watcher.stop()

@@ -73,6 +73,11 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "XIDs that taint a GPU with effect None (informational) rather than NoSchedule, "
         "comma-separated, on top of NVIDIA's application errors 13,31,43,45,68,109",
     ),
+    "--metrics-port": (
+        "GPU_DRA_METRICS_PORT",
+        None,
+        "TCP port of the Prometheus metrics (GET /metrics); 0 picks a free port; unset: off",
+    ),
     "--healthcheck-port": (
         "GPU_DRA_HEALTHCHECK_PORT",
         "51515",
@@ -117,7 +122,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         kwargs: _ArgumentOptions = {"default": value, "help": text + suffix}
         if flag == "--nvml":
             kwargs["choices"] = ("system", "simulated")
-        if flag == "--healthcheck-port":
+        if flag in ("--healthcheck-port", "--metrics-port"):
             kwargs["type"] = int
         if flag == "--feature-gates":
             kwargs["type"] = parse_feature_gates
@@ -183,6 +188,7 @@ def _run(args: argparse.Namespace) -> int:
         profile=args.profile,
         sim_state=_path(args.sim_state),
         healthcheck_port=args.healthcheck_port,
+        metrics_port=args.metrics_port,
         ignored_xids=DEFAULT_IGNORED_XIDS | (args.additional_xids_to_ignore or frozenset()),
     )
     if args.feature_gates:
