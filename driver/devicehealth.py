@@ -134,7 +134,13 @@ def cleared(taints: Taints, uuids: Iterable[str] | None) -> dict[str, tuple[Tain
 
 
 def dumps(taints: Taints) -> str:
-    body = {uuid: [t.published() for t in ts] for uuid, ts in sorted(taints.items()) if ts}
+    """The persisted form. Unmonitored marks are left out: each start registers again
+    and finds out afresh, so a GPU that became monitorable is not stuck Unknown."""
+    body = {
+        uuid: kept
+        for uuid, ts in sorted(taints.items())
+        if (kept := [t.published() for t in ts if t.key != UNMONITORED_KEY])
+    }
     return json.dumps({"version": 1, "taints": body}, indent=1, sort_keys=True)
 
 

@@ -132,6 +132,7 @@ def test_taints_apply_never_weaken_and_round_trip() -> None:
     assert devicehealth.health_of(unmonitored["c"])[0] == "Unknown"
     assert devicehealth.apply(taints, [Xid("a", 79)], ignored) == taints
     assert devicehealth.loads(devicehealth.dumps(taints)) == taints
+    assert devicehealth.loads(devicehealth.dumps({**taints, **unmonitored})) == taints
     assert devicehealth.parse_xids("13, 31,,94") == {13, 31, 94}
     with pytest.raises(ValueError, match="'x1'"):
         devicehealth.parse_xids("13,x1")
