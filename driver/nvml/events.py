@@ -67,12 +67,15 @@ class EventWatcher:
 
     def run(self) -> None:
         nvml = self._nvml
-        nvml.nvmlInit()
+        try:
+            nvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self._unmonitored_all(f"nvmlInit: {exc}")
+            return
         try:
             event_set = nvml.nvmlEventSetCreate()
         except pynvml.NVMLError as exc:
-            self._emit([Unmonitored(u, f"nvmlEventSetCreate: {exc}") for u in self._uuids])
-            self.ready.set()
+            self._unmonitored_all(f"nvmlEventSetCreate: {exc}")
             nvml.nvmlShutdown()
             return
         try:
@@ -82,6 +85,11 @@ class EventWatcher:
         finally:
             nvml.nvmlEventSetFree(event_set)
             nvml.nvmlShutdown()
+
+    def _unmonitored_all(self, reason: str) -> None:
+        log.warning("NVML events unavailable: every GPU unmonitored", extra=kv(error=reason))
+        self._emit([Unmonitored(u, reason) for u in self._uuids])
+        self.ready.set()
 
     def _register(self, event_set: Any) -> dict[str, Any]:
         handles: dict[str, Any] = {}
