@@ -8,8 +8,9 @@ message converts to and from v1 through the wire format.
 """
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -21,6 +22,9 @@ from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from driver.logs import kv
 from kubeletplugin import names
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
+
+if TYPE_CHECKING:
+    from kubeletplugin.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +84,56 @@ def _log_claim(verb: str, claim: ClaimRef, error: str, **fields: object) -> None
 class DraService:
     """Prepare and unprepare in v1 terms; every claim of a request gets an entry."""
 
-    def __init__(self, state: ClaimPreparer) -> None:
+    def __init__(
+        self,
+        state: ClaimPreparer,
+        metrics: "Metrics | None" = None,
+        gpu_uuid: Callable[[str], str] = lambda device: "",
+    ) -> None:
         self._state = state
+        self._metrics = metrics
+        self._gpu_uuid = gpu_uuid
 
     async def prepare(
+        self, request: v1.NodePrepareResourcesRequest
+    ) -> v1.NodePrepareResourcesResponse:
+        start = time.perf_counter()
+        response = await self._prepare(request)
+        self._count_prepare(request, response, time.perf_counter() - start)
+        return response
+
+    def _count_prepare(
+        self,
+        request: v1.NodePrepareResourcesRequest,
+        response: v1.NodePrepareResourcesResponse,
+        seconds: float,
+    ) -> None:
+        if self._metrics is None:
+            return
+        from kubeletplugin.metrics import DeviceInfo
+
+        failed = False
+        for claim in _claim_refs(request.claims):
+            entry = response.claims[claim.uid]
+            failed |= bool(entry.error)
+            self._metrics.prepare_total.labels("error" if entry.error else "success").inc()
+            if not entry.error:
+                self._metrics.prepared(
+                    claim.uid,
+                    [
+                        DeviceInfo(
+                            claim.uid,
+                            claim.namespace,
+                            claim.name,
+                            d.device_name,
+                            self._gpu_uuid(d.device_name),
+                        )
+                        for d in entry.devices
+                    ],
+                )
+        self._metrics.prepare_seconds.labels("error" if failed else "success").observe(seconds)
+
+    async def _prepare(
         self, request: v1.NodePrepareResourcesRequest
     ) -> v1.NodePrepareResourcesResponse:
         claims = _claim_refs(request.claims)
@@ -117,6 +167,22 @@ class DraService:
         return response
 
     async def unprepare(
+        self, request: v1.NodeUnprepareResourcesRequest
+    ) -> v1.NodeUnprepareResourcesResponse:
+        start = time.perf_counter()
+        response = await self._unprepare(request)
+        if self._metrics is not None:
+            failed = False
+            for uid, entry in response.claims.items():
+                failed |= bool(entry.error)
+                self._metrics.unprepare_total.labels("error" if entry.error else "success").inc()
+                if not entry.error:
+                    self._metrics.unprepared(uid)
+            outcome = "error" if failed else "success"
+            self._metrics.unprepare_seconds.labels(outcome).observe(time.perf_counter() - start)
+        return response
+
+    async def _unprepare(
         self, request: v1.NodeUnprepareResourcesRequest
     ) -> v1.NodeUnprepareResourcesResponse:
         claims = _claim_refs(request.claims)
@@ -171,7 +237,12 @@ class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
         return convert(response, v1beta1.NodeUnprepareResourcesResponse)
 
 
-def add_to_server(server: grpc.aio.Server, state: ClaimPreparer) -> None:
-    service = DraService(state)
+def add_to_server(
+    server: grpc.aio.Server,
+    state: ClaimPreparer,
+    metrics: "Metrics | None" = None,
+    gpu_uuid: Callable[[str], str] = lambda device: "",
+) -> None:
+    service = DraService(state, metrics, gpu_uuid)
     v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(service), server)
     v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(service), server)

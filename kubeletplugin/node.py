@@ -13,9 +13,10 @@ instance.
 import asyncio
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import grpc
 from kubernetes.aio import client
@@ -23,12 +24,15 @@ from kubernetes.aio import client
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME, kubeclient
 from driver.controller import SliceController
+from driver.devicehealth import DEFAULT_IGNORED_XIDS
 from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
 from driver.inventory import Inventory
 from driver.logs import kv
-from kubeletplugin import draservice
+from kubeletplugin import draservice, health
+from kubeletplugin.healthmonitor import HealthMonitor
+from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
@@ -36,6 +40,7 @@ from kubeletplugin.state import DeviceState, StateConfig
 
 if TYPE_CHECKING:
     from driver.nvml import Nvml
+    from driver.nvml.events import EventWatcher
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,9 @@ class NodeConfig:
     profile: str | None = None
     sim_state: Path | None = None
     healthcheck_port: int = 51515
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    # Prometheus metrics on this TCP port (0: a free one); None: not served.
+    metrics_port: int | None = None
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
     # How long to wait before retrying a failed setup or re-checking the guard.
@@ -65,17 +73,18 @@ class NodeConfig:
 
 
 async def main(config: NodeConfig) -> int:
-    """Run until SIGTERM or SIGINT; the exit code of the process."""
+    """Run until SIGTERM or SIGINT; SIGHUP rediscovers (and so re-reads NVML) and relists."""
     import signal
 
-    stop = asyncio.Event()
+    stop, hup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    return await run(config, stop)
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
+    return await run(config, stop, hup=hup)
 
 
-async def run(config: NodeConfig, stop: asyncio.Event) -> int:
+async def run(config: NodeConfig, stop: asyncio.Event, *, hup: asyncio.Event | None = None) -> int:
     try:
         paths = socket_paths(
             registrar_dir=config.registrar_dir,
@@ -99,7 +108,7 @@ async def run(config: NodeConfig, stop: asyncio.Event) -> int:
         log.error("cannot configure the Kubernetes client", extra=kv(error=exc))
         return 2
     try:
-        return await _Node(config, paths, probes, api_client).run(stop)
+        return await _Node(config, paths, probes, api_client, hup).run(stop)
     finally:
         await kubeclient.close(api_client)
         await probes.stop()
@@ -112,6 +121,14 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     return stop.is_set()
 
 
+async def _on_hup(hup: asyncio.Event, controller: SliceController) -> None:
+    while True:
+        await hup.wait()
+        hup.clear()
+        log.info("SIGHUP: rediscovering and relisting")
+        controller.trigger(relist=True)
+
+
 class _Node:
     def __init__(
         self,
@@ -119,8 +136,10 @@ class _Node:
         paths: SocketPaths,
         probes: ProbeServer,
         api_client: client.ApiClient,
+        hup: asyncio.Event | None = None,
     ) -> None:
         self._config = config
+        self._hup = hup
         self._paths = paths
         self._probes = probes
         self._api = api_client
@@ -130,6 +149,10 @@ class _Node:
         self._exit_stack = contextlib.ExitStack()
         self._backend: tuple[Nvml, Path] | None = None
         self._devices: NodeDevices | None = None
+        # The kubelet's health stream reads it; the NVML watcher writes it.
+        self._health = health.HealthBoard()
+        self._watcher: tuple[threading.Thread, EventWatcher] | None = None
+        self._metrics: MetricsServer | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
@@ -224,14 +247,29 @@ class _Node:
     async def _serve(self, state: DeviceState) -> None:
         cfg = self._config
         assert self._devices is not None, "_open_state runs first"
+        # Health first: the first slice already carries what the last instance persisted.
+        monitor = HealthMonitor(
+            cfg.plugins_dir / cfg.driver_name,
+            self._health,
+            pool=cfg.node_name,
+            ignored=cfg.ignored_xids,
+            on_change=lambda: controller.trigger(),
+        )
+        monitor.set_devices(self._gpu_uuids())
+        metrics = Metrics(board=self._health, events_by_xid=lambda: monitor.events_by_xid)
+        by_name = {name: uuid for uuid, name in self._gpu_uuids().items()}
+        if cfg.metrics_port is not None:
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
+            await self._metrics.start()
         dra = grpc.aio.server()
-        draservice.add_to_server(dra, state)
+        draservice.add_to_server(dra, state, metrics, lambda name: by_name.get(name, ""))
+        health.add_to_server(dra, self._health)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
             RegistrationServicer(
                 driver_name=cfg.driver_name,
                 endpoint=str(self._paths.dra),
-                versions=draservice.SUPPORTED_VERSIONS,
+                versions=draservice.SUPPORTED_VERSIONS + health.SERVICE_NAMES,
             ),
             registration,
         )
@@ -244,13 +282,38 @@ class _Node:
             self._api,
             node_name=cfg.node_name,
             driver_name=cfg.driver_name,
-            devices=self._devices.published,
+            devices=monitor.tainted(self._devices.published),
             resync_period=cfg.slice_resync_period,
         )
+        self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
+        if self._hup is not None:
+            self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))
+        self._start_watcher(monitor)
         self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
         self._tasks.append(
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
         )
+
+    def _gpu_uuids(self) -> dict[str, str]:
+        from driver.devicekinds.gpu import UUID_KEY
+
+        assert self._devices is not None
+        return {
+            d.identity[UUID_KEY]: d.name
+            for d in self._devices.current.values()
+            if UUID_KEY in d.identity
+        }
+
+    def _start_watcher(self, monitor: HealthMonitor) -> None:
+        from driver.nvml.events import EventNvml, EventWatcher
+
+        assert self._backend is not None
+        nvml = cast(EventNvml, self._backend[0])
+        watcher = EventWatcher(nvml, sorted(self._gpu_uuids()), monitor.submit)
+        # A thread of its own: the wait blocks in C for up to 5 s at a time.
+        thread = threading.Thread(target=watcher.run, name="nvml-events", daemon=True)
+        thread.start()
+        self._watcher = (thread, watcher)
 
     async def _wait_for_stop(self, stop: asyncio.Event) -> int:
         stopping = asyncio.create_task(stop.wait())
@@ -275,4 +338,12 @@ class _Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self._metrics is not None:
+            await self._metrics.stop()
+            self._metrics = None
+        if self._watcher is not None:  # before NVML goes away with the exit stack
+            thread, watcher = self._watcher
+            watcher.stop()
+            await asyncio.to_thread(thread.join, 10)
+            self._watcher = None
         await asyncio.to_thread(self._exit_stack.close)

@@ -4,15 +4,25 @@ It talks to the plugin only through the generated stubs and its unix sockets,
 the way the kubelet does: GetInfo on the registration socket, pick the first
 of the plugin's versions the kubelet knows, NotifyRegistrationStatus, then
 prepare and unprepare over the endpoint GetInfo named, with a 45 s deadline.
+:class:`HealthWatch` is the kubelet's health client: one stream per plugin,
+re-dialled every 5 s, and a device not heard of within its timeout is Unknown.
 """
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import grpc
 
+from api.gen import dra_health_v1_pb2 as health_v1
+from api.gen import dra_health_v1_pb2_grpc as health_v1_grpc
+from api.gen import dra_health_v1alpha1_pb2 as health_v1alpha1
+from api.gen import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from api.gen import dra_v1_pb2 as v1
 from api.gen import dra_v1_pb2_grpc as v1_grpc
 from api.gen import dra_v1beta1_pb2 as v1beta1
@@ -26,6 +36,14 @@ from kubeletplugin.draservice import convert
 # plugin's list decides the preference.
 KUBELET_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 DEFAULT_TIMEOUT = 45.0
+# The health services the kubelet consumes, preferred first (it takes v1 over v1alpha1,
+# whatever the plugin's order), its DefaultHealthTimeout and its re-dial period.
+KUBELET_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+HEALTH_TIMEOUT = 30.0
+HEALTH_REDIAL = 5.0
+_HEALTH_NAMES = {health_v1.UNKNOWN: "Unknown", health_v1.HEALTHY: "Healthy"}
+
+log = logging.getLogger(__name__)
 
 
 class ClaimLike(Protocol):
@@ -49,6 +67,13 @@ def choose_version(offered: Sequence[str], known: Sequence[str] = KUBELET_VERSIO
         if version in known:
             return version
     raise PermanentError(f"no supported DRA version among {list(offered)} (kubelet knows {known})")
+
+
+def choose_health_service(
+    offered: Sequence[str], known: Sequence[str] = KUBELET_HEALTH_SERVICES
+) -> str | None:
+    """The health service the kubelet streams from, or None when the plugin offers none."""
+    return next((service for service in known if service in offered), None)
 
 
 def _claims(claims: Sequence[ClaimLike]) -> list[v1.Claim]:
@@ -109,6 +134,13 @@ class KubeletSim:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def watch_health(self, *, timeout: float = HEALTH_TIMEOUT) -> "HealthWatch":
+        """The health client for this plugin; :class:`PermanentError` if it serves none."""
+        service = choose_health_service(self.registration.info.supported_versions)
+        if service is None:
+            raise PermanentError(f"{self.registration.info.name!r} advertises no health service")
+        return HealthWatch(self.registration.info.endpoint, service, timeout=timeout)
+
     async def prepare(self, claims: Sequence[ClaimLike]) -> v1.NodePrepareResourcesResponse:
         """NodePrepareResources over the negotiated version; the answer in v1 form."""
         request = v1.NodePrepareResourcesRequest(claims=_claims(claims))
@@ -139,3 +171,87 @@ def _check_info(info: reg_pb.PluginInfo) -> str:
     if not Path(info.endpoint).is_absolute():
         return f"endpoint {info.endpoint!r} is not an absolute path"
     return ""
+
+
+class HealthWatch:
+    """The kubelet's view of one plugin's device health, kept by :meth:`run`."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        service: str,
+        *,
+        timeout: float = HEALTH_TIMEOUT,
+        redial: float = HEALTH_REDIAL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.service = service
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._redial = redial
+        self._clock = clock
+        # (pool, device) -> (health, the plugin's last_updated_time).
+        self._seen: dict[tuple[str, str], tuple[str, float]] = {}
+        self.messages = 0
+        self.dials = 0
+
+    async def run(self) -> None:
+        """Stream until cancelled; a failed or ended stream is re-dialled after ``redial``."""
+        while True:
+            self.dials += 1
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{self._endpoint}") as channel:
+                    async for message in self._stream(channel):
+                        self._record(message)
+            except grpc.aio.AioRpcError as exc:
+                log.info("health stream failed", extra={"error": exc.code().name})
+            await asyncio.sleep(self._redial)
+
+    async def _stream(
+        self, channel: grpc.aio.Channel
+    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
+        if self.service == "v1.DRAResourceHealth":
+            stub = health_v1_grpc.DRAResourceHealthStub(channel)
+            async for message in stub.NodeWatchResources(health_v1.NodeWatchResourcesRequest()):
+                yield message
+            return
+        alpha = health_v1alpha1_grpc.DRAResourceHealthStub(channel)
+        async for old in alpha.NodeWatchResources(health_v1alpha1.NodeWatchResourcesRequest()):
+            yield convert(old, health_v1.NodeWatchResourcesResponse)
+
+    def _record(self, message: health_v1.NodeWatchResourcesResponse) -> None:
+        self.messages += 1
+        for d in message.devices:
+            name = _HEALTH_NAMES.get(d.health, "Unhealthy")
+            self._seen[(d.device.pool_name, d.device.device_name)] = (name, d.last_updated_time)
+
+    def view(self) -> Mapping[tuple[str, str], str]:
+        """Each device's health; Unknown once its last update is older than the timeout."""
+        now = self._clock()
+        return {
+            key: health if now - updated <= self._timeout else "Unknown"
+            for key, (health, updated) in self._seen.items()
+        }
+
+    async def wait_for(
+        self, predicate: Callable[[Mapping[tuple[str, str], str]], bool], within: float = 10.0
+    ) -> Mapping[tuple[str, str], str]:
+        """The view once ``predicate`` holds; TimeoutError with the last view otherwise."""
+        deadline = time.monotonic() + within
+        while not predicate(view := self.view()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"health view never matched: {dict(view)}")
+            await asyncio.sleep(0.02)
+        return view
+
+
+@contextlib.asynccontextmanager
+async def watching(watch: HealthWatch) -> AsyncIterator[HealthWatch]:
+    """Run ``watch`` in a task for the block's duration."""
+    task = asyncio.create_task(watch.run(), name="kubelet-health-watch")
+    try:
+        yield watch
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -168,6 +168,18 @@ def test_fit_leaves_out_unsafe_devices_and_strips_harmless_fields() -> None:
     assert uses_gated_fields(
         [{"spec": {"devices": [{"capacity": {"m": {"requestPolicy": {"default": "1"}}}}]}}]
     )
+
+
+def test_fit_keeps_devices_whose_taints_are_only_informational() -> None:
+    informational = [{"key": "gpu.nvidia.com/unmonitored", "value": "", "effect": "None"}]
+    devices = [
+        {"name": "unmonitored", "taints": informational},
+        {"name": "lost", "taints": [*informational, {"key": "k", "effect": "NoSchedule"}]},
+    ]
+    desired = [{"spec": {"pool": {"name": NODE}, "devices": devices}}]
+    fitted, counts = fit(desired, frozenset({"DRADeviceTaints"}))
+    assert fitted[0]["spec"]["devices"] == [{"name": "unmonitored"}]
+    assert counts == {"DRADeviceTaints": 2}
     assert not uses_gated_fields([{"spec": {"devices": [{"name": "plain", "capacity": {}}]}}])
 
 

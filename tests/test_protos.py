@@ -6,10 +6,17 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 
 from api import protogen
-from api.gen import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
+from api.gen import (
+    dra_health_v1_pb2,
+    dra_health_v1alpha1_pb2,
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_v1_pb2,
+)
 
 _T = FieldDescriptor
 _STRING, _BOOL, _MESSAGE = _T.TYPE_STRING, _T.TYPE_BOOL, _T.TYPE_MESSAGE
+_INT64, _ENUM = _T.TYPE_INT64, _T.TYPE_ENUM
 _REPEATED = "repeated"
 _SINGLE = "single"
 _MAP = "map"
@@ -107,6 +114,40 @@ def test_dra_wire(version: str) -> None:
     map_value = file.message_types_by_name["NodePrepareResourcesResponse"].fields_by_name["claims"]
     key, value = map_value.message_type.fields
     assert (key.type, value.message_type.name) == (_STRING, "NodePrepareResourceResponse")
+
+
+@pytest.mark.parametrize("version", ["v1alpha1", "v1"])
+def test_health_wire(version: str) -> None:
+    # k8s.io/kubelet/pkg/apis/dra-health/<version>/api.proto: the package is the bare version.
+    file = {"v1alpha1": dra_health_v1alpha1_pb2, "v1": dra_health_v1_pb2}[version].DESCRIPTOR
+    assert file.package == version
+    (service,) = file.services_by_name.values()
+    assert service.full_name == f"{version}.DRAResourceHealth"
+    (method,) = service.methods
+    assert (method.name, method.client_streaming, method.server_streaming) == (
+        "NodeWatchResources",
+        False,
+        True,
+    )
+    assert (method.input_type.full_name, method.output_type.full_name) == (
+        f"{version}.NodeWatchResourcesRequest",
+        f"{version}.NodeWatchResourcesResponse",
+    )
+    assert _fields(file, "NodeWatchResourcesRequest") == {}
+    assert _fields(file, "NodeWatchResourcesResponse") == {"devices": (1, _MESSAGE, _REPEATED)}
+    assert _fields(file, "DeviceIdentifier") == {
+        "pool_name": (1, _STRING, _SINGLE),
+        "device_name": (2, _STRING, _SINGLE),
+    }
+    assert _fields(file, "DeviceHealth") == {
+        "device": (1, _MESSAGE, _SINGLE),
+        "health": (2, _ENUM, _SINGLE),
+        "last_updated_time": (3, _INT64, _SINGLE),
+        "health_check_timeout_seconds": (4, _INT64, _SINGLE),
+        "message": (5, _STRING, _SINGLE),
+    }
+    status = file.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in status.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
 
 
 def test_v1beta1_bytes_parse_as_v1() -> None:

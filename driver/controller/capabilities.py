@@ -208,7 +208,7 @@ def fit(desired: Iterable[_Obj], dropped: frozenset[str]) -> tuple[list[_Obj], d
             hits = [g for g in gated if g.used_by_device(device)]
             for g in hits:
                 counts[g.gate] += 1
-            if any(g.leave_out for g in hits):
+            if any(_needed(g, device) for g in hits):
                 continue
             for g in hits:
                 for field in g.device_fields:
@@ -221,6 +221,15 @@ def fit(desired: Iterable[_Obj], dropped: frozenset[str]) -> tuple[list[_Obj], d
             new_spec["devices"] = devices
         out.append(fitted)
     return _without_empty(out), counts
+
+
+def _needed(gated: GatedField, device: _Obj) -> bool:
+    """Whether ``device`` is unsafe to publish without ``gated``'s fields."""
+    if gated.gate == "DRADeviceTaints":
+        # Informational taints (effect None: an application XID, an unmonitored GPU)
+        # change no allocation; the device stays, published without them.
+        return any(t.get("effect") != "None" for t in device.get("taints") or ())
+    return gated.leave_out
 
 
 def _without_empty(slices: list[_Obj]) -> list[_Obj]:

@@ -67,6 +67,17 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "the cluster's Kubernetes feature gates the driver relies on, Name=true|false,... "
         "(the chart's featureGates value); checked, and logged at start",
     ),
+    "--additional-xids-to-ignore": (
+        "GPU_DRA_ADDITIONAL_XIDS_TO_IGNORE",
+        None,
+        "XIDs that taint a GPU with effect None (informational) rather than NoSchedule, "
+        "comma-separated, on top of NVIDIA's application errors 13,31,43,45,68,109",
+    ),
+    "--metrics-port": (
+        "GPU_DRA_METRICS_PORT",
+        None,
+        "TCP port of the Prometheus metrics (GET /metrics); 0 picks a free port; unset: off",
+    ),
     "--healthcheck-port": (
         "GPU_DRA_HEALTHCHECK_PORT",
         "51515",
@@ -111,10 +122,12 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         kwargs: _ArgumentOptions = {"default": value, "help": text + suffix}
         if flag == "--nvml":
             kwargs["choices"] = ("system", "simulated")
-        if flag == "--healthcheck-port":
+        if flag in ("--healthcheck-port", "--metrics-port"):
             kwargs["type"] = int
         if flag == "--feature-gates":
             kwargs["type"] = parse_feature_gates
+        if flag == "--additional-xids-to-ignore":
+            kwargs["type"] = _xids
         parser.add_argument(flag, **kwargs)
     parser.set_defaults(func=_run)
 
@@ -133,6 +146,15 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
     return gates
 
 
+def _xids(text: str) -> frozenset[int]:
+    from driver.devicehealth import parse_xids
+
+    try:
+        return parse_xids(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
@@ -140,6 +162,7 @@ def _path(value: str | None) -> Path | None:
 def _run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from driver.devicehealth import DEFAULT_IGNORED_XIDS
     from kubeletplugin import node
 
     if not args.node_name:
@@ -165,6 +188,8 @@ def _run(args: argparse.Namespace) -> int:
         profile=args.profile,
         sim_state=_path(args.sim_state),
         healthcheck_port=args.healthcheck_port,
+        metrics_port=args.metrics_port,
+        ignored_xids=DEFAULT_IGNORED_XIDS | (args.additional_xids_to_ignore or frozenset()),
     )
     if args.feature_gates:
         import logging

@@ -693,7 +693,9 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t g, unsigned long long 
     LOCKED(register_locked(g, types, set));
 }
 
-/* The next XID for a GPU this set watches; OK with *data filled, or TIMEOUT. */
+/* The next XID for a GPU this set watches; OK with *data filled, or TIMEOUT. A watched GPU
+ * gone from the bus (after a re-init) makes every wait answer GPU_IS_LOST, as the driver's
+ * does: the caller learns which GPU by asking each handle. */
 static nvmlReturn_t wait_locked(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms) {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -703,6 +705,8 @@ static nvmlReturn_t wait_locked(nvmlEventSet_t set, nvmlEventData_t *data, unsig
     for (;;) {
         if (!refcount) return UNINITIALIZED;
         if (!valid_set(set) || !data) return INVALID_ARGUMENT;
+        for (unsigned m = 0; m < MAX_GPUS; m++)
+            if (set->types[m] && !(hw.gpus[m].defined && hw.gpus[m].present)) return GPU_IS_LOST;
         while (set->next_xid < hw.nxids) {
             struct xid *x = &hw.xids[set->next_xid++];
             nvmlDevice_t g = &hw.gpus[x->minor];

@@ -1,0 +1,160 @@
+"""Device health from NVML events: pure functions and one value type, no I/O.
+
+Each GPU (by UUID) carries at most one taint per key, with NVIDIA's keys: a
+fatal XID is ``gpu.nvidia.com/xid=<n>`` NoSchedule, an XID NVIDIA documents as
+an application error the same key with effect None (informational), a lost GPU
+``gpu.nvidia.com/gpu-lost`` NoSchedule, and a GPU whose events cannot be
+registered ``gpu.nvidia.com/unmonitored`` None. A later event never weakens a
+taint: an application XID after XID 79 leaves the NoSchedule taint as it is.
+"""
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+XID_KEY = "gpu.nvidia.com/xid"
+GPU_LOST_KEY = "gpu.nvidia.com/gpu-lost"
+UNMONITORED_KEY = "gpu.nvidia.com/unmonitored"
+# NVIDIA's "application errors; GPU should still be healthy" (the k8s-device-plugin
+# list, docs.nvidia.com/deploy/xid-errors): 13 graphics engine exception, 31 memory
+# page fault, 43 GPU stopped processing, 45 preemptive cleanup, 68 video processor
+# exception, 109 context switch timeout.
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+# A double-bit ECC event is what XID 48 reports; it gets that XID's taint.
+DOUBLE_BIT_ECC_XID = 48
+
+Effect = Literal["NoSchedule", "None"]
+Health = Literal["Healthy", "Unhealthy", "Unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: Effect
+
+    def published(self) -> dict[str, str]:
+        # No timeAdded: the server stamps it, and the publisher keeps the stamp.
+        return {"key": self.key, "value": self.value, "effect": self.effect}
+
+
+@dataclass(frozen=True, slots=True)
+class Xid:
+    uuid: str
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLost:
+    uuid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unmonitored:
+    uuid: str
+    reason: str
+
+
+Event = Xid | GpuLost | Unmonitored
+Taints = Mapping[str, tuple[Taint, ...]]
+
+
+def parse_xids(text: str) -> frozenset[int]:
+    """``"13,31, 43"`` as a set; raises ValueError naming a malformed entry."""
+    out = set()
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        try:
+            value = int(item.strip(), 10)
+        except ValueError:
+            raise ValueError(f"not an XID number: {item.strip()!r}") from None
+        if value < 0:
+            raise ValueError(f"not an XID number: {value}")
+        out.add(value)
+    return frozenset(out)
+
+
+def taint_of(event: Event, ignored: frozenset[int]) -> Taint:
+    if isinstance(event, Xid):
+        effect: Effect = "None" if event.xid in ignored else "NoSchedule"
+        return Taint(XID_KEY, str(event.xid), effect)
+    if isinstance(event, GpuLost):
+        return Taint(GPU_LOST_KEY, "", "NoSchedule")
+    return Taint(UNMONITORED_KEY, "", "None")
+
+
+def apply(
+    taints: Taints, events: Iterable[Event], ignored: frozenset[int]
+) -> dict[str, tuple[Taint, ...]]:
+    """``taints`` after ``events``, in order; equal to ``taints`` when nothing changed."""
+    out = {uuid: tuple(ts) for uuid, ts in taints.items()}
+    for event in events:
+        new = taint_of(event, ignored)
+        current = {t.key: t for t in out.get(event.uuid, ())}
+        old = current.get(new.key)
+        if old is not None and old.effect == "NoSchedule" and new.effect == "None":
+            continue  # never weaken
+        current[new.key] = new
+        out[event.uuid] = tuple(sorted(current.values(), key=lambda t: t.key))
+    return out
+
+
+def health_of(taints: Iterable[Taint]) -> tuple[Health, str]:
+    """The kubelet's view of a GPU with ``taints``, and why."""
+    ts = list(taints)
+    fatal = [t for t in ts if t.effect == "NoSchedule"]
+    if fatal:
+        return "Unhealthy", "; ".join(_describe(t) for t in fatal)
+    if any(t.key == UNMONITORED_KEY for t in ts):
+        return "Unknown", "NVML events cannot be registered for this GPU"
+    return "Healthy", "; ".join(_describe(t) for t in ts)
+
+
+def _describe(taint: Taint) -> str:
+    if taint.key == XID_KEY:
+        return f"XID {taint.value} reported by NVML"
+    if taint.key == GPU_LOST_KEY:
+        return "GPU is lost (NVML_ERROR_GPU_IS_LOST)"
+    return taint.key
+
+
+def cleared(taints: Taints, uuids: Iterable[str] | None) -> dict[str, tuple[Taint, ...]]:
+    """Without the taints of ``uuids`` (all when None); unmonitored marks stay, they are
+    re-derived at every registration rather than set by an event an admin saw."""
+    drop = None if uuids is None else set(uuids)
+    out: dict[str, tuple[Taint, ...]] = {}
+    for uuid, ts in taints.items():
+        if drop is None or uuid in drop:
+            ts = tuple(t for t in ts if t.key == UNMONITORED_KEY)
+        if ts:
+            out[uuid] = ts
+    return out
+
+
+def dumps(taints: Taints) -> str:
+    """The persisted form. Unmonitored marks are left out: each start registers again
+    and finds out afresh, so a GPU that became monitorable is not stuck Unknown."""
+    body = {
+        uuid: kept
+        for uuid, ts in sorted(taints.items())
+        if (kept := [t.published() for t in ts if t.key != UNMONITORED_KEY])
+    }
+    return json.dumps({"version": 1, "taints": body}, indent=1, sort_keys=True)
+
+
+def loads(text: str) -> dict[str, tuple[Taint, ...]]:
+    """The taints of :func:`dumps`; ValueError for anything else."""
+    data: Any = json.loads(text)
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise ValueError("not a health state file of version 1")
+    out: dict[str, tuple[Taint, ...]] = {}
+    for uuid, items in (data.get("taints") or {}).items():
+        taints = []
+        for item in items:
+            if item.get("effect") not in ("NoSchedule", "None"):
+                raise ValueError(f"{uuid}: unknown taint effect {item.get('effect')!r}")
+            taints.append(Taint(str(item["key"]), str(item["value"]), item["effect"]))
+        out[str(uuid)] = tuple(taints)
+    return out

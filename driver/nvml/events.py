@@ -1,0 +1,153 @@
+"""The NVML event loop: a thread that turns XID and ECC events into health events.
+
+It runs NVIDIA's sequence: ``nvmlInit``, one event set, per GPU
+``nvmlDeviceGetHandleByUUID`` / ``nvmlDeviceGetSupportedEventTypes`` /
+``nvmlDeviceRegisterEvents(mask & supported)``, then ``nvmlEventSetWait_v2`` with
+a timeout until stopped, and ``nvmlEventSetFree`` / ``nvmlShutdown``. The wait
+blocks in C, so it lives on its own thread; events leave it through ``emit``,
+which must be thread-safe and must not block (the caller hands them to its loop).
+"""
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import pynvml
+
+from driver.devicehealth import DOUBLE_BIT_ECC_XID, Event, GpuLost, Unmonitored, Xid
+from driver.logs import kv
+
+log = logging.getLogger(__name__)
+
+XID_CRITICAL = pynvml.nvmlEventTypeXidCriticalError
+DOUBLE_BIT_ECC = pynvml.nvmlEventTypeDoubleBitEccError
+MASK = XID_CRITICAL | DOUBLE_BIT_ECC
+WAIT_MS = 5000
+
+
+class EventNvml(Protocol):
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlEventSetFree(self, eventSet: Any, /) -> None: ...
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int, /) -> Any: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str, /) -> Any: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any, /) -> int: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any, /) -> None: ...
+    def nvmlDeviceGetUUID(self, handle: Any, /) -> str: ...
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class EventWatcher:
+    """Watches ``uuids`` until :meth:`stop`; call :meth:`run` on a thread of its own."""
+
+    def __init__(
+        self,
+        nvml: EventNvml,
+        uuids: Sequence[str],
+        emit: Callable[[list[Event]], None],
+        *,
+        wait_ms: int = WAIT_MS,
+    ) -> None:
+        self._nvml = nvml
+        self._uuids = tuple(uuids)
+        self._emit = emit
+        self._wait_ms = wait_ms
+        self._stop = threading.Event()
+        self.monitored: tuple[str, ...] = ()
+        self.ready = threading.Event()  # set once registration is done
+
+    def stop(self) -> None:
+        """Ends :meth:`run` within one wait timeout."""
+        self._stop.set()
+
+    def run(self) -> None:
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self._unmonitored_all(f"nvmlInit: {exc}")
+            return
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            self._unmonitored_all(f"nvmlEventSetCreate: {exc}")
+            nvml.nvmlShutdown()
+            return
+        try:
+            handles = self._register(event_set)
+            self.ready.set()
+            self._loop(event_set, handles)
+        finally:
+            nvml.nvmlEventSetFree(event_set)
+            nvml.nvmlShutdown()
+
+    def _unmonitored_all(self, reason: str) -> None:
+        log.warning("NVML events unavailable: every GPU unmonitored", extra=kv(error=reason))
+        self._emit([Unmonitored(u, reason) for u in self._uuids])
+        self.ready.set()
+
+    def _register(self, event_set: Any) -> dict[str, Any]:
+        handles: dict[str, Any] = {}
+        unmonitored: list[Event] = []
+        for uuid in self._uuids:
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+                mask = MASK & self._nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                if not mask & XID_CRITICAL:
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+                self._nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU unmonitored", extra=kv(gpu_uuid=uuid, error=str(exc)))
+                unmonitored.append(Unmonitored(uuid, str(exc)))
+                continue
+            handles[uuid] = handle
+        self.monitored = tuple(handles)
+        if unmonitored:
+            self._emit(unmonitored)
+        log.info("watching NVML events", extra=kv(gpus=len(handles), unmonitored=len(unmonitored)))
+        return handles
+
+    def _loop(self, event_set: Any, handles: dict[str, Any]) -> None:
+        lost_reported: set[str] = set()
+        while not self._stop.is_set():
+            try:
+                data = self._nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
+            except pynvml.NVMLError_Timeout:
+                continue
+            except pynvml.NVMLError_GpuIsLost:
+                lost = self._lost(handles) - lost_reported
+                if lost:
+                    lost_reported |= lost
+                    self._emit([GpuLost(u) for u in sorted(lost)])
+                self._stop.wait(self._wait_ms / 1000)  # the wait answers at once from now on
+                continue
+            except pynvml.NVMLError as exc:
+                log.warning("NVML event wait failed; retrying", extra=kv(error=str(exc)))
+                self._stop.wait(self._wait_ms / 1000)
+                continue
+            try:
+                uuid = _text(self._nvml.nvmlDeviceGetUUID(data.device))
+            except pynvml.NVMLError:
+                self._emit([GpuLost(u) for u in handles])
+                continue
+            if data.eventType & XID_CRITICAL:
+                self._emit([Xid(uuid, int(data.eventData))])
+            elif data.eventType & DOUBLE_BIT_ECC:
+                self._emit([Xid(uuid, DOUBLE_BIT_ECC_XID)])
+
+    def _lost(self, handles: dict[str, Any]) -> set[str]:
+        # The wait does not say which GPU: ask each handle; none answering lost means all.
+        lost = set()
+        for uuid, handle in handles.items():
+            try:
+                self._nvml.nvmlDeviceGetUUID(handle)
+            except pynvml.NVMLError_GpuIsLost:
+                lost.add(uuid)
+            except pynvml.NVMLError:
+                continue
+        return lost or set(handles)

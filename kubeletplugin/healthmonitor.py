@@ -1,0 +1,190 @@
+"""Device health on the event loop: NVML events in, taints and the health stream out.
+
+The NVML thread hands events to :meth:`HealthMonitor.submit` (thread-safe, never
+blocks). The monitor coalesces them: the first event of a quiet period opens a
+``window``; at its end every event of the window is applied at once, with one
+summary log line, and only a real change costs a state write, a health-stream
+message and one publish. A storm of any size is thus one change and one log line
+per window.
+
+The taints are persisted in ``health.json`` in the plugin's directory, so a
+restarted plugin publishes a broken GPU tainted from its first slice. An admin
+clears them by creating ``health-clear`` in that directory (on the host, or with
+``kubectl exec``): empty for every GPU, else one GPU UUID per line. The plugin
+reads and removes it; no write permission beyond its own directory is needed.
+"""
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from driver import devicehealth
+from driver.devicehealth import Event, Taint, Xid
+from driver.logs import kv
+from kubeletplugin.health import DeviceHealth, HealthBoard
+from kubeletplugin.records import write_atomic
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "health.json"
+CLEAR_FILE = "health-clear"
+WINDOW = 1.0
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        plugin_dir: Path,
+        board: HealthBoard,
+        *,
+        pool: str,
+        ignored: frozenset[int] = devicehealth.DEFAULT_IGNORED_XIDS,
+        window: float = WINDOW,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._dir = plugin_dir
+        self._board = board
+        self._pool = pool
+        self._ignored = ignored
+        self._window = window
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._pending: list[Event] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._devices: dict[str, str] = {}  # GPU UUID -> device name
+        self.taints: dict[str, tuple[Taint, ...]] = self._load()
+        self.events_by_xid: collections.Counter[int] = collections.Counter()
+        self.changes = 0
+        self.windows = 0
+
+    # -- state ----------------------------------------------------------------
+
+    def _load(self) -> dict[str, tuple[Taint, ...]]:
+        path = self._dir / STATE_FILE
+        try:
+            return devicehealth.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Unreadable state must not stop the plugin; the next event rewrites it.
+            log.error("ignoring unreadable health state", extra=kv(path=path, error=exc))
+            return {}
+
+    def _save(self) -> None:
+        write_atomic(self._dir / STATE_FILE, devicehealth.dumps(self.taints).encode(), fsync=True)
+
+    def set_devices(self, uuid_to_device: Mapping[str, str]) -> None:
+        """The published GPUs; their health goes on the board."""
+        self._devices = dict(uuid_to_device)
+        self._publish_board()
+
+    def _publish_board(self) -> None:
+        entries = []
+        for uuid, name in sorted(self._devices.items(), key=lambda item: item[1]):
+            health, message = devicehealth.health_of(self.taints.get(uuid, ()))
+            entries.append(DeviceHealth(self._pool, name, health, message))
+        self._board.replace(entries)
+
+    def device_taints(self, device_name: str) -> list[dict[str, str]]:
+        for uuid, name in self._devices.items():
+            if name == device_name:
+                return [t.published() for t in self.taints.get(uuid, ())]
+        return []
+
+    def tainted(
+        self, source: Callable[[], Awaitable[list[dict[str, Any]]]]
+    ) -> Callable[[], Awaitable[list[dict[str, Any]]]]:
+        """``source`` (the publisher's desired devices) with each device's taints."""
+
+        async def devices() -> list[dict[str, Any]]:
+            out = []
+            for device in await source():
+                taints = self.device_taints(str(device.get("name")))
+                out.append({**device, "taints": taints} if taints else device)
+            return out
+
+        return devices
+
+    # -- events ---------------------------------------------------------------
+
+    def submit(self, events: list[Event]) -> None:
+        """From any thread; wakes the loop once per batch of pending events."""
+        with self._lock:
+            first = not self._pending
+            self._pending.extend(events)
+        if first and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _take(self) -> list[Event]:
+        with self._lock:
+            events, self._pending = self._pending, []
+        return events
+
+    async def run(self, clear_check: float = 5.0) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._pending:
+            self._wake.set()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), clear_check)
+            self._check_clear()
+            if not self._wake.is_set():
+                continue
+            await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
+            self._wake.clear()
+            self._apply(self._take())
+
+    def _apply(self, events: list[Event]) -> None:
+        if not events:
+            return
+        self.windows += 1
+        xids = collections.Counter(e.xid for e in events if isinstance(e, Xid))
+        self.events_by_xid.update(xids)
+        new = devicehealth.apply(self.taints, events, self._ignored)
+        changed = new != self.taints
+        log.warning(
+            "NVML health events",
+            extra=kv(
+                events=len(events),
+                xids=",".join(f"{x}x{n}" for x, n in sorted(xids.items())),
+                other=len(events) - sum(xids.values()),
+                gpus=",".join(sorted({e.uuid for e in events})),
+                changed=changed,
+            ),
+        )
+        if changed:
+            self._set(new)
+
+    def _set(self, taints: dict[str, tuple[Taint, ...]]) -> None:
+        self.taints = taints
+        self.changes += 1
+        self._save()
+        self._publish_board()
+        self._on_change()
+
+    def _check_clear(self) -> None:
+        path = self._dir / CLEAR_FILE
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.error("cannot read the health clear request", extra=kv(path=path, error=exc))
+            return
+        uuids: Iterable[str] | None = [line.strip() for line in text.splitlines() if line.strip()]
+        if not uuids:
+            uuids = None
+        new = devicehealth.cleared(self.taints, uuids)
+        log.warning(
+            "health cleared by request",
+            extra=kv(gpus="all" if uuids is None else ",".join(uuids), changed=new != self.taints),
+        )
+        if new != self.taints:
+            self._set(new)
+        path.unlink(missing_ok=True)
