@@ -105,7 +105,22 @@ class GpuConfig(_Model):
             raise ConfigError(
                 f'field "sharing.timeSlicingConfig": not allowed with strategy {strategy}'
             )
-        raise ConfigError(f'field "sharing": sharing strategy {strategy} is not supported yet')
+        if strategy == MPS:
+            raise ConfigError(f'field "sharing": sharing strategy {strategy} is not supported yet')
+
+    def sharing_settings(self) -> tuple[tuple[str, str], ...]:
+        """What a prepared device records of its sharing: flat, so any kind can keep it.
+
+        ``(("interval", "Short"), ("strategy", "TimeSlicing"))``, or ``()`` unshared.
+        Call it on a normalized config.
+        """
+        sharing = self.sharing
+        if sharing is None:
+            return ()
+        settings = [("strategy", sharing.strategy)]
+        if sharing.time_slicing_config is not None:
+            settings.append(("interval", sharing.time_slicing_config.interval or "Default"))
+        return tuple(sorted(settings))
 
 
 def _describe(exc: ValidationError) -> str:

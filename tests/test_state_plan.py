@@ -10,7 +10,8 @@ DRIVER = "gpu.nvidia.com"
 POOL = "node-a"
 REF = ClaimRef(uid="u-1", namespace="ns", name="c")
 PLAIN = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
-SHARED = {**PLAIN, "sharing": {"strategy": "TimeSlicing"}}
+# MPS: a setting that parses and is still refused, so the refusal shows which config applied.
+SHARED = {**PLAIN, "sharing": {"strategy": "MPS"}}
 
 
 def _claim(results: list[dict[str, Any]], config: list[dict[str, Any]] | None = None) -> Any:

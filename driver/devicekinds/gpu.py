@@ -12,7 +12,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from driver.devicekinds.base import NodeDevice, PreparedClaim
+from driver.devicekinds.base import KindContext, NodeDevice, PreparedClaim
+from driver.devicekinds.timeslicing import TimeSlicing
 from driver.inventory import Gpu, Inventory
 from driver.limits import MAX_VALUE_LENGTH
 from driver.semver import Semver, SemverError
@@ -111,8 +112,14 @@ def node_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> NodeDevice
 
 
 class GpuKind:
+    """A full GPU; shared by time-slicing when the claim's config says so
+    (:mod:`driver.devicekinds.timeslicing`), its only side effect."""
+
     name = NAME
     identity_keys = (UUID_KEY,)
+
+    def __init__(self) -> None:
+        self.timeslicing = TimeSlicing(UUID_KEY)
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         """Ordered by minor number (the allocation order)."""
@@ -126,17 +133,21 @@ class GpuKind:
             "deviceNodes": [{"path": path} for path in CONTROL_NODES],
         }
 
+    def attach(self, context: KindContext) -> None:
+        self.timeslicing.attach(context)
+
     def has_side_effects(self, claim: PreparedClaim) -> bool:
-        return False
+        # An unshared GPU needs nothing on the node but its CDI spec.
+        return self.timeslicing.has_side_effects(claim)
 
     def prepare(self, claim: PreparedClaim) -> None:
-        pass  # a full GPU needs nothing on the node but its CDI spec
+        self.timeslicing.prepare(claim)
 
     def unprepare(self, claim: PreparedClaim) -> None:
-        pass
+        self.timeslicing.unprepare(claim)
 
     def recover(self, claim: PreparedClaim) -> None:
-        pass
+        self.timeslicing.recover(claim)
 
 
 KIND = GpuKind()

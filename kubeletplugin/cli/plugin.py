@@ -45,6 +45,12 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "/driver-root",
         "where the host's driver root is mounted in this container",
     ),
+    "--nvidia-smi": (
+        "GPU_DRA_NVIDIA_SMI",
+        None,
+        "nvidia-smi binary, for settings NVML cannot make (time-slicing); "
+        "default <container-driver-root>/usr/bin/nvidia-smi",
+    ),
     "--pod-uid": (
         "GPU_DRA_POD_UID",
         None,
@@ -160,6 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         cdi_root=Path(args.cdi_root),
         nvidia_driver_root=Path(args.nvidia_driver_root),
         container_driver_root=Path(args.container_driver_root),
+        nvidia_smi=_path(args.nvidia_smi),
         pod_uid=args.pod_uid or None,
         nvml=args.nvml,
         profile=args.profile,
