@@ -55,7 +55,7 @@ class NvidiaSmi:
             raise NvidiaSmiError(
                 f"nvidia-smi {' '.join(args)} failed (exit {done.returncode}): {output}"
             )
-        log.info("nvidia-smi", extra=kv(args=" ".join(args)))
+        log.info("nvidia-smi", extra=kv(command=" ".join(args)))
 
     def set_timeslice(self, uuid: str, interval: str) -> None:
         """Compute mode DEFAULT, then the time slice ``interval`` (Default/Short/...)."""
