@@ -54,6 +54,7 @@ class NodeConfig:
     nvidia_driver_root: Path = Path("/")
     container_driver_root: Path = Path("/driver-root")
     nvidia_smi: Path | None = None
+    mps_control: Path | None = None
     pod_uid: str | None = None
     nvml: str = "system"
     profile: str | None = None
@@ -202,6 +203,7 @@ class _Node:
             nvidia_driver_root=cfg.nvidia_driver_root,
             container_driver_root=cfg.container_driver_root,
             nvidia_smi=cfg.nvidia_smi,
+            mps_control=cfg.mps_control,
             pod_uid=cfg.pod_uid,
             nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
         )

@@ -94,6 +94,7 @@ class StateConfig:
     nvml_mode: Literal["system", "simulated"] = "system"
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
     nvidia_smi: Path | None = None  # for GPU settings NVML cannot make; default under the root
+    mps_control: Path | None = None  # nvidia-cuda-mps-control; default under the root
 
 
 def _claim_kv(ref: ClaimRef | PreparedClaim | Holder) -> dict[str, Any]:
@@ -120,6 +121,7 @@ def _attach_kinds(config: StateConfig, records: Records) -> None:
                 boot_id=records.boot_id,
                 container_driver_root=config.container_driver_root,
                 nvidia_smi=config.nvidia_smi,
+                mps_control=config.mps_control,
             )
         )
 

@@ -34,7 +34,7 @@ class FakeAccelerator:
             )
         ]
 
-    def claim_edits(self, devices: Sequence[NodeDevice]) -> Mapping[str, Any]:
+    def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         return {}
 
     def attach(self, context: KindContext) -> None:

@@ -62,10 +62,6 @@ def test_snake_case_spelling_is_an_unknown_field() -> None:
             {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Tiny"}},
             '"sharing.timeSlicingConfig.interval": Input should be',
         ),
-        (
-            {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
-            "sharing strategy MPS is not supported yet",
-        ),
         ({"strategy": "Fabric"}, "unknown GPU sharing strategy Fabric"),
         (
             {"strategy": "MPS", "timeSlicingConfig": {}},
@@ -91,10 +87,27 @@ def test_sharing_settings_parse_then_get_a_clear_refusal(
             {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
             (("interval", "Long"), ("strategy", "TimeSlicing")),
         ),
+        (
+            {
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+                },
+            },
+            (
+                ("activeThreadPercentage", "50"),
+                ("pinnedMemoryLimit", "10Gi"),
+                ("pinnedMemoryLimit/0", "5Gi"),
+                ("strategy", "MPS"),
+            ),
+        ),
+        ({"strategy": "MPS"}, (("strategy", "MPS"),)),
         (None, ()),
     ],
 )
-def test_time_slicing_is_accepted_and_recorded_flat(
+def test_sharing_is_accepted_and_recorded_flat(
     sharing: dict[str, object] | None, settings: tuple[tuple[str, str], ...]
 ) -> None:
     params: dict[str, object] = {"apiVersion": API_VERSION, "kind": "GpuConfig"}

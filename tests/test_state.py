@@ -324,7 +324,7 @@ async def test_opaque_config_errors_are_per_claim_and_name_the_field(node: Node)
                 {
                     "apiVersion": GPU_CONFIG,
                     "kind": "GpuConfig",
-                    "sharing": {"strategy": "MPS"},
+                    "sharing": {"strategy": "Fabric"},
                 }
             )
         ],
@@ -333,7 +333,7 @@ async def test_opaque_config_errors_are_per_claim_and_name_the_field(node: Node)
     assert results[good.uid].error == ""
     assert 'field "sharng"' in results[typo.uid].error
     assert "opaque config #0 (from claim, requests gpu)" in results[typo.uid].error
-    assert "sharing strategy MPS is not supported yet" in results[shared.uid].error
+    assert "unknown GPU sharing strategy Fabric" in results[shared.uid].error
     assert not node.spec_path(typo.uid).exists()
 
 

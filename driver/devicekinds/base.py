@@ -66,6 +66,7 @@ class KindContext:
     boot_id: str  # "" when unknown: the kind's records of an earlier boot are then kept
     container_driver_root: Path
     nvidia_smi: Path | None = None  # None: under the driver root
+    mps_control: Path | None = None  # nvidia-cuda-mps-control; None: under the driver root
 
 
 class DeviceKind(Protocol):
@@ -83,8 +84,9 @@ class DeviceKind(Protocol):
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         """This kind's devices on the node, in publishing order."""
 
-    def claim_edits(self, devices: Sequence[NodeDevice]) -> Mapping[str, Any]:
-        """CDI containerEdits for the whole claim, given its devices of this kind."""
+    def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
+        """CDI containerEdits for the whole claim, given its devices of this kind (and the
+        claim, whose recorded settings may ask for more, such as an MPS pipe)."""
 
     def attach(self, context: KindContext) -> None:
         """Called when the claim state opens, before recovery (no I/O beyond its dir)."""

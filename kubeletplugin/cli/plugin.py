@@ -51,6 +51,12 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "nvidia-smi binary, for settings NVML cannot make (time-slicing); "
         "default <container-driver-root>/usr/bin/nvidia-smi",
     ),
+    "--mps-control": (
+        "GPU_DRA_MPS_CONTROL",
+        None,
+        "nvidia-cuda-mps-control binary, the MPS control daemon of GPUs shared by MPS; "
+        "default <container-driver-root>/usr/bin/nvidia-cuda-mps-control",
+    ),
     "--pod-uid": (
         "GPU_DRA_POD_UID",
         None,
@@ -167,6 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         nvidia_driver_root=Path(args.nvidia_driver_root),
         container_driver_root=Path(args.container_driver_root),
         nvidia_smi=_path(args.nvidia_smi),
+        mps_control=_path(args.mps_control),
         pod_uid=args.pod_uid or None,
         nvml=args.nvml,
         profile=args.profile,
