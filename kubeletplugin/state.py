@@ -36,7 +36,7 @@ from driver.devicekinds import (
 )
 from driver.errors import DriverError
 from driver.logs import kv
-from kubeletplugin import cdi, containertoolkit, recovery
+from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
     ClaimPlan,
@@ -115,9 +115,11 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
 
 def _attach_kinds(config: StateConfig, records: Records) -> None:
     for kind in by_name().values():
+        state_dir = records.plugin_dir / "kinds" / kind.name
+        dirs.ensure_dir(state_dir, dirs.PRIVATE, ours=True)
         kind.attach(
             KindContext(
-                state_dir=records.plugin_dir / "kinds" / kind.name,
+                state_dir=state_dir,
                 boot_id=records.boot_id,
                 container_driver_root=config.container_driver_root,
                 nvidia_smi=config.nvidia_smi,

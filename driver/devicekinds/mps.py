@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.devicekinds.base import KindContext, PreparedClaim
+from driver.devicekinds.files import SHARED, make_dir, write_atomic
 from driver.errors import PermanentError, RetryableError
 from driver.logs import kv
 from driver.nvidiasmi import NvidiaSmi, default_path
@@ -90,7 +91,7 @@ class Mps:
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir / "mps"
-        self._dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self._dir)
         root = context.container_driver_root
         self._control = context.mps_control or default_control(root)
         self._smi = NvidiaSmi(context.nvidia_smi or default_path(root))
@@ -124,8 +125,8 @@ class Mps:
         _one_gpu(claim, gpus)
         for uuid in gpus:
             holder = self._gpu_dir(uuid) / "holders" / claim.uid
-            holder.parent.mkdir(parents=True, exist_ok=True)
-            holder.touch()
+            make_dir(holder.parent)
+            write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
             self._ensure_running(uuid, claim)
 
     def unprepare(self, claim: PreparedClaim) -> None:
@@ -163,7 +164,7 @@ class Mps:
         gpu_dir = self._gpu_dir(uuid)
         pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
         for d in (pipe, logs):
-            d.mkdir(parents=True, exist_ok=True)
+            make_dir(d, SHARED)
         self._smi.run("-i", uuid, "-c", "EXCLUSIVE_PROCESS")
         env = {
             **os.environ,
@@ -184,9 +185,7 @@ class Mps:
             except OSError as exc:
                 raise MpsError(f"claim {claim}: cannot start {self._control}: {exc}") from exc
         self._children[child.pid] = child
-        tmp = gpu_dir / ".pid.tmp"
-        tmp.write_text(f"{child.pid}\n")
-        tmp.replace(gpu_dir / "pid")
+        write_atomic(gpu_dir / "pid", f"{child.pid}\n")
         deadline = time.monotonic() + _START_WAIT_S
         while not (pipe / "control").exists():
             if child.poll() is not None or time.monotonic() > deadline:

@@ -17,10 +17,10 @@ import contextlib
 import logging
 import os
 import re
-import secrets
 from pathlib import Path
 
 from driver.devicekinds.base import KindContext, PreparedClaim
+from driver.devicekinds.files import make_dir, write_atomic
 from driver.errors import PermanentError
 from driver.logs import kv
 from driver.nvidiasmi import NvidiaSmi, default_path
@@ -62,7 +62,7 @@ class TimeSlicing:
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir / "timeslice"
-        self._dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self._dir)
         self._boot = context.boot_id
         self._smi = NvidiaSmi(context.nvidia_smi or default_path(context.container_driver_root))
 
@@ -149,7 +149,5 @@ class TimeSlicing:
 
     def _write_holder(self, uuid: str, claim_uid: str, interval: str) -> None:
         path = self._holder_path(uuid, claim_uid)
-        path.parent.mkdir(exist_ok=True)
-        tmp = path.with_name(f".{claim_uid}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(f"{self._boot or '-'} {interval}\n")
-        tmp.replace(path)
+        make_dir(path.parent)
+        write_atomic(path, f"{self._boot or '-'} {interval}\n")
