@@ -164,3 +164,20 @@ async def test_bad_mps_input_and_a_daemon_that_fails_are_per_claim(
     assert len(daemon_pids(tmp_path)) == 1
     assert await state.unprepare([failing]) == {failing.uid: ""}
     assert daemon_pids(tmp_path) == []
+
+
+async def test_a_daemon_started_just_before_a_crash_is_found_without_its_pid_file(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    uuid = _uuid(tmp_path, "gpu-5")
+    ref = await create_claim(api_client, "mps", ["gpu-5"], config=[mps()])
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    (running,) = daemon_pids(tmp_path)
+    # What a SIGKILL between the daemon's start and its pid file leaves.
+    (tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid / "pid").unlink()
+    state = await _state(api_client, tmp_path, smi, control)
+    assert GPU.mps.running_pid(uuid) == running  # found in /proc, adopted
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert daemon_pids(tmp_path) == []

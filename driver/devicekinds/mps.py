@@ -140,19 +140,32 @@ class Mps:
         self.unprepare(claim)
 
     def running_pid(self, uuid: str) -> int | None:
-        """The daemon of ``uuid``, if the pid file names a live one of our binary."""
+        """The daemon of ``uuid``: the one its pid file names, or else one a plugin killed
+        between starting it and writing that file, found in ``/proc`` and adopted."""
         self._reap()
-        try:
+        with contextlib.suppress(OSError, ValueError):
             pid = int((self._gpu_dir(uuid) / "pid").read_text())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if self._is_daemon(pid, uuid):
+                return pid
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and self._is_daemon(int(entry.name), uuid):
+                write_atomic(self._gpu_dir(uuid) / "pid", f"{entry.name}\n")
+                return int(entry.name)
+        return None
+
+    def _is_daemon(self, pid: int, uuid: str) -> bool:
+        """Alive, our binary in the foreground (``-f``), serving ``uuid``'s pipe."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            # argv[0], or argv[1] after the interpreter of a script (a test's stand-in).
+            if str(self._control).encode() not in argv[:2] or b"-f" not in argv:
+                return False
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, ValueError, IndexError):
-            return None
-        # argv[0], or argv[1] after the interpreter of a script (a test's stand-in).
-        argv = [a.decode(errors="replace") for a in cmdline[:2]]
-        if state == "Z" or str(self._control) not in argv:
-            return None
-        return pid
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            return False
+        pipe = f"CUDA_MPS_PIPE_DIRECTORY={self._gpu_dir(uuid) / 'pipe'}".encode()
+        return state != "Z" and pipe in environ
 
     # ---- the daemon -------------------------------------------------------------------
 
