@@ -93,7 +93,7 @@ class GpuConfig(_Model):
         return self.model_copy(update={"sharing": sharing})
 
     def validate_supported(self) -> None:
-        """Reject what parses but this driver cannot do yet."""
+        """Reject what parses but this driver cannot do."""
         if self.sharing is None:
             return
         strategy = self.sharing.strategy
@@ -105,7 +105,30 @@ class GpuConfig(_Model):
             raise ConfigError(
                 f'field "sharing.timeSlicingConfig": not allowed with strategy {strategy}'
             )
-        raise ConfigError(f'field "sharing": sharing strategy {strategy} is not supported yet')
+
+    def sharing_settings(self) -> tuple[tuple[str, str], ...]:
+        """What a prepared device records of its sharing: flat, so any kind can keep it.
+
+        ``(("interval", "Short"), ("strategy", "TimeSlicing"))``, or ``()`` unshared.
+        Call it on a normalized config.
+        """
+        sharing = self.sharing
+        if sharing is None:
+            return ()
+        settings = [("strategy", sharing.strategy)]
+        if sharing.time_slicing_config is not None:
+            settings.append(("interval", sharing.time_slicing_config.interval or "Default"))
+        mps = sharing.mps_config
+        if mps is not None:
+            if mps.default_active_thread_percentage is not None:
+                settings.append(
+                    ("activeThreadPercentage", str(mps.default_active_thread_percentage))
+                )
+            if mps.default_pinned_device_memory_limit is not None:
+                settings.append(("pinnedMemoryLimit", mps.default_pinned_device_memory_limit))
+            for key, limit in (mps.default_per_device_pinned_memory_limit or {}).items():
+                settings.append((f"pinnedMemoryLimit/{key}", limit))
+        return tuple(sorted(settings))
 
 
 def _describe(exc: ValidationError) -> str:

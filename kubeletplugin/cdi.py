@@ -133,7 +133,7 @@ def build_claim_spec(
             }
         )
     kinds = by_name()
-    kind_edits = [kinds[name].claim_edits(of_kind[name]) for name in sorted(of_kind)]
+    kind_edits = [kinds[name].claim_edits(of_kind[name], claim) for name in sorted(of_kind)]
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": KIND,

@@ -14,7 +14,14 @@ from urllib.parse import quote
 
 from kubernetes.aio.client import ApiClient
 
-from api.config import ConfigError, GpuConfig, decode_gpu_config, validate_gpu_config
+from api.config import (
+    API_GROUP,
+    GPU_CONFIG_KIND,
+    ConfigError,
+    GpuConfig,
+    decode_gpu_config,
+    validate_gpu_config,
+)
 from driver.errors import PermanentError, RetryableError
 from driver.kubeapi import ApiError, Client, NotFoundError
 
@@ -122,13 +129,30 @@ class _Config:
     requests: tuple[str, ...]
     source: str
     config: GpuConfig
+    origin: str  # "class" or "claim"
 
 
-def _configs(allocation: Mapping[str, Any], driver_name: str) -> list[_Config]:
+def _applies(requests: Sequence[str], request: str) -> bool:
+    return not requests or request in requests or request.split("/", 1)[0] in requests
+
+
+def _is_gpu_config(parameters: Any) -> bool:
+    return (
+        isinstance(parameters, Mapping)
+        and str(parameters.get("apiVersion", "")).startswith(API_GROUP + "/")
+        and parameters.get("kind") == GPU_CONFIG_KIND
+    )
+
+
+def _configs(
+    allocation: Mapping[str, Any], driver_name: str, our_requests: Sequence[str]
+) -> list[_Config]:
     """Our driver's opaque configs, class configs first, each decoded (shape checked).
 
     Every one is decoded, applicable or not: a malformed config is a mistake worth
-    reporting even where a later config overrides it.
+    reporting even where a later config overrides it. A GpuConfig addressed to another
+    driver but applying to devices of ours is refused: it is a typo of the driver
+    name, and ignoring it would hand out an unshared GPU where sharing was asked for.
     """
     entries = allocation.get("devices", {}).get("config") or []
     ordered = sorted(
@@ -137,14 +161,22 @@ def _configs(allocation: Mapping[str, Any], driver_name: str) -> list[_Config]:
     out = []
     for index, entry in ordered:
         opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver_name:
-            continue
         requests = tuple(entry.get("requests") or ())
         origin = "class" if entry.get("source") == "FromClass" else "claim"
         scope = f"requests {','.join(requests)}" if requests else "all requests"
         source = f"opaque config #{index} (from {origin}, {scope})"
+        if opaque.get("driver") != driver_name:
+            if _is_gpu_config(opaque.get("parameters")) and any(
+                _applies(requests, r) for r in our_requests
+            ):
+                raise ConfigError(
+                    f'{source}: field "opaque.driver": a {GPU_CONFIG_KIND} for driver '
+                    f"{opaque.get('driver')!r}, but its requests are allocated from "
+                    f"{driver_name!r}; it would be ignored"
+                )
+            continue
         config = decode_gpu_config(opaque.get("parameters"), source=source)
-        out.append(_Config(requests, source, config))
+        out.append(_Config(requests, source, config, origin))
     return out
 
 
@@ -155,11 +187,25 @@ def _default_config() -> GpuConfig:
 
 
 def _config_for(request: str, configs: Sequence[_Config]) -> GpuConfig:
-    """The last matching config wins; it is validated, the ones it overrides are not."""
-    base = request.split("/", 1)[0]
+    """The last matching config wins; it is validated, the ones it overrides are not.
+
+    A claim config overrides a class config, one naming the request overrides one for
+    all requests; two of the same origin and reach that differ are a conflict, refused
+    rather than settled by their order.
+    """
     chosen: _Config | None = None
     for entry in configs:
-        if not entry.requests or request in entry.requests or base in entry.requests:
+        if _applies(entry.requests, request):
+            if (
+                chosen is not None
+                and chosen.origin == entry.origin
+                and bool(chosen.requests) == bool(entry.requests)
+                and chosen.config != entry.config
+            ):
+                raise ConfigError(
+                    f"{chosen.source} and {entry.source} both configure request {request} "
+                    "differently: conflicting configs for one device"
+                )
             chosen = entry
     if chosen is None:
         return _default_config()
@@ -180,8 +226,10 @@ def plan_claim(
         raise ClaimError(f"claim {ref} not allocated")
     devices = []
     try:
-        configs = _configs(allocation, driver_name)
-        for result in allocation.get("devices", {}).get("results") or []:
+        results = allocation.get("devices", {}).get("results") or []
+        ours = [str(r.get("request", "")) for r in results if r.get("driver") == driver_name]
+        configs = _configs(allocation, driver_name, ours)
+        for result in results:
             if result.get("driver") != driver_name or result.get("pool") != pool_name:
                 continue
             request = str(result.get("request", ""))

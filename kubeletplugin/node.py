@@ -58,6 +58,8 @@ class NodeConfig:
     cdi_root: Path = Path("/var/run/cdi")
     nvidia_driver_root: Path = Path("/")
     container_driver_root: Path = Path("/driver-root")
+    nvidia_smi: Path | None = None
+    mps_control: Path | None = None
     pod_uid: str | None = None
     nvml: str = "system"
     profile: str | None = None
@@ -223,6 +225,8 @@ class _Node:
             node_name=cfg.node_name,
             nvidia_driver_root=cfg.nvidia_driver_root,
             container_driver_root=cfg.container_driver_root,
+            nvidia_smi=cfg.nvidia_smi,
+            mps_control=cfg.mps_control,
             pod_uid=cfg.pod_uid,
             nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
         )

@@ -133,6 +133,7 @@ def _encode_device(device: PreparedDevice) -> dict[str, Any]:
         "adminAccess": device.admin_access,
         "kind": device.kind,
         "identity": dict(device.identity),
+        **({"sharing": dict(device.sharing)} if device.sharing else {}),
     }
 
 
@@ -170,6 +171,7 @@ def decode_claim_record(raw: bytes) -> tuple[str, PreparedClaim]:
                 admin_access=d["adminAccess"] is True,
                 kind=str(d["kind"]),
                 identity=tuple(sorted((str(k), str(v)) for k, v in d["identity"].items())),
+                sharing=tuple(sorted((str(k), str(v)) for k, v in d.get("sharing", {}).items())),
             )
             for d in doc["devices"]
         )

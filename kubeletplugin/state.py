@@ -27,6 +27,7 @@ from kubernetes.aio.client import ApiClient
 
 from driver.devicekinds import (
     DeviceKind,
+    KindContext,
     NodeDevice,
     NodeDevices,
     PreparedClaim,
@@ -35,7 +36,7 @@ from driver.devicekinds import (
 )
 from driver.errors import DriverError
 from driver.logs import kv
-from kubeletplugin import cdi, containertoolkit, recovery
+from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
     ClaimPlan,
@@ -92,6 +93,8 @@ class StateConfig:
     # "system": CDI specs need the host's container toolkit; "simulated": they do without.
     nvml_mode: Literal["system", "simulated"] = "system"
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
+    nvidia_smi: Path | None = None  # for GPU settings NVML cannot make; default under the root
+    mps_control: Path | None = None  # nvidia-cuda-mps-control; default under the root
 
 
 def _claim_kv(ref: ClaimRef | PreparedClaim | Holder) -> dict[str, Any]:
@@ -108,6 +111,21 @@ def _read_boot_id(path: Path) -> str:
 
 def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
     return tuple(d.device_name for d in claim.devices)
+
+
+def _attach_kinds(config: StateConfig, records: Records) -> None:
+    for kind in by_name().values():
+        state_dir = records.plugin_dir / "kinds" / kind.name
+        dirs.ensure_dir(state_dir, dirs.PRIVATE, ours=True)
+        kind.attach(
+            KindContext(
+                state_dir=state_dir,
+                boot_id=records.boot_id,
+                container_driver_root=config.container_driver_root,
+                nvidia_smi=config.nvidia_smi,
+                mps_control=config.mps_control,
+            )
+        )
 
 
 def _kinds_of(claim: PreparedClaim) -> list[DeviceKind]:
@@ -161,6 +179,7 @@ class DeviceState:
         )
         records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id)
         await asyncio.to_thread(records.make_dirs)
+        await asyncio.to_thread(_attach_kinds, config, records)
         claims = await asyncio.to_thread(recovery.recover, records)
         state = cls(config, api_client, devices, records=records, base_edits=base_edits)
         state._held = {uid: _device_names(claim) for uid, claim in claims.items()}
@@ -347,6 +366,7 @@ class DeviceState:
                     admin_access=planned.admin_access,
                     kind=device.kind,
                     identity=tuple(sorted(device.identity.items())),
+                    sharing=planned.config.sharing_settings(),
                 )
             )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(prepared))

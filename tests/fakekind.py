@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from driver.devicekinds import NodeDevice, PreparedClaim
+from driver.devicekinds import KindContext, NodeDevice, PreparedClaim
 from driver.inventory import Inventory
 
 NAME = "fake-accelerator"
@@ -34,8 +34,11 @@ class FakeAccelerator:
             )
         ]
 
-    def claim_edits(self, devices: Sequence[NodeDevice]) -> Mapping[str, Any]:
+    def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         return {}
+
+    def attach(self, context: KindContext) -> None:
+        pass  # its marks go where the test says
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         return True

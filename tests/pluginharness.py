@@ -215,8 +215,10 @@ async def create_claim(
     devices: Sequence[str],
     namespace: str = "default",
     driver: str = DRIVER,
+    config: Sequence[dict[str, Any]] = (),
 ) -> ClaimRef:
-    """A ResourceClaim allocated as the scheduler writes it: ``devices`` of ``node``'s pool."""
+    """A ResourceClaim allocated as the scheduler writes it: ``devices`` of ``node``'s pool,
+    with the opaque ``config`` entries of its allocation."""
     from kubernetes.aio import client
 
     resource: Any = client.ResourceV1Api(api)  # bodies go as plain dicts
@@ -243,7 +245,8 @@ async def create_claim(
                 "results": [
                     {"request": "gpu", "driver": driver, "pool": node, "device": device}
                     for device in devices
-                ]
+                ],
+                **({"config": list(config)} if config else {}),
             },
             "nodeSelector": {
                 "nodeSelectorTerms": [

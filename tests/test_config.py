@@ -50,14 +50,17 @@ def test_snake_case_spelling_is_an_unknown_field() -> None:
 @pytest.mark.parametrize(
     ("sharing", "expected"),
     [
-        ({"strategy": "TimeSlicing"}, "sharing strategy TimeSlicing is not supported yet"),
         (
-            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
-            "sharing strategy TimeSlicing is not supported yet",
+            {"strategy": "TimeSlicing", "mpsConfig": {}},
+            '"sharing.mpsConfig": not allowed with strategy TimeSlicing',
         ),
         (
-            {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
-            "sharing strategy MPS is not supported yet",
+            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": 2}},
+            '"sharing.timeSlicingConfig.interval": Input should be',
+        ),
+        (
+            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Tiny"}},
+            '"sharing.timeSlicingConfig.interval": Input should be',
         ),
         ({"strategy": "Fabric"}, "unknown GPU sharing strategy Fabric"),
         (
@@ -74,6 +77,43 @@ def test_sharing_settings_parse_then_get_a_clear_refusal(
         parse_gpu_config(params, source=SOURCE)
     assert str(info.value).startswith(SOURCE)
     assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("sharing", "settings"),
+    [
+        ({"strategy": "TimeSlicing"}, (("interval", "Default"), ("strategy", "TimeSlicing"))),
+        (
+            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+            (("interval", "Long"), ("strategy", "TimeSlicing")),
+        ),
+        (
+            {
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+                },
+            },
+            (
+                ("activeThreadPercentage", "50"),
+                ("pinnedMemoryLimit", "10Gi"),
+                ("pinnedMemoryLimit/0", "5Gi"),
+                ("strategy", "MPS"),
+            ),
+        ),
+        ({"strategy": "MPS"}, (("strategy", "MPS"),)),
+        (None, ()),
+    ],
+)
+def test_sharing_is_accepted_and_recorded_flat(
+    sharing: dict[str, object] | None, settings: tuple[tuple[str, str], ...]
+) -> None:
+    params: dict[str, object] = {"apiVersion": API_VERSION, "kind": "GpuConfig"}
+    if sharing is not None:
+        params["sharing"] = sharing
+    assert parse_gpu_config(params, source=SOURCE).sharing_settings() == settings
 
 
 def test_normalize_fills_implied_settings() -> None:

@@ -20,6 +20,7 @@ from driver.nvml.faults import Faults
 from driver.nvml.simulated import SimulatedNode
 from driver.resourceslice import build_resource_slices
 from driver.tools.allocation import Explanation, explain_claim
+from kubeletplugin.claims import ClaimRef, plan_claim
 from kubeletplugin.cli import main
 from tests.chart_render import render
 
@@ -93,6 +94,7 @@ def test_every_scenario_has_an_example() -> None:
         "shared-gpu-two-containers.yaml",
         "single-gpu.yaml",
         "tensor-parallel.yaml",
+        "time-sliced-gpu-two-pods.yaml",
         "torchrun-8-gpus.yaml",
         "vllm-pipeline-parallel-g6e.yaml",
         "vllm-tensor-parallel.yaml",
@@ -208,6 +210,34 @@ def test_shared_claim_two_pods(slices: list[dict[str, Any]], classes: list[dict[
     allocated = dict(claim, status={"allocation": result.node("p5").allocation})
     again = explain_claim(allocated, slices=slices, classes=classes, allocated=[allocated])
     assert "p5" in schedulable(again)
+
+
+def test_time_sliced_gpu_two_pods(
+    slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    docs = load("time-sliced-gpu-two-pods.yaml")
+    claim = the(docs, "ResourceClaim")
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    assert [p["spec"]["resourceClaims"] for p in pods] == 2 * [
+        [{"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}]
+    ]
+    result = allocate(claim, slices, classes)
+    assert schedulable(result) == ALL
+    # What the plugin records from the allocation (the scheduler copies the claim's config).
+    allocation = result.node("p5").allocation
+    assert allocation is not None
+    allocation = dict(allocation)
+    allocation["devices"] = dict(
+        allocation["devices"],
+        config=[dict(c, source="FromClaim") for c in claim["spec"]["devices"]["config"]],
+    )
+    allocated = dict(claim, metadata={"uid": "u-1"}, status={"allocation": allocation})
+    plan = plan_claim(
+        allocated, ClaimRef("u-1", "default", "x"), driver_name=DRIVER, pool_name="p5"
+    )
+    assert [d.config.sharing_settings() for d in plan.devices] == [
+        (("interval", "Short"), ("strategy", "TimeSlicing"))
+    ]
 
 
 def test_shared_gpu_two_containers_name_one_claim() -> None:

@@ -337,7 +337,7 @@ async def test_opaque_config_errors_are_per_claim_and_name_the_field(node: Node)
                 {
                     "apiVersion": GPU_CONFIG,
                     "kind": "GpuConfig",
-                    "sharing": {"strategy": "TimeSlicing"},
+                    "sharing": {"strategy": "Fabric"},
                 }
             )
         ],
@@ -346,7 +346,7 @@ async def test_opaque_config_errors_are_per_claim_and_name_the_field(node: Node)
     assert results[good.uid].error == ""
     assert 'field "sharng"' in results[typo.uid].error
     assert "opaque config #0 (from claim, requests gpu)" in results[typo.uid].error
-    assert "sharing strategy TimeSlicing is not supported yet" in results[shared.uid].error
+    assert "unknown GPU sharing strategy Fabric" in results[shared.uid].error
     assert not node.spec_path(typo.uid).exists()
 
 

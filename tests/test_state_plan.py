@@ -10,7 +10,8 @@ DRIVER = "gpu.nvidia.com"
 POOL = "node-a"
 REF = ClaimRef(uid="u-1", namespace="ns", name="c")
 PLAIN = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
-SHARED = {**PLAIN, "sharing": {"strategy": "TimeSlicing"}}
+# A strategy that parses and is refused, so the refusal shows which config applied.
+SHARED = {**PLAIN, "sharing": {"strategy": "Fabric"}}
 
 
 def _claim(results: list[dict[str, Any]], config: list[dict[str, Any]] | None = None) -> Any:
@@ -47,10 +48,10 @@ def test_claim_config_overrides_class_config_for_matching_requests() -> None:
 
 def test_subrequests_match_by_full_or_base_name() -> None:
     by_base = [_opaque(SHARED, requests=["big"])]
-    with pytest.raises(ClaimError, match="not supported yet"):
+    with pytest.raises(ClaimError, match="unknown GPU sharing strategy Fabric"):
         _plan(_claim([_result("big/h100", "gpu-0")], by_base))
     by_full = [_opaque(SHARED, requests=["big/h100"])]
-    with pytest.raises(ClaimError, match="not supported yet"):
+    with pytest.raises(ClaimError, match="unknown GPU sharing strategy Fabric"):
         _plan(_claim([_result("big/h100", "gpu-0")], by_full))
     other_sub = [_opaque(SHARED, requests=["big/a100"])]
     plan = _plan(_claim([_result("big/h100", "gpu-0")], other_sub))

@@ -9,12 +9,19 @@ from types import MappingProxyType
 from typing import Any
 
 from driver.devicekinds import gpu
-from driver.devicekinds.base import DeviceKind, NodeDevice, PreparedClaim, PreparedDevice
+from driver.devicekinds.base import (
+    DeviceKind,
+    KindContext,
+    NodeDevice,
+    PreparedClaim,
+    PreparedDevice,
+)
 from driver.inventory import Inventory
 
 __all__ = [
     "KINDS",
     "DeviceKind",
+    "KindContext",
     "NodeDevice",
     "NodeDevices",
     "PreparedClaim",

@@ -11,6 +11,7 @@ kind. Kinds are registered in :data:`driver.devicekinds.KINDS`.
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from driver.inventory import Inventory
@@ -41,6 +42,9 @@ class PreparedDevice:
     admin_access: bool = False
     kind: str = "gpu"
     identity: tuple[tuple[str, str], ...] = ()
+    # What the claim's opaque config asks of the device (``GpuConfig.sharing_settings``),
+    # kept in the side-effect record so an unprepare or a recovery knows what to undo.
+    sharing: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,17 @@ class PreparedClaim:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class KindContext:
+    """What a kind with side effects is given of the node, once, before recovery."""
+
+    state_dir: Path  # the kind's own files (``<plugin dir>/kinds/<kind>``), made for it
+    boot_id: str  # "" when unknown: the kind's records of an earlier boot are then kept
+    container_driver_root: Path
+    nvidia_smi: Path | None = None  # None: under the driver root
+    mps_control: Path | None = None  # nvidia-cuda-mps-control; None: under the driver root
 
 
 class DeviceKind(Protocol):
@@ -69,8 +84,12 @@ class DeviceKind(Protocol):
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         """This kind's devices on the node, in publishing order."""
 
-    def claim_edits(self, devices: Sequence[NodeDevice]) -> Mapping[str, Any]:
-        """CDI containerEdits for the whole claim, given its devices of this kind."""
+    def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
+        """CDI containerEdits for the whole claim, given its devices of this kind (and the
+        claim, whose recorded settings may ask for more, such as an MPS pipe)."""
+
+    def attach(self, context: KindContext) -> None:
+        """Called when the claim state opens, before recovery (no I/O beyond its dir)."""
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         """True when :meth:`prepare` changes node state; a per-claim record is then

@@ -12,7 +12,9 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from driver.devicekinds.base import NodeDevice, PreparedClaim
+from driver.devicekinds.base import KindContext, NodeDevice, PreparedClaim
+from driver.devicekinds.mps import Mps
+from driver.devicekinds.timeslicing import TimeSlicing
 from driver.inventory import Gpu, Inventory
 from driver.limits import MAX_VALUE_LENGTH
 from driver.semver import Semver, SemverError
@@ -111,32 +113,54 @@ def node_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> NodeDevice
 
 
 class GpuKind:
+    """A full GPU; shared by time-slicing or MPS when the claim's config says so
+    (:mod:`driver.devicekinds.timeslicing`, :mod:`driver.devicekinds.mps`), its only
+    side effects."""
+
     name = NAME
     identity_keys = (UUID_KEY,)
+
+    def __init__(self) -> None:
+        self.timeslicing = TimeSlicing(UUID_KEY)
+        self.mps = Mps(UUID_KEY)
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         """Ordered by minor number (the allocation order)."""
         gpus = sorted(inventory.gpus, key=lambda g: g.minor)
         return [node_device(gpu, inventory, node_name=node_name) for gpu in gpus]
 
-    def claim_edits(self, devices: Sequence[NodeDevice]) -> Mapping[str, Any]:
+    def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         uuids = [d.identity[UUID_KEY] for d in sorted(devices, key=lambda d: d.name)]
+        mps = self.mps.edits(claim)
         return {
-            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"{VISIBLE_UUIDS_ENV}={','.join(uuids)}"],
+            "env": [
+                "NVIDIA_VISIBLE_DEVICES=void",
+                f"{VISIBLE_UUIDS_ENV}={','.join(uuids)}",
+                *mps.get("env", []),
+            ],
             "deviceNodes": [{"path": path} for path in CONTROL_NODES],
+            **({"mounts": mps["mounts"]} if "mounts" in mps else {}),
         }
 
+    def attach(self, context: KindContext) -> None:
+        self.timeslicing.attach(context)
+        self.mps.attach(context)
+
     def has_side_effects(self, claim: PreparedClaim) -> bool:
-        return False
+        # An unshared GPU needs nothing on the node but its CDI spec.
+        return self.timeslicing.has_side_effects(claim) or self.mps.has_side_effects(claim)
 
     def prepare(self, claim: PreparedClaim) -> None:
-        pass  # a full GPU needs nothing on the node but its CDI spec
+        self.timeslicing.prepare(claim)
+        self.mps.prepare(claim)
 
     def unprepare(self, claim: PreparedClaim) -> None:
-        pass
+        self.mps.unprepare(claim)
+        self.timeslicing.unprepare(claim)
 
     def recover(self, claim: PreparedClaim) -> None:
-        pass
+        self.mps.recover(claim)
+        self.timeslicing.recover(claim)
 
 
 KIND = GpuKind()

@@ -45,6 +45,18 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "/driver-root",
         "where the host's driver root is mounted in this container",
     ),
+    "--nvidia-smi": (
+        "GPU_DRA_NVIDIA_SMI",
+        None,
+        "nvidia-smi binary, for settings NVML cannot make (time-slicing); "
+        "default <container-driver-root>/usr/bin/nvidia-smi",
+    ),
+    "--mps-control": (
+        "GPU_DRA_MPS_CONTROL",
+        None,
+        "nvidia-cuda-mps-control binary, the MPS control daemon of GPUs shared by MPS; "
+        "default <container-driver-root>/usr/bin/nvidia-cuda-mps-control",
+    ),
     "--pod-uid": (
         "GPU_DRA_POD_UID",
         None,
@@ -183,6 +195,8 @@ def _run(args: argparse.Namespace) -> int:
         cdi_root=Path(args.cdi_root),
         nvidia_driver_root=Path(args.nvidia_driver_root),
         container_driver_root=Path(args.container_driver_root),
+        nvidia_smi=_path(args.nvidia_smi),
+        mps_control=_path(args.mps_control),
         pod_uid=args.pod_uid or None,
         nvml=args.nvml,
         profile=args.profile,

@@ -1,0 +1,183 @@
+"""MPS through GpuConfig: a control daemon per GPU (a stand-in that the plugin starts and
+stops exactly as it would start ``nvidia-cuda-mps-control``), its pipe and log directories
+and the limits in the CDI spec, a plugin restart adopting it, bad input per claim."""
+
+import contextlib
+import json
+import os
+import signal
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.aio import client as k8s
+
+from driver.devicekinds import NodeDevices
+from driver.devicekinds.gpu import KIND as GPU
+from kubeletplugin import cdi
+from kubeletplugin.state import DeviceState
+from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
+from tests.test_timeslicing import Smi
+
+STAND_IN = """#!/bin/sh
+# nvidia-cuda-mps-control: -f runs the daemon in the foreground; otherwise a command on stdin.
+if [ "$1" = "-f" ]; then
+  echo "-f CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >> {log}
+  if [ -e {fail} ]; then echo "An MPS control daemon cannot start: no GPU"; exit 1; fi
+  echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid"
+  trap 'rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0' TERM
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  while :; do sleep 0.05; done
+fi
+read cmd
+echo "$cmd" >> {log}
+if [ "$cmd" = quit ]; then kill -TERM "$(cat "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid")"; fi
+"""
+
+
+class Control:
+    """The stand-in control binary; its calls, one a line, go to a file."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.log = root / "calls"
+        self.fail = root / "fail"
+        self.path = root / "nvidia-cuda-mps-control"
+        self.path.write_text(STAND_IN.format(log=self.log, fail=self.fail))
+        self.path.chmod(self.path.stat().st_mode | stat.S_IXUSR)
+
+    def calls(self) -> list[str]:
+        calls = self.log.read_text().splitlines() if self.log.exists() else []
+        self.log.unlink(missing_ok=True)
+        return calls
+
+
+def mps(driver: str = DRIVER, **settings: Any) -> dict[str, Any]:
+    sharing: dict[str, Any] = {"strategy": "MPS"}
+    if settings:
+        sharing["mpsConfig"] = settings
+    params = {"apiVersion": GPU_CONFIG, "kind": "GpuConfig", "sharing": sharing}
+    return {"source": "FromClaim", "opaque": {"driver": driver, "parameters": params}}
+
+
+def daemon_pids(root: Path) -> list[int]:
+    """The stand-in daemons that some pid file under ``root`` names and that still run."""
+    pids = []
+    for path in root.rglob("pipe/daemon.pid"):
+        pid = int(path.read_text())
+        with contextlib.suppress(OSError):
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                pids.append(pid)
+    return pids
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Iterator[Control]:
+    yield Control(tmp_path / "mps-control")
+    for pid in daemon_pids(tmp_path):  # whatever a failed test left running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def _state(api: k8s.ApiClient, tmp_path: Path, smi: Smi, control: Control) -> DeviceState:
+    config = _config(tmp_path, nvidia_smi=smi.path, mps_control=control.path)
+    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    return await DeviceState.open(config, api, devices)
+
+
+def _uuid(tmp_path: Path, device: str) -> str:
+    return _inventory("p5.48xlarge", tmp_path).by_device_name()[device].uuid
+
+
+async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprepare(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    uuid = _uuid(tmp_path, "gpu-0")
+    config = [mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")]
+    ref = await create_claim(api_client, "mps", ["gpu-0"], config=config)
+    plain = await create_claim(api_client, "plain", ["gpu-1"])
+    results = await state.prepare([ref, plain])
+    assert {uid: r.error for uid, r in results.items()} == {ref.uid: "", plain.uid: ""}
+    assert smi.calls() == [f"-i {uuid} -c EXCLUSIVE_PROCESS"]
+    assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid}"]
+    assert GPU.mps.running_pid(uuid) is not None
+    assert len(daemon_pids(tmp_path)) == 1
+
+    spec = json.loads(cdi.spec_path(tmp_path / "cdi", ref.uid).read_text())
+    gpu_dir = tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid
+    edits = spec["containerEdits"]
+    assert {
+        f"CUDA_MPS_PIPE_DIRECTORY={gpu_dir / 'pipe'}",
+        f"CUDA_MPS_LOG_DIRECTORY={gpu_dir / 'log'}",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10Gi",
+    } <= set(edits["env"])
+    assert [m["hostPath"] for m in edits["mounts"]] == [
+        str(gpu_dir / "pipe"),
+        str(gpu_dir / "log"),
+    ]
+    plain_spec = json.loads(cdi.spec_path(tmp_path / "cdi", plain.uid).read_text())
+    assert "mounts" not in plain_spec["containerEdits"]
+
+    # A plugin restart: the daemon runs on and is adopted, not started again.
+    state = await _state(api_client, tmp_path, smi, control)
+    assert await state.prepare([ref]) == {ref.uid: results[ref.uid]}
+    assert control.calls() == [] and len(daemon_pids(tmp_path)) == 1
+
+    assert await state.unprepare([ref, plain]) == {ref.uid: "", plain.uid: ""}
+    assert control.calls() == ["quit"]
+    assert smi.calls() == [f"-i {uuid} -c DEFAULT"]
+    assert GPU.mps.running_pid(uuid) is None and daemon_pids(tmp_path) == []
+
+
+async def test_bad_mps_input_and_a_daemon_that_fails_are_per_claim(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    good = await create_claim(api_client, "good", ["gpu-0"])
+    two = await create_claim(api_client, "two", ["gpu-1", "gpu-2"], config=[mps()])
+    percent = await create_claim(
+        api_client, "percent", ["gpu-3"], config=[mps(defaultActiveThreadPercentage="lots")]
+    )
+    failing = await create_claim(api_client, "failing", ["gpu-4"], config=[mps()])
+    control.fail.touch()
+    refs = [good, two, percent, failing]
+    results = await state.prepare(refs)
+    errors = {ref.name: results[ref.uid].error for ref in refs}
+    assert errors["good"] == ""
+    assert 'field "sharing.strategy": MPS shares one GPU per claim' in errors["two"]
+    assert 'field "sharing.mpsConfig.defaultActiveThreadPercentage"' in errors["percent"]
+    assert "the MPS control daemon for GPU" in errors["failing"]
+    assert "cannot start: no GPU" in errors["failing"]
+    assert daemon_pids(tmp_path) == []
+    uuid = _uuid(tmp_path, "gpu-4")
+    # Exclusive-process mode was set for the daemon, and set back when it failed.
+    assert smi.calls() == [f"-i {uuid} -c EXCLUSIVE_PROCESS", f"-i {uuid} -c DEFAULT"]
+    control.fail.unlink()
+    assert (await state.prepare([failing]))[failing.uid].error == ""  # the kubelet's retry
+    assert len(daemon_pids(tmp_path)) == 1
+    assert await state.unprepare([failing]) == {failing.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+async def test_a_daemon_started_just_before_a_crash_is_found_without_its_pid_file(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    uuid = _uuid(tmp_path, "gpu-5")
+    ref = await create_claim(api_client, "mps", ["gpu-5"], config=[mps()])
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    (running,) = daemon_pids(tmp_path)
+    # What a SIGKILL between the daemon's start and its pid file leaves.
+    (tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid / "pid").unlink()
+    state = await _state(api_client, tmp_path, smi, control)
+    assert GPU.mps.running_pid(uuid) == running  # found in /proc, adopted
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert daemon_pids(tmp_path) == []
