@@ -152,8 +152,13 @@ def sweep(root: Path) -> None:
     pids = root / "pids"
     if pids.is_dir():
         for f in pids.iterdir():
-            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-                os.killpg(int(f.read_text()), signal.SIGKILL)
+            with contextlib.suppress(ValueError, OSError):
+                pid, _, argv0 = f.read_text().partition(" ")
+                # Only if the pid is still that run's process: a pid is reused, and
+                # killing a stranger's process group (the test runner's) would be worse.
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+                if argv0 and cmdline.decode(errors="replace") == argv0:
+                    os.killpg(int(pid), signal.SIGKILL)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -202,7 +207,7 @@ class ControlPlane:
         )  # fmt: skip
         out.close()
         (self.root / "pids").mkdir(exist_ok=True)
-        (self.root / "pids" / name).write_text(str(proc.pid))
+        (self.root / "pids" / name).write_text(f"{proc.pid} {argv[0]}")
         p = Process(name, proc, log)
         self.processes.append(p)
         return p
