@@ -362,9 +362,18 @@ def _slice_on(node: str) -> dict[str, Any]:
 async def test_a_plugin_cannot_write_another_nodes_slice(
     cluster: ControlPlane, installed: dict[str, str]
 ) -> None:
-    code, out = cluster.raw(
-        "POST", "/apis/resource.k8s.io/v1/resourceslices", _slice_on("g6"), token=installed["p5"]
+    # The API server enforces a new policy once its admission informer has it: wait for that
+    # with dry runs (admission runs, nothing is stored), then write for real.
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    await await_until(
+        "the admission policy in force",
+        lambda: (
+            cluster.raw("POST", f"{path}?dryRun=All", _slice_on("g6"), token=installed["p5"])[0]
+            == 422
+        ),
+        60,
     )
+    code, out = cluster.raw("POST", path, _slice_on("g6"), token=installed["p5"])
     body = json.loads(out)
     # A ValidatingAdmissionPolicy denial: 422 Invalid, naming the policy and its message.
     assert (code, body["reason"]) == (422, "Invalid"), body
