@@ -147,6 +147,34 @@ def collection_path(obj: dict[str, Any], namespace: str | None = None) -> str:
     return f"/{group}/{plural}"
 
 
+def kill_under(root: Path) -> int:
+    """SIGKILL every process whose command line names ``root``, and its descendants.
+
+    containerd's shims leave containerd's process group (they call setsid) and outlive it;
+    each names the run's containerd socket, and the containers are its children."""
+    mark = str(root).encode()
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            if mark in (entry / "cmdline").read_bytes():
+                marked.add(int(entry.name))
+    doomed = set(marked)
+    grew = True
+    while grew:  # descendants: children of anything doomed
+        more = {pid for pid, parent in parents.items() if parent in doomed} - doomed
+        doomed |= more
+        grew = bool(more)
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(doomed)
+
+
 def sweep(root: Path) -> None:
     """End what a killed earlier run under ``root`` left running, and remove its files."""
     pids = root / "pids"
@@ -159,6 +187,8 @@ def sweep(root: Path) -> None:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
                 if argv0 and cmdline.decode(errors="replace") == argv0:
                     os.killpg(int(pid), signal.SIGKILL)
+    if root.exists():
+        kill_under(root)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -364,3 +394,4 @@ class ControlPlane:
                 await p.proc.wait()
             (self.root / "pids" / p.name).unlink(missing_ok=True)
         self.processes.clear()
+        kill_under(self.root)  # what outlived its parent: containerd shims, their containers
