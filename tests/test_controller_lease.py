@@ -20,10 +20,9 @@ from driver.controller.lease import (
     Candidate,
     Decision,
     decide,
-    format_micro_time,
-    parse_time,
 )
 from driver.devicekinds import NodeDevices
+from driver.wire import format_micro_time, parse_time
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import Hardware
 

@@ -40,6 +40,7 @@ from typing import Any
 from driver.errors import DriverError
 from driver.kubeapi import Client, ConflictError, NotFoundError
 from driver.logs import kv
+from driver.wire import format_micro_time, parse_time
 
 LEASE_VERBS = ("get", "create", "update")
 HOLDER_STARTED = "gpu-dra.io/holder-started"  # annotation: the holder process's start
@@ -69,19 +70,6 @@ class Candidate:
 def lease_name(driver_name: str, node_name: str) -> str:
     """The node's Lease; the chart's admission policy lets a node write only this one."""
     return f"{driver_name}-{node_name}"
-
-
-def format_micro_time(moment: datetime) -> str:
-    """Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: str) -> datetime | None:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def is_live(spec: dict[str, Any], *, now: datetime, max_duration: float) -> bool:

@@ -1,10 +1,38 @@
-"""The NVML backend flags that ``discover`` and ``controller`` share.
-
-The parsed values go straight to :func:`driver.nvml.backend`.
+"""The NVML backend flags that ``discover`` and ``controller`` share, and the one way to
+open the backend they name (:func:`driver.nvml.backend`).
 """
 
 import argparse
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from driver.nvml import Nvml, SysfsRoot
+
+
+def node_name(args: argparse.Namespace) -> str:
+    """``--node-name``, else $NODE_NAME, else the host name lowercased, as the kubelet names it."""
+    return str(args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower())
+
+
+@contextlib.contextmanager
+def open_backend(args: argparse.Namespace, node: str) -> Iterator[tuple["Nvml", "SysfsRoot"]]:
+    """The NVML backend and sysfs root the parsed flags name, for as long as the block runs."""
+    from driver import nvml
+
+    with nvml.backend(
+        args.nvml,
+        profile=args.profile,
+        node_name=node,
+        state_file=args.sim_state,
+        sysfs_root=args.sysfs_root,
+        driver_root=args.container_driver_root,
+    ) as opened:
+        yield opened
 
 
 def add_nvml_arguments(parser: argparse.ArgumentParser) -> None:

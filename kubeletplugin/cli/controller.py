@@ -6,14 +6,13 @@ nodes (or tests) that want publishing without the kubelet plugin.
 
 import argparse
 import os
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from driver import DEFAULT_DRIVER_NAME, kubeclient
-from kubeletplugin.cli._nvmlargs import add_nvml_arguments
+from kubeletplugin.cli import _nvmlargs as nvml_args
 
 if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
     from driver.controller import SliceController
@@ -58,7 +57,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         default=None,
         help="namespace of the per-node publisher Lease; default: $POD_NAMESPACE, else 'default'",
     )
-    add_nvml_arguments(parser)
+    nvml_args.add_nvml_arguments(parser)
     parser.add_argument(
         "--resync-period",
         type=float,
@@ -84,25 +83,16 @@ def run(args: argparse.Namespace) -> int:
 async def _main(args: argparse.Namespace) -> int:
     import asyncio
 
-    from driver import nvml
     from driver.controller import SliceController
     from driver.devicekinds import NodeDevices
     from driver.discovery import discover
     from driver.errors import PermanentError
     from driver.inventory import Inventory
 
-    # Lowercased as the kubelet (and `gpu-dra discover`) name the node after its host.
-    node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
+    node_name = nvml_args.node_name(args)
     if args.resync_period <= 0:
         raise PermanentError("--resync-period must be a positive number of seconds")
-    with nvml.backend(
-        args.nvml,
-        profile=args.profile,
-        node_name=node_name,
-        state_file=args.sim_state,
-        sysfs_root=args.sysfs_root,
-        driver_root=args.container_driver_root,
-    ) as (backend, sysfs_root):
+    with nvml_args.open_backend(args, node_name) as (backend, sysfs_root):
 
         async def discover_now() -> Inventory:
             # NVML calls block: keep them off the event loop.

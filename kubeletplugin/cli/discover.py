@@ -1,14 +1,12 @@
 """``gpu-dra discover``: print what this node would publish."""
 
 import argparse
-import os
-import socket
 import sys
 from typing import Any
 
 from driver import DEFAULT_DRIVER_NAME
 from driver.errors import PermanentError, RetryableError
-from kubeletplugin.cli._nvmlargs import add_nvml_arguments
+from kubeletplugin.cli import _nvmlargs as nvml_args
 
 EXIT_PERMANENT = 1
 EXIT_RETRYABLE = 75  # EX_TEMPFAIL: try again later
@@ -25,7 +23,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             f"(e.g. no driver installed), {EXIT_RETRYABLE} when the driver is not ready yet."
         ),
     )
-    add_nvml_arguments(parser)
+    nvml_args.add_nvml_arguments(parser)
     parser.add_argument(
         "--list-profiles", action="store_true", help="list the simulated hardware profiles and exit"
     )
@@ -52,7 +50,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver import nvml
     from driver.discovery import discover
 
     if args.list_profiles:
@@ -60,17 +57,9 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(profile_names()))
         return 0
-    # The kubelet names its node after the lowercased host name.
-    node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
+    node_name = nvml_args.node_name(args)
     try:
-        with nvml.backend(
-            args.nvml,
-            profile=args.profile,
-            node_name=node_name,
-            state_file=args.sim_state,
-            sysfs_root=args.sysfs_root,
-            driver_root=args.container_driver_root,
-        ) as (backend, sysfs_root):
+        with nvml_args.open_backend(args, node_name) as (backend, sysfs_root):
             inventory = discover(backend, sysfs_root=sysfs_root)
     except RetryableError as exc:
         print(f"gpu-dra discover: {exc}", file=sys.stderr)
