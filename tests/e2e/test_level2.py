@@ -220,10 +220,16 @@ async def test_the_kubelet_registers_the_plugin_and_slices_appear(
     node: RealNode, plugin: PluginProcess
 ) -> None:
     cp = node.cp
-    slices = cp.call(
-        "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
-    )["items"]
-    assert sum(len(s["spec"].get("devices") or []) for s in slices) == GPUS
+
+    def published() -> int:
+        slices = cp.call(
+            "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+        )["items"]
+        return sum(len(s["spec"].get("devices") or []) for s in slices)
+
+    # Registration and publishing are separate loops: the slices may land a moment later.
+    await await_until(f"{GPUS} devices published", lambda: published() == GPUS, 60)
+    assert published() == GPUS
     assert (node.kubelet_dir / "plugins_registry").is_dir()
 
 
