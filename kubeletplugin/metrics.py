@@ -10,14 +10,17 @@ their claim is prepared (they go with its unprepare).
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from driver.logs import kv
 from kubeletplugin.health import HealthBoard
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,9 @@ class MetricsServer:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
+        # Imported here: aiohttp's server half costs 2 MiB of RSS on nodes that serve no metrics.
+        from aiohttp import web
+
         app = web.Application()
         app.router.add_get("/metrics", self._serve)
         self._runner = web.AppRunner(app, access_log=None)
@@ -140,7 +146,9 @@ class MetricsServer:
         self.port = int(self._runner.addresses[0][1])
         log.info("serving metrics", extra=kv(port=self.port))
 
-    async def _serve(self, request: web.Request) -> web.Response:
+    async def _serve(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def stop(self) -> None:

@@ -44,7 +44,11 @@ def within(root: Path, path: Path) -> Path:
     The last component is not followed (removing a symlink removes the link), but it
     may not be empty, ``.`` or ``..``.
     """
-    if path.name in ("", ".", "..") or not path.parent.resolve().is_relative_to(root.resolve()):
+    if path.name in ("", ".", ".."):
+        raise PathOutsideRootError(f"{str(path)!r} is not inside {str(root)!r}")
+    if path.parent == root:  # a name right in the root: nothing to resolve (every call's case)
+        return path
+    if not path.parent.resolve().is_relative_to(root.resolve()):
         raise PathOutsideRootError(f"{str(path)!r} is not inside {str(root)!r}")
     return path
 

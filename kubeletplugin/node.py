@@ -39,6 +39,8 @@ from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
 from kubeletplugin.state import DeviceState, StateConfig
 
 if TYPE_CHECKING:
+    import ctypes
+
     from driver.nvml import Nvml
     from driver.nvml.events import EventWatcher
 
@@ -163,6 +165,7 @@ class _Node:
                 return 0
             await self._serve(state)
             self._probes.set_ready()
+            _return_freed_memory()
             log.info(
                 "kubelet plugin ready",
                 extra=kv(node=self._config.node_name, driver=self._config.driver_name),
@@ -351,3 +354,35 @@ class _Node:
             await asyncio.to_thread(thread.join, 10)
             self._watcher = None
         await asyncio.to_thread(self._exit_stack.close)
+
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def _libc() -> "ctypes.CDLL | None":
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl): its allocator has neither knob
+        return None
+
+
+def limit_malloc_arenas() -> None:
+    """One glibc heap per thread (gRPC's pollers, the executor, the NVML watcher) keeps
+    freed memory per thread; the daemon's threads mostly wait, so two heaps serve them."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_ARENA_MAX, 2)
+
+
+def _return_freed_memory() -> None:
+    """Start-up (imports, discovery, the first slice write) frees much of what it allocated,
+    but glibc keeps freed heap pages mapped: hand them back, so the node's resting RSS is
+    what the daemon holds, not what it once touched."""
+    import gc
+
+    gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

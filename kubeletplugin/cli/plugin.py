@@ -218,4 +218,5 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    node.limit_malloc_arenas()
     return asyncio.run(node.main(config))

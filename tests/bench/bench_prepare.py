@@ -114,8 +114,11 @@ def _apiserver(kubeconfig: Path) -> Iterator[None]:
         proc.wait(timeout=30)
 
 
+# Every runtime dependency the daemon imports (pyproject's, less cel-python and the schema
+# libraries, which only the offline tools use), imported and nothing run.
 _IMPORT_FLOOR = (
-    "import grpc, aiohttp, pynvml, yaml, pydantic, kubernetes.aio.client, kubernetes.aio.config\n"
+    "import grpc, grpc_health.v1.health_pb2, google.protobuf, aiohttp, pynvml, yaml, pydantic\n"
+    "import prometheus_client, kubernetes.aio.client, kubernetes.aio.config\n"
     "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS')][0])"
 )
 
