@@ -31,6 +31,7 @@ from tests.e2e.kube import PLUGIN_POD_IMAGE, await_until, install_chart, plugin_
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
 from tests.pluginharness import NodeDirs, PluginProcess
 from tests.simroot import fake_root
+from tests.test_timeslicing import Smi, sliced
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
@@ -122,7 +123,7 @@ async def plugin(node: RealNode) -> AsyncIterator[PluginProcess]:
     # spec names; the plugin's simulated NVML (real pynvml over the simulated C library)
     # describes the same profile's GPUs.
     fake_root(dirs.root / "driver-root", PROFILE)
-    proc = start_plugin(dirs, config)
+    proc = start_plugin(dirs, config, extra_args=(f"--nvidia-smi={node_smi(node).path}",))
     try:
         await proc.wait_ready(120)
         await proc.wait_log("registered with the kubelet|plugin_registered=True", 60)
@@ -131,7 +132,14 @@ async def plugin(node: RealNode) -> AsyncIterator[PluginProcess]:
         await proc.terminate()
 
 
-def start_plugin(dirs: NodeDirs, config: Path, pod_uid: str | None = None) -> PluginProcess:
+def node_smi(node: RealNode) -> Smi:
+    """The node's nvidia-smi: a stand-in that records its calls (NVML sets no time slice)."""
+    return Smi(node.root / "nvidia-smi")
+
+
+def start_plugin(
+    dirs: NodeDirs, config: Path, pod_uid: str | None = None, extra_args: tuple[str, ...] = ()
+) -> PluginProcess:
     return PluginProcess(
         dirs,
         kubeconfig=config,
@@ -140,7 +148,7 @@ def start_plugin(dirs: NodeDirs, config: Path, pod_uid: str | None = None) -> Pl
         pod_uid=pod_uid,
         extra_env={"POD_NAMESPACE": NAMESPACE},
         # One machine: the host sees the driver root where the plugin does.
-        extra_args=(f"--nvidia-driver-root={dirs.root / 'driver-root'}",),
+        extra_args=(f"--nvidia-driver-root={dirs.root / 'driver-root'}", *extra_args),
     )
 
 
@@ -255,6 +263,20 @@ async def test_two_containers_share_one_gpu(node: RealNode, plugin: PluginProces
     assert first["uuids"] == second["uuids"] and len(first["uuids"].split(",")) == 1
     await delete_namespace_claims(cp, "two-containers")
     await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
+
+
+async def test_two_pods_time_slice_one_gpu(node: RealNode, plugin: PluginProcess) -> None:
+    cp = node.cp
+    smi = node_smi(node)
+    smi.calls()  # what earlier tests left
+    pods = await run_example(cp, "time-sliced", "time-sliced-gpu-two-pods.yaml")
+    (uuid,) = {r["uuids"] for pod in pods for r in reports(pod).values()}
+    assert len(pods) == 2 and uuid.startswith("GPU-")
+    # The kubelet unprepares the claim once both pods have finished, or at the latest
+    # when it is deleted: Short once (one claim, one prepare), then back to Default.
+    await delete_namespace_claims(cp, "time-sliced")
+    await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
+    assert smi.calls() == sliced(uuid, 1) + sliced(uuid, 0)
 
 
 async def test_two_pods_share_one_claim(node: RealNode, plugin: PluginProcess) -> None:
