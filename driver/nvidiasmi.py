@@ -5,9 +5,15 @@ one), so time-slicing is applied the way NVIDIA's DRA driver applies it: compute
 ``DEFAULT`` (several processes may hold a context), then ``compute-policy
 --set-timeslice``. The binary is the host's, under the driver root; tests give a
 stand-in script. Blocking calls: run them from a worker thread.
+
+The plugin's image carries no NVIDIA library, so the host's ``nvidia-smi`` run from the
+container would not find ``libnvidia-ml.so.1`` on the container's loader path: it runs
+with the driver root's copy preloaded (by soname, the loader then uses it), as NVIDIA's
+driver runs it.
 """
 
 import logging
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +45,14 @@ class NvidiaSmiError(RetryableError):
 @dataclass(frozen=True, slots=True)
 class NvidiaSmi:
     path: Path
+    preload: Path | None = None  # the libnvidia-ml.so.1 it runs with; None: the loader's
 
     def run(self, *args: str) -> None:
         argv = [str(self.path), *args]
+        env = None if self.preload is None else {**os.environ, "LD_PRELOAD": str(self.preload)}
         try:
             done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
+                argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False, env=env
             )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             raise NvidiaSmiMissingError(f"cannot run nvidia-smi at {self.path}: {exc}") from exc

@@ -36,6 +36,7 @@ from driver.devicekinds import (
 )
 from driver.errors import DriverError
 from driver.logs import kv
+from driver.nvml import library
 from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
@@ -124,6 +125,7 @@ def _attach_kinds(config: StateConfig, records: Records) -> None:
                 container_driver_root=config.container_driver_root,
                 nvidia_smi=config.nvidia_smi,
                 mps_control=config.mps_control,
+                nvml_library=library.find(config.container_driver_root),
             )
         )
 

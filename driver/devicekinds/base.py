@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from driver import nvidiasmi
 from driver.inventory import Inventory
+from driver.nvidiasmi import NvidiaSmi
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,12 @@ class KindContext:
     container_driver_root: Path
     nvidia_smi: Path | None = None  # None: under the driver root
     mps_control: Path | None = None  # nvidia-cuda-mps-control; None: under the driver root
+    nvml_library: Path | None = None  # the driver root's libnvidia-ml, for the tools it runs
+
+    def nvidia_smi_tool(self) -> NvidiaSmi:
+        """The driver root's nvidia-smi (or the one named), with the driver root's NVML."""
+        path = self.nvidia_smi or nvidiasmi.default_path(self.container_driver_root)
+        return NvidiaSmi(path, self.nvml_library)
 
 
 class DeviceKind(Protocol):

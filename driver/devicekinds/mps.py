@@ -30,7 +30,7 @@ from driver.devicekinds.base import KindContext, PreparedClaim
 from driver.devicekinds.files import SHARED, make_dir, write_atomic
 from driver.errors import PermanentError, RetryableError
 from driver.logs import kv
-from driver.nvidiasmi import NvidiaSmi, default_path
+from driver.nvidiasmi import NvidiaSmi
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Mps:
         make_dir(self._dir)
         root = context.container_driver_root
         self._control = context.mps_control or default_control(root)
-        self._smi = NvidiaSmi(context.nvidia_smi or default_path(root))
+        self._smi = context.nvidia_smi_tool()
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         return bool(wanted(claim, self._uuid_key))

@@ -23,7 +23,7 @@ from driver.devicekinds.base import KindContext, PreparedClaim
 from driver.devicekinds.files import make_dir, write_atomic
 from driver.errors import PermanentError
 from driver.logs import kv
-from driver.nvidiasmi import NvidiaSmi, default_path
+from driver.nvidiasmi import NvidiaSmi
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class TimeSlicing:
         self._dir = context.state_dir / "timeslice"
         make_dir(self._dir)
         self._boot = context.boot_id
-        self._smi = NvidiaSmi(context.nvidia_smi or default_path(context.container_driver_root))
+        self._smi = context.nvidia_smi_tool()
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         return bool(wanted(claim, self._uuid_key))
