@@ -123,7 +123,7 @@ async def plugin(node: RealNode) -> AsyncIterator[PluginProcess]:
     # spec names; the plugin's simulated NVML (real pynvml over the simulated C library)
     # describes the same profile's GPUs.
     fake_root(dirs.root / "driver-root", PROFILE)
-    proc = start_plugin(dirs, config, extra_args=(f"--nvidia-smi={node_smi(node).path}",))
+    proc = start_plugin(dirs, config)
     try:
         await proc.wait_ready(120)
         await proc.wait_log("registered with the kubelet|plugin_registered=True", 60)
@@ -132,14 +132,12 @@ async def plugin(node: RealNode) -> AsyncIterator[PluginProcess]:
         await proc.terminate()
 
 
-def node_smi(node: RealNode) -> Smi:
-    """The node's nvidia-smi: a stand-in that records its calls (NVML sets no time slice)."""
-    return Smi(node.root / "nvidia-smi")
+def plugin_smi(dirs: NodeDirs) -> Smi:
+    """The plugin's nvidia-smi: a stand-in that records its calls (NVML sets no time slice)."""
+    return Smi(dirs.root / "nvidia-smi")
 
 
-def start_plugin(
-    dirs: NodeDirs, config: Path, pod_uid: str | None = None, extra_args: tuple[str, ...] = ()
-) -> PluginProcess:
+def start_plugin(dirs: NodeDirs, config: Path, pod_uid: str | None = None) -> PluginProcess:
     return PluginProcess(
         dirs,
         kubeconfig=config,
@@ -148,7 +146,10 @@ def start_plugin(
         pod_uid=pod_uid,
         extra_env={"POD_NAMESPACE": NAMESPACE},
         # One machine: the host sees the driver root where the plugin does.
-        extra_args=(f"--nvidia-driver-root={dirs.root / 'driver-root'}", *extra_args),
+        extra_args=(
+            f"--nvidia-driver-root={dirs.root / 'driver-root'}",
+            f"--nvidia-smi={plugin_smi(dirs).path}",
+        ),
     )
 
 
@@ -267,7 +268,7 @@ async def test_two_containers_share_one_gpu(node: RealNode, plugin: PluginProces
 
 async def test_two_pods_time_slice_one_gpu(node: RealNode, plugin: PluginProcess) -> None:
     cp = node.cp
-    smi = node_smi(node)
+    smi = plugin_smi(plugin.dirs)
     smi.calls()  # what earlier tests left
     pods = await run_example(cp, "time-sliced", "time-sliced-gpu-two-pods.yaml")
     (uuid,) = {r["uuids"] for pod in pods for r in reports(pod).values()}
