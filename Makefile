@@ -22,8 +22,9 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# Workers: most tests wait on real processes and sockets, so even 2 cores gain.
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses=4
 
 # The differential tests against upstream's allocator and CEL (needs Go; builds once, cached).
 oracles: $(STAMP)
