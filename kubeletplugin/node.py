@@ -60,6 +60,8 @@ class NodeConfig:
     container_driver_root: Path = Path("/driver-root")
     nvidia_smi: Path | None = None
     mps_control: Path | None = None
+    # Publish GPUs for consumable capacity (driver.devicekinds.capacity).
+    consumable_capacity: bool = False
     pod_uid: str | None = None
     nvml: str = "system"
     profile: str | None = None
@@ -216,7 +218,9 @@ class _Node:
             return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
 
         # One inventory for the publisher and the claim state, for the process's life.
-        self._devices = NodeDevices(_discover, node_name=cfg.node_name)
+        self._devices = NodeDevices(
+            _discover, node_name=cfg.node_name, consumable_capacity=cfg.consumable_capacity
+        )
         await self._devices.refresh()
         state_config = StateConfig(
             plugin_dir=cfg.plugins_dir / cfg.driver_name,
