@@ -33,6 +33,7 @@ from driver.devicekinds import (
     PreparedClaim,
     PreparedDevice,
     by_name,
+    capacity,
 )
 from driver.errors import DriverError
 from driver.logs import kv
@@ -110,7 +111,8 @@ def _read_boot_id(path: Path) -> str:
 
 
 def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
-    return tuple(d.device_name for d in claim.devices)
+    """Its reservations: a device, or a share of one."""
+    return tuple(d.reservation for d in claim.devices)
 
 
 def _attach_kinds(config: StateConfig, records: Records) -> None:
@@ -349,6 +351,7 @@ class DeviceState:
         """Pure: the claim as it will be recorded, each device checked to exist here."""
         ref = plan.ref
         prepared = []
+        shares: set[str] = set()
         for planned in plan.devices:
             device = devices.get(planned.device_name)
             if device is None:
@@ -356,17 +359,29 @@ class DeviceState:
                     f"claim {ref}: device {planned.device_name} (pool {planned.pool_name}) "
                     f"does not exist on node {self._config.node_name}"
                 )
+            if planned.share_id is not None:
+                problem = capacity.share_problem(device.published, dict(planned.consumed))
+                if problem is None and planned.share_id in shares:
+                    problem = f'field "shareID": {planned.share_id} is used by two results'
+                if problem is not None:
+                    raise ClaimError(
+                        f"claim {ref}: the share of device {planned.device_name}: {problem}"
+                    )
+                shares.add(planned.share_id)
             prepared.append(
                 PreparedDevice(
                     request_names=(planned.base_request,),
                     pool_name=planned.pool_name,
                     device_name=planned.device_name,
-                    cdi_device_ids=(cdi.cdi_device_id(ref.uid, planned.device_name),),
+                    cdi_device_ids=(
+                        cdi.cdi_device_id(ref.uid, planned.device_name, planned.share_id),
+                    ),
                     share_id=planned.share_id,
                     admin_access=planned.admin_access,
                     kind=device.kind,
                     identity=tuple(sorted(device.identity.items())),
                     sharing=planned.config.sharing_settings(),
+                    consumed=planned.consumed,
                 )
             )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(prepared))
@@ -397,7 +412,7 @@ class DeviceState:
             for kind in kinds:
                 await asyncio.to_thread(kind.unprepare, claim)
             self._records.remove_claim_record(claim.uid)
-            self._records.release(claim.uid, [d.device_name for d in claim.devices])
+            self._records.release(claim.uid, _device_names(claim))
         except Exception:  # the reservation stays; the next prepare or unprepare retries
             log.exception("rollback of a failed prepare failed", extra=_claim_kv(claim))
 

@@ -31,6 +31,7 @@ from driver.devicekinds.files import SHARED, make_dir, write_atomic
 from driver.errors import PermanentError, RetryableError
 from driver.logs import kv
 from driver.nvidiasmi import NvidiaSmi, default_path
+from driver.quantity import Quantity
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,24 @@ def _limit_for(settings: Mapping[str, str], uuid: str, index: str) -> str | None
     )
 
 
+def _bytes(limit: str, otherwise: int) -> int:
+    """A configured limit (a quantity) in bytes; ``otherwise`` when it is none."""
+    try:
+        return int(Quantity.parse(limit).value)
+    except ValueError:
+        return otherwise
+
+
+def _share_mib(claim: PreparedClaim, uuid: str, uuid_key: str) -> int | None:
+    """The memory the claim's shares of the GPU consumed (consumable capacity), in MiB."""
+    shares = [
+        Quantity.parse(dict(d.consumed)["memory"]).value
+        for d in claim.devices
+        if dict(d.identity).get(uuid_key) == uuid and "memory" in dict(d.consumed)
+    ]
+    return int(sum(shares) // (1 << 20)) if shares else None
+
+
 def _one_gpu(claim: PreparedClaim, gpus: Mapping[str, object]) -> None:
     if len(gpus) > 1:
         raise MpsError(
@@ -112,6 +131,9 @@ class Mps:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={settings['activeThreadPercentage']}")
         # The client sees its one GPU as device 0.
         limit = _limit_for(settings, uuid, "0")
+        share = _share_mib(claim, uuid, self._uuid_key)
+        if share is not None and (limit is None or share << 20 < _bytes(limit, share << 20)):
+            limit = f"{share}M"  # a share of the GPU's memory is enforced as its limit
         if limit is not None:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit}")
         mounts = [
