@@ -16,13 +16,14 @@ and a daemon per GPU keeps the count per GPU.
 """
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,17 +147,33 @@ class Mps:
         gpus = wanted(claim, self._uuid_key)
         _one_gpu(claim, gpus)
         for uuid in gpus:
-            holder = self._gpu_dir(uuid) / "holders" / claim.uid
-            make_dir(holder.parent)
-            write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
-            self._ensure_running(uuid, claim)
+            with self._locked(uuid):
+                holder = self._gpu_dir(uuid) / "holders" / claim.uid
+                make_dir(holder.parent)
+                write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
+                self._ensure_running(uuid, claim)
 
     def unprepare(self, claim: PreparedClaim) -> None:
         for uuid in wanted(claim, self._uuid_key):
-            holders = self._gpu_dir(uuid) / "holders"
-            (holders / claim.uid).unlink(missing_ok=True)
-            if not (holders.exists() and any(holders.iterdir())):
-                self._stop(uuid, claim)
+            with self._locked(uuid):
+                holders = self._gpu_dir(uuid) / "holders"
+                (holders / claim.uid).unlink(missing_ok=True)
+                if not (holders.exists() and any(holders.iterdir())):
+                    self._stop(uuid, claim)
+
+    @contextlib.contextmanager
+    def _locked(self, uuid: str) -> Iterator[None]:
+        """One claim at a time per GPU: claims sharing a GPU (shares of its memory) are
+        prepared in parallel, and two first prepares must not start two daemons, nor a
+        last unprepare stop the daemon a new holder just counted on. A file lock, so two
+        plugin instances of a node (a surge upgrade) take turns too."""
+        path = self._gpu_dir(uuid).with_name(f"{uuid}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)
