@@ -72,6 +72,8 @@ class NodeConfig:
     metrics_port: int | None = None
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
+    # How often an MPS daemon that died is looked for, and restarted.
+    watch_period: float = 5.0
     # How long to wait before retrying a failed setup or re-checking the guard.
     retry_period: float = 30.0
 
@@ -300,6 +302,9 @@ class _Node:
         self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
         self._tasks.append(
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
+        )
+        self._tasks.append(
+            asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )
 
     def _gpu_uuids(self) -> dict[str, str]:

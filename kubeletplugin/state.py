@@ -219,6 +219,20 @@ class DeviceState:
                 log.exception("reconciliation failed")
             await asyncio.sleep(period)
 
+    async def run_watchdog(self, period: float = 5.0) -> None:
+        """:meth:`watch` every ``period`` seconds, until cancelled."""
+        while True:
+            try:
+                await self.watch()
+            except Exception:  # keep the loop alive; the next round may succeed
+                log.exception("side-effect watchdog failed")
+            await asyncio.sleep(period)
+
+    async def watch(self) -> None:
+        """One round: each kind brings back what its prepared claims lost (an MPS daemon)."""
+        for kind in by_name().values():
+            await asyncio.to_thread(kind.watch)
+
     async def reconcile(self) -> None:
         """One round: unprepare the claims recorded here that are gone from the API server."""
         holders = await asyncio.to_thread(self._recorded_claims)

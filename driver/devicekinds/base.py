@@ -112,3 +112,7 @@ class DeviceKind(Protocol):
     def recover(self, claim: PreparedClaim) -> None:
         """After a crash between the per-claim record and the CDI spec: undo whatever
         :meth:`prepare` may have done (the kubelet prepares the claim again)."""
+
+    def watch(self) -> None:
+        """Called now and then while claims are prepared: bring back what a prepared claim
+        relies on and that has gone away (an MPS daemon that died), reporting it."""

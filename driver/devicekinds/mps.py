@@ -178,6 +178,35 @@ class Mps:
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)
 
+    def watch(self) -> list[str]:
+        """Restart the daemon of every GPU that has holders but no daemon (it died: a
+        crash, an OOM kill), each reported in one line; returns those GPUs' UUIDs."""
+        if self._dir is None:
+            return []
+        restarted: list[str] = []
+        for gpu_dir in sorted(p for p in self._dir.iterdir() if p.is_dir()):
+            uuid = gpu_dir.name
+            if not _UUID.fullmatch(uuid):
+                continue
+            with self._locked(uuid):
+                holders = sorted((gpu_dir / "holders").glob("*"))
+                if not holders or self.running_pid(uuid) is not None:
+                    continue
+                namespace, _, name = holders[0].read_text().strip().partition("/")
+                claim = PreparedClaim(holders[0].name, namespace, name, ())
+                log.error(
+                    "MPS control daemon is gone; restarting it",
+                    extra=kv(gpu_uuid=uuid, claims=len(holders), claim_uid=claim.uid,
+                             claim_namespace=namespace, claim_name=name),
+                )  # fmt: skip
+                try:
+                    self._ensure_running(uuid, claim)
+                except (MpsError, MpsDaemonError) as exc:
+                    log.error("MPS control daemon restart failed", extra=kv(error=exc))
+                    continue
+                restarted.append(uuid)
+        return restarted
+
     def running_pid(self, uuid: str) -> int | None:
         """The daemon of ``uuid``: the one its pid file names, or else one a plugin killed
         between starting it and writing that file, found in ``/proc`` and adopted."""

@@ -4,8 +4,9 @@ One simulated g6.xlarge (one L4 of 23034 MiB, shares of up to 22Gi) whose plugin
 ``--consumable-capacity``; the chart applied as in level 1. The real kube-scheduler
 allocates three claims of 10Gi each, one pod each, in turn: the first two share the GPU
 (``shareID``, ``consumedCapacity``), the third does not fit, and ``gpu-dra explain``, given
-the claims the scheduler allocated, predicts every one of those outcomes. On 1.34 the gate
-is off: the API server drops the fields and the plugin publishes the GPU unshared.
+the claims the scheduler allocated, predicts every one of those outcomes. The tier's 1.34
+control plane turns the alpha gate DRAConsumableCapacity on (tests/e2e/cluster.py); a server
+without it is tests/test_capabilities.py's.
 """
 
 from __future__ import annotations
@@ -120,12 +121,6 @@ async def test_three_claims_of_10gi_on_one_l4_the_third_does_not_fit(
     cp = cluster
     device = _device(cp)
     assert device is not None
-    if MINOR == "1.34":
-        # Alpha and off: the server drops the fields, the plugin publishes the GPU unshared.
-        assert "allowMultipleAllocations" not in device
-        assert "requestPolicy" not in device["capacity"]["memory"]
-        assert "the API server drops multiple allocations" in plugin.log_path.read_text()
-        return
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] == "22Gi"
     cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
