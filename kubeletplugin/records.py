@@ -245,8 +245,10 @@ class Records:
 
     # -- device reservations --
 
-    def reserve(self, claim: PreparedClaim) -> None:
-        """Reserve every device of ``claim`` that needs it to itself (not adminAccess).
+    def reserve(self, claim: PreparedClaim, shareable: Iterable[str] = ()) -> None:
+        """Reserve every device of ``claim`` that needs it to itself (not adminAccess);
+        of the ``shareable`` devices (published for consumable capacity), a share or the
+        whole device, never both.
 
         Raises DeviceTakenError naming the holder; what this call reserved is then
         released again, what the claim held before stays.
@@ -255,9 +257,13 @@ class Records:
         target = _target(claim)
         wanted = sorted({d.reservation for d in claim.devices if not d.admin_access})
         # A device taken whole excludes its shares and the other way round; the scheduler
-        # never allocates both, so this only catches a hand-written allocation.
+        # never allocates both, so this only catches a hand-written allocation. Only a
+        # shareable device can have shares: nothing to list for the others.
+        shared = set(shareable) & {n.partition(SHARE_SEPARATOR)[0] for n in wanted}
         others = {
-            name: t for name, t in self.reservations().items() if t.split(":", 1)[0] != claim.uid
+            name: t
+            for name, t in (self.reservations() if shared else {}).items()
+            if t.split(":", 1)[0] != claim.uid
         }
         try:
             for name in wanted:

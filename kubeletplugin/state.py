@@ -338,7 +338,14 @@ class DeviceState:
             self._check_same_devices(ref, existing, devices)
         # Record: reserve each device (one symlink each; no lock, no shared file).
         try:
-            self._records.reserve(claim)
+            self._records.reserve(
+                claim,
+                shareable=[
+                    d.device_name
+                    for d in claim.devices
+                    if devices[d.device_name].published.get("allowMultipleAllocations")
+                ],
+            )
         except DeviceTakenError as exc:
             raise ClaimError(str(exc)) from exc
         crashpoint("after-reserve")
