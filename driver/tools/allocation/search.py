@@ -125,11 +125,15 @@ class NodeSearch:
     ) -> Shortfall | None:
         """Why a share for ``request`` does not fit ``device`` (None: it fits), next to
         other claims' shares and, with ``allocating``, this search's."""
-        held: list[Mapping[str, Quantity]] = []
+        mine = self._held.get(device.index) if allocating else None
         use = self.shared.get(device.key)
+        if not request.capacity and use is None and mine is None:
+            # Nothing asked, nothing held: a share at the defaults always fits (the API
+            # server keeps every default within the capacity), so skip the arithmetic.
+            return None
+        held: list[Mapping[str, Quantity]] = []
         if use is not None:
             held.append(use.amounts)
-        mine = self._held.get(device.index) if allocating else None
         if mine is not None:
             held.append(mine.amounts)
         return shortfall(request.capacity, device.capacities(), held)
