@@ -49,9 +49,16 @@ DRIVER_CAPACITIES = frozenset({"memory"})
 OPTIONAL_ATTRIBUTES = frozenset({"numaNode", "pcieRoot", "nvlinkDomain"})
 
 
-def build_devices(inventory: Inventory, *, node_name: str) -> list[dict[str, Any]]:
+def build_devices(
+    inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
+) -> list[dict[str, Any]]:
     """Every device kind's devices on the node, each kind building its own."""
-    return [dict(d.published) for d in node_devices(inventory, node_name=node_name)]
+    return [
+        dict(d.published)
+        for d in node_devices(
+            inventory, node_name=node_name, consumable_capacity=consumable_capacity
+        )
+    ]
 
 
 def split_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -94,10 +101,15 @@ def slice_metadata(
 
 
 def build_resource_slices(
-    inventory: Inventory, *, driver_name: str, node_name: str, generation: int = 1
+    inventory: Inventory,
+    *,
+    driver_name: str,
+    node_name: str,
+    generation: int = 1,
+    consumable_capacity: bool = False,
 ) -> list[dict[str, Any]]:
     """The node's complete pool: ``resource.k8s.io/v1`` ResourceSlice objects."""
-    devices = build_devices(inventory, node_name=node_name)
+    devices = build_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity)
     return build_slices(
         devices, driver_name=driver_name, node_name=node_name, generation=generation
     )

@@ -67,9 +67,16 @@ def spec_path(cdi_root: Path, claim_uid: str) -> Path:
     return names.within(cdi_root, cdi_root / spec_name(claim_uid))
 
 
-def cdi_device_id(claim_uid: str, device_name: str) -> str:
+def device_name_of(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+    """The CDI device of one device of a claim, or of one share of it: two shares of one
+    device (two requests of the claim) are two CDI devices."""
+    base = f"{claim_uid}-{device_name}"
+    return base if share_id is None else f"{base}-{share_id}"
+
+
+def cdi_device_id(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
     """Fully qualified CDI name, as returned to the kubelet."""
-    return f"{KIND}={claim_uid}-{device_name}"
+    return f"{KIND}={device_name_of(claim_uid, device_name, share_id)}"
 
 
 def min_version(spec: Mapping[str, Any]) -> str:
@@ -103,15 +110,15 @@ def build_claim_spec(
     """The claim's CDI spec. ``devices`` maps device name to the node's device for
     every device of the claim; device nodes are found under ``dev_root`` on the host
     (see :func:`dev_root`)."""
-    by_device: dict[str, list[PreparedDevice]] = {}
+    by_device: dict[tuple[str, str], list[PreparedDevice]] = {}
     for record in claim.devices:
-        by_device.setdefault(record.device_name, []).append(record)
+        by_device.setdefault((record.device_name, record.share_id or ""), []).append(record)
     spec_devices = []
-    of_kind: dict[str, list[NodeDevice]] = {}
-    for device_name in sorted(by_device):
-        records = by_device[device_name]
+    of_kind: dict[str, dict[str, NodeDevice]] = {}
+    for device_name, share_id in sorted(by_device):
+        records = by_device[(device_name, share_id)]
         node_device = devices[device_name]
-        of_kind.setdefault(node_device.kind, []).append(node_device)
+        of_kind.setdefault(node_device.kind, {})[device_name] = node_device
         requests = sorted({r for rec in records for r in rec.request_names})
         annotations = {
             DEVICE_NAME: device_name,
@@ -122,18 +129,19 @@ def build_claim_spec(
         }
         if any(rec.admin_access for rec in records):
             annotations[ADMIN_ACCESS] = "true"
-        share_ids = sorted({rec.share_id for rec in records if rec.share_id})
-        if share_ids:
-            annotations[SHARE_ID] = ",".join(share_ids)
+        if share_id:
+            annotations[SHARE_ID] = share_id
         spec_devices.append(
             {
-                "name": f"{claim.uid}-{device_name}",
+                "name": device_name_of(claim.uid, device_name, share_id or None),
                 "annotations": annotations,
                 "containerEdits": dict(node_device.edits),
             }
         )
     kinds = by_name()
-    kind_edits = [kinds[name].claim_edits(of_kind[name], claim) for name in sorted(of_kind)]
+    kind_edits = [
+        kinds[name].claim_edits(list(of_kind[name].values()), claim) for name in sorted(of_kind)
+    ]
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": KIND,
@@ -231,7 +239,7 @@ def claim_from_spec(spec: Mapping[str, Any]) -> PreparedClaim:
                     request_names=tuple(r for r in a.get(REQUESTS, "").split(",") if r),
                     pool_name=_text(a, POOL),
                     device_name=device_name,
-                    cdi_device_ids=(cdi_device_id(uid, device_name),),
+                    cdi_device_ids=(cdi_device_id(uid, device_name, share or None),),
                     share_id=share if share else None,
                     admin_access=a.get(ADMIN_ACCESS) == "true",
                     kind=kind_name,

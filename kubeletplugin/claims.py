@@ -7,6 +7,7 @@ the opaque config that applies to it.
 """
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from driver.errors import PermanentError, RetryableError
 from driver.kubeapi import ApiError, Client, NotFoundError
 
 _FETCH_TIMEOUT_S = 20.0
+# A share ID as the scheduler writes it (types.UID, a UUID): it also names a file.
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
@@ -55,6 +58,7 @@ class PlannedDevice:
     admin_access: bool
     share_id: str | None
     config: GpuConfig
+    consumed: tuple[tuple[str, str], ...] = ()  # the result's consumedCapacity
 
     @property
     def base_request(self) -> str:
@@ -233,14 +237,28 @@ def plan_claim(
             if result.get("driver") != driver_name or result.get("pool") != pool_name:
                 continue
             request = str(result.get("request", ""))
+            share_id = result.get("shareID")
+            device_name = str(result.get("device", ""))
+            if share_id is not None and not _UUID.fullmatch(str(share_id)):
+                raise ClaimError(
+                    f'claim {ref}: field "shareID" of the result for device {device_name}: '
+                    f"{share_id!r} is not a UUID"
+                )
+            consumed = result.get("consumedCapacity") or {}
+            if not isinstance(consumed, Mapping):
+                raise ClaimError(
+                    f'claim {ref}: field "consumedCapacity" of the result for device '
+                    f"{device_name} is not a map"
+                )
             devices.append(
                 PlannedDevice(
                     request=request,
                     pool_name=pool_name,
-                    device_name=str(result.get("device", "")),
+                    device_name=device_name,
                     admin_access=result.get("adminAccess") is True,
-                    share_id=result.get("shareID"),
+                    share_id=None if share_id is None else str(share_id),
                     config=_config_for(request, configs),
+                    consumed=tuple(sorted((str(k), str(v)) for k, v in consumed.items())),
                 )
             )
     except ConfigError as exc:

@@ -62,6 +62,8 @@ class NodeConfig:
     container_driver_root: Path = Path("/driver-root")
     nvidia_smi: Path | None = None
     mps_control: Path | None = None
+    # Publish GPUs for consumable capacity (driver.devicekinds.capacity).
+    consumable_capacity: bool = False
     pod_uid: str | None = None
     nvml: str = "system"
     profile: str | None = None
@@ -72,6 +74,8 @@ class NodeConfig:
     metrics_port: int | None = None
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
+    # How often an MPS daemon that died is looked for, and restarted.
+    watch_period: float = 5.0
     # How long to wait before retrying a failed setup or re-checking the guard.
     retry_period: float = 30.0
 
@@ -219,7 +223,9 @@ class _Node:
             return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
 
         # One inventory for the publisher and the claim state, for the process's life.
-        self._devices = NodeDevices(_discover, node_name=cfg.node_name)
+        self._devices = NodeDevices(
+            _discover, node_name=cfg.node_name, consumable_capacity=cfg.consumable_capacity
+        )
         await self._devices.refresh()
         state_config = StateConfig(
             plugin_dir=cfg.plugins_dir / cfg.driver_name,
@@ -299,6 +305,9 @@ class _Node:
         self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
         self._tasks.append(
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
+        )
+        self._tasks.append(
+            asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )
 
     def _gpu_uuids(self) -> dict[str, str]:

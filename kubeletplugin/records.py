@@ -6,10 +6,12 @@ Layout (``plugin_dir`` is ``<plugins-dir>/<driver>``):
   its record (``kubeletplugin.cdi``: claim uid, namespace, name, devices, boot ID).
   Present = prepared; written last in a prepare, removed first in an unprepare.
 - ``plugin_dir/devices/<device>``: a symlink to ``<uid>:<namespace>:<name>``, the
-  device's reservation. ``symlink(2)`` fails when the name exists, so two claims (or
-  two plugin instances of one node, during a surge upgrade) can never both reserve
-  a device: that is the only cross-process exclusion prepare needs, and it is per
-  device. A symlink's target is written with its inode, so it is never torn.
+  device's reservation; ``devices/<device>#<share ID>`` reserves one share of a device
+  several claims share (consumable capacity), so a share ID is never prepared twice.
+  ``symlink(2)`` fails when the name exists, so two claims (or two plugin instances
+  of one node, during a surge upgrade) can never both reserve a device: that is the
+  only cross-process exclusion prepare needs, and it is per device. A symlink's target
+  is written with its inode, so it is never torn.
 - ``plugin_dir/claims/<uid>.json``: for a claim whose preparation has side effects
   (a device kind's ``prepare``), what to undo, written before the side effect.
 - ``plugin_dir/boot_id``: the boot these records belong to, written once per boot at
@@ -63,6 +65,8 @@ CLAIM_RECORD_VERSION = 1
 # A DRA device name is a DNS label: it can name a file.
 _DEVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _TEMP_SUFFIX = ".tmp"
+# devices/<device>#<share ID>: one share of a device with allowMultipleAllocations.
+SHARE_SEPARATOR = "#"
 
 
 class RecordError(PermanentError):
@@ -241,16 +245,42 @@ class Records:
 
     # -- device reservations --
 
-    def reserve(self, claim: PreparedClaim) -> None:
-        """Reserve every device of ``claim`` that needs it to itself (not adminAccess).
+    def reserve(self, claim: PreparedClaim, shareable: Iterable[str] = ()) -> None:
+        """Reserve every device of ``claim`` that needs it to itself (not adminAccess);
+        of the ``shareable`` devices (published for consumable capacity), a share or the
+        whole device, never both.
 
         Raises DeviceTakenError naming the holder; what this call reserved is then
         released again, what the claim held before stays.
         """
         made: list[str] = []
         target = _target(claim)
+        wanted = sorted({d.reservation for d in claim.devices if not d.admin_access})
+        # A device taken whole excludes its shares and the other way round; the scheduler
+        # never allocates both, so this only catches a hand-written allocation. Only a
+        # shareable device can have shares: nothing to list for the others.
+        shared = set(shareable) & {n.partition(SHARE_SEPARATOR)[0] for n in wanted}
+        others = {
+            name: t
+            for name, t in (self.reservations() if shared else {}).items()
+            if t.split(":", 1)[0] != claim.uid
+        }
         try:
-            for name in sorted({d.device_name for d in claim.devices if not d.admin_access}):
+            for name in wanted:
+                device, share_sep, share = name.partition(SHARE_SEPARATOR)
+                clash = [
+                    other
+                    for other in others
+                    if other.partition(SHARE_SEPARATOR)[0] == device
+                    and bool(share_sep) != bool(other.partition(SHARE_SEPARATOR)[1])
+                ]
+                if clash:
+                    holder = parse_target(others[clash[0]])
+                    whole = "shares of it are" if not share_sep else "it is"
+                    raise DeviceTakenError(
+                        f"claim {claim}: device {device}: {whole} already prepared for claim "
+                        f"{holder if holder is not None else '(unreadable reservation)'}"
+                    )
                 path = self.devices_dir / name
                 try:
                     path.symlink_to(target)
@@ -258,9 +288,13 @@ class Records:
                 except FileExistsError:
                     holder = self.holder(name)
                     if holder is None or holder.uid != claim.uid:
+                        what = (
+                            f"share {share} of device {device}" if share_sep else f"device {name}"
+                        )
                         raise DeviceTakenError(
-                            f"claim {claim}: device {name} is already prepared for claim "
+                            f"claim {claim}: {what} is already prepared for claim "
                             f"{holder if holder is not None else '(unreadable reservation)'}"
+                            + ("; a share ID is never used twice" if share_sep else "")
                         ) from None
         except BaseException:
             self.release(claim.uid, made)

@@ -263,12 +263,12 @@ def _reserve(
         for device in claim.devices:
             if device.admin_access:
                 continue
-            held = parse_target(current.get(device.device_name, ""))
+            held = parse_target(current.get(device.reservation, ""))
             if held is None:
-                records.force_reserve(device.device_name, holder)
-                current[device.device_name] = f"{claim.uid}:{claim.namespace}:{claim.name}"
+                records.force_reserve(device.reservation, holder)
+                current[device.reservation] = f"{claim.uid}:{claim.namespace}:{claim.name}"
             elif held.uid != claim.uid:
                 log.error(
                     "device recorded for two claims; it stays with the first",
-                    extra={**_claim_kv(claim), "device": device.device_name, "holder": str(held)},
+                    extra={**_claim_kv(claim), "device": device.reservation, "holder": str(held)},
                 )

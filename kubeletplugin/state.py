@@ -33,6 +33,7 @@ from driver.devicekinds import (
     PreparedClaim,
     PreparedDevice,
     by_name,
+    capacity,
 )
 from driver.errors import DriverError
 from driver.logs import kv
@@ -111,7 +112,8 @@ def _read_boot_id(path: Path) -> str:
 
 
 def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
-    return tuple(d.device_name for d in claim.devices)
+    """Its reservations: a device, or a share of one."""
+    return tuple(d.reservation for d in claim.devices)
 
 
 def _attach_kinds(config: StateConfig, records: Records) -> None:
@@ -219,6 +221,20 @@ class DeviceState:
                 log.exception("reconciliation failed")
             await asyncio.sleep(period)
 
+    async def run_watchdog(self, period: float = 5.0) -> None:
+        """:meth:`watch` every ``period`` seconds, until cancelled."""
+        while True:
+            try:
+                await self.watch()
+            except Exception:  # keep the loop alive; the next round may succeed
+                log.exception("side-effect watchdog failed")
+            await asyncio.sleep(period)
+
+    async def watch(self) -> None:
+        """One round: each kind brings back what its prepared claims lost (an MPS daemon)."""
+        for kind in by_name().values():
+            await asyncio.to_thread(kind.watch)
+
     async def reconcile(self) -> None:
         """One round: unprepare the claims recorded here that are gone from the API server."""
         holders = await asyncio.to_thread(self._recorded_claims)
@@ -324,7 +340,14 @@ class DeviceState:
             self._check_same_devices(ref, existing, devices)
         # Record: reserve each device (one symlink each; no lock, no shared file).
         try:
-            self._records.reserve(claim)
+            self._records.reserve(
+                claim,
+                shareable=[
+                    d.device_name
+                    for d in claim.devices
+                    if devices[d.device_name].published.get("allowMultipleAllocations")
+                ],
+            )
         except DeviceTakenError as exc:
             raise ClaimError(str(exc)) from exc
         crashpoint("after-reserve")
@@ -351,6 +374,7 @@ class DeviceState:
         """Pure: the claim as it will be recorded, each device checked to exist here."""
         ref = plan.ref
         prepared = []
+        shares: set[str] = set()
         for planned in plan.devices:
             device = devices.get(planned.device_name)
             if device is None:
@@ -358,17 +382,29 @@ class DeviceState:
                     f"claim {ref}: device {planned.device_name} (pool {planned.pool_name}) "
                     f"does not exist on node {self._config.node_name}"
                 )
+            if planned.share_id is not None:
+                problem = capacity.share_problem(device.published, dict(planned.consumed))
+                if problem is None and planned.share_id in shares:
+                    problem = f'field "shareID": {planned.share_id} is used by two results'
+                if problem is not None:
+                    raise ClaimError(
+                        f"claim {ref}: the share of device {planned.device_name}: {problem}"
+                    )
+                shares.add(planned.share_id)
             prepared.append(
                 PreparedDevice(
                     request_names=(planned.base_request,),
                     pool_name=planned.pool_name,
                     device_name=planned.device_name,
-                    cdi_device_ids=(cdi.cdi_device_id(ref.uid, planned.device_name),),
+                    cdi_device_ids=(
+                        cdi.cdi_device_id(ref.uid, planned.device_name, planned.share_id),
+                    ),
                     share_id=planned.share_id,
                     admin_access=planned.admin_access,
                     kind=device.kind,
                     identity=tuple(sorted(device.identity.items())),
                     sharing=planned.config.sharing_settings(),
+                    consumed=planned.consumed,
                 )
             )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(prepared))
@@ -399,7 +435,7 @@ class DeviceState:
             for kind in kinds:
                 await asyncio.to_thread(kind.unprepare, claim)
             self._records.remove_claim_record(claim.uid)
-            self._records.release(claim.uid, [d.device_name for d in claim.devices])
+            self._records.release(claim.uid, _device_names(claim))
         except Exception:  # the reservation stays; the next prepare or unprepare retries
             log.exception("rollback of a failed prepare failed", extra=_claim_kv(claim))
 

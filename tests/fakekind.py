@@ -55,3 +55,6 @@ class FakeAccelerator:
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)
+
+    def watch(self) -> None:
+        pass  # nothing of it can die

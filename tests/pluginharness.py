@@ -216,9 +216,11 @@ async def create_claim(
     namespace: str = "default",
     driver: str = DRIVER,
     config: Sequence[dict[str, Any]] = (),
+    results: Sequence[dict[str, Any]] | None = None,
 ) -> ClaimRef:
     """A ResourceClaim allocated as the scheduler writes it: ``devices`` of ``node``'s pool,
-    with the opaque ``config`` entries of its allocation."""
+    with the opaque ``config`` entries of its allocation; ``results`` replaces the results
+    (shares of a device, with their shareID and consumedCapacity)."""
     from kubernetes.aio import client
 
     resource: Any = client.ResourceV1Api(api)  # bodies go as plain dicts
@@ -242,7 +244,9 @@ async def create_claim(
     claim["status"] = {
         "allocation": {
             "devices": {
-                "results": [
+                "results": list(results)
+                if results is not None
+                else [
                     {"request": "gpu", "driver": driver, "pool": node, "device": device}
                     for device in devices
                 ],

@@ -269,6 +269,18 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
         ),
         lambda o: classes(o)["gpu.nvidia.com"].get("extendedResourceName") == "example.com/gpu",
     ),
+    "consumableCapacity.enabled": (
+        ("consumableCapacity.enabled=true",),
+        lambda o: (
+            "--consumable-capacity=true" in args(o)
+            and {"cel": {"expression": "device.allowMultipleAllocations"}}
+            in classes(o)["shared.gpu.nvidia.com"]["selectors"]
+        ),
+    ),
+    "deviceClasses.sharedGpu.name": (
+        ("consumableCapacity.enabled=true", "deviceClasses.sharedGpu.name=shared.example.com"),
+        lambda o: "shared.example.com" in classes(o),
+    ),
     "deviceClasses.extra": (
         (
             "deviceClasses.extra[0].name=l40s.gpu.nvidia.com",

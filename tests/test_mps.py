@@ -18,6 +18,7 @@ from driver.devicekinds import NodeDevices
 from driver.devicekinds.gpu import KIND as GPU
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
+from tests.pluginharness import wait_for
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 from tests.test_timeslicing import Smi
 
@@ -179,5 +180,32 @@ async def test_a_daemon_started_just_before_a_crash_is_found_without_its_pid_fil
     (tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid / "pid").unlink()
     state = await _state(api_client, tmp_path, smi, control)
     assert GPU.mps.running_pid(uuid) == running  # found in /proc, adopted
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+async def test_a_daemon_that_dies_is_reported_and_restarted(
+    api_client: k8s.ApiClient,
+    tmp_path: Path,
+    control: Control,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    uuid = _uuid(tmp_path, "gpu-0")
+    ref = await create_claim(api_client, "mps", ["gpu-0"], config=[mps()])
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    control.calls()
+    await state.watch()  # alive: nothing to do
+    assert control.calls() == []
+    (pid,) = daemon_pids(tmp_path)
+    os.kill(pid, signal.SIGKILL)
+    await wait_for(lambda: GPU.mps.running_pid(uuid) is None, "the daemon gone")
+    await state.watch()
+    assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid}"]
+    assert GPU.mps.running_pid(uuid) is not None and daemon_pids(tmp_path) != [pid]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "MPS control daemon is gone; restarting it"
+    ]
     assert await state.unprepare([ref]) == {ref.uid: ""}
     assert daemon_pids(tmp_path) == []

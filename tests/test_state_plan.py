@@ -67,14 +67,14 @@ def test_malformed_config_is_reported_even_when_overridden() -> None:
 
 def test_only_our_driver_and_pool() -> None:
     results = [
-        _result("gpu", "gpu-0", adminAccess=True, shareID="s-1"),
+        _result("gpu", "gpu-0", adminAccess=True, shareID="6f1d2c3b-0a4e-4b7c-9d8e-1f2a3b4c5d6e"),
         {**_result("gpu", "gpu-1"), "driver": "other.example.com"},
         {**_result("gpu", "gpu-2"), "pool": "node-b"},
     ]
     other_config = [{"source": "FromClaim", "opaque": {"driver": "x.io", "parameters": [1]}}]
     plan = _plan(_claim(results, other_config))
     assert [(d.device_name, d.admin_access, d.share_id) for d in plan.devices] == [
-        ("gpu-0", True, "s-1")
+        ("gpu-0", True, "6f1d2c3b-0a4e-4b7c-9d8e-1f2a3b4c5d6e")
     ]
 
 

@@ -605,3 +605,15 @@ def test_selector_check_is_injectable() -> None:
         selector_check=reject,
     )
     assert seen == ["true"] and [p.message for p in problems] == ["rejected"]
+
+
+def test_a_memory_request_off_the_shared_gpus_step_is_a_warning() -> None:
+    doc = claim(requests=[exactly(capacity={"requests": {"gpu.nvidia.com/memory": "20500Mi"}})])
+    problem = only(check(doc, version="1.36"))
+    assert problem.severity is Severity.WARNING
+    assert (
+        problem.path == "spec.devices.requests[0].exactly.capacity.requests.gpu.nvidia.com/memory"
+    )
+    assert "this request consumes 21Gi" in problem.message
+    whole = claim(requests=[exactly(capacity={"requests": {"gpu.nvidia.com/memory": "20Gi"}})])
+    assert check(whole, version="1.36") == []

@@ -4,11 +4,12 @@ A new kind is one module implementing :class:`~driver.devicekinds.base.DeviceKin
 and one entry in :data:`KINDS`; nothing else names a kind.
 """
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from driver.devicekinds import gpu
+from driver.devicekinds import capacity, gpu
 from driver.devicekinds.base import (
     DeviceKind,
     KindContext,
@@ -44,11 +45,16 @@ def by_name() -> Mapping[str, DeviceKind]:
     return _index[1]
 
 
-def node_devices(inventory: Inventory, *, node_name: str) -> list[NodeDevice]:
-    """Every kind's devices on the node, kind by kind in table order."""
+def node_devices(
+    inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
+) -> list[NodeDevice]:
+    """Every kind's devices on the node, kind by kind in table order; with
+    ``consumable_capacity``, published for sharing (:mod:`driver.devicekinds.capacity`)."""
     out: list[NodeDevice] = []
     for kind in KINDS:
         out.extend(kind.devices(inventory, node_name=node_name))
+    if consumable_capacity:
+        out = [dataclasses.replace(d, published=capacity.shareable(d.published)) for d in out]
     return out
 
 
@@ -60,21 +66,32 @@ class NodeDevices:
     one inventory with one lifetime, the process's.
     """
 
-    def __init__(self, discover: Callable[[], Awaitable[Inventory]], *, node_name: str) -> None:
+    def __init__(
+        self,
+        discover: Callable[[], Awaitable[Inventory]],
+        *,
+        node_name: str,
+        consumable_capacity: bool = False,
+    ) -> None:
         self._discover = discover
         self._node = node_name
+        self._consumable = consumable_capacity
         self._current: Mapping[str, NodeDevice] = MappingProxyType({})
         self._published: list[dict[str, Any]] = []
 
     @classmethod
-    def of(cls, inventory: Inventory, *, node_name: str) -> "NodeDevices":
+    def of(
+        cls, inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
+    ) -> "NodeDevices":
         """Devices that are already discovered (tests, one-shot tools): no refresh needed."""
 
         async def same() -> Inventory:
             return inventory
 
-        devices = cls(same, node_name=node_name)
-        devices._set(node_devices(inventory, node_name=node_name))
+        devices = cls(same, node_name=node_name, consumable_capacity=consumable_capacity)
+        devices._set(
+            node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity)
+        )
         return devices
 
     def _set(self, devices: Sequence[NodeDevice]) -> None:
@@ -88,7 +105,9 @@ class NodeDevices:
     async def refresh(self) -> Sequence[NodeDevice]:
         """Rediscover; raises what discovery raises and then keeps the last result."""
         inventory = await self._discover()
-        devices = node_devices(inventory, node_name=self._node)
+        devices = node_devices(
+            inventory, node_name=self._node, consumable_capacity=self._consumable
+        )
         self._set(devices)
         return devices
 

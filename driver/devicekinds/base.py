@@ -47,6 +47,14 @@ class PreparedDevice:
     # What the claim's opaque config asks of the device (``GpuConfig.sharing_settings``),
     # kept in the side-effect record so an unprepare or a recovery knows what to undo.
     sharing: tuple[tuple[str, str], ...] = ()
+    # A share of a device (consumable capacity): the result's consumedCapacity, which the
+    # CDI edits may enforce (an MPS memory limit); not recorded, the spec holds the edits.
+    consumed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def reservation(self) -> str:
+        """The name of its reservation: the device, or one share of it."""
+        return self.device_name if self.share_id is None else f"{self.device_name}#{self.share_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +120,7 @@ class DeviceKind(Protocol):
     def recover(self, claim: PreparedClaim) -> None:
         """After a crash between the per-claim record and the CDI spec: undo whatever
         :meth:`prepare` may have done (the kubelet prepares the claim again)."""
+
+    def watch(self) -> None:
+        """Called now and then while claims are prepared: bring back what a prepared claim
+        relies on and that has gone away (an MPS daemon that died), reporting it."""

@@ -162,5 +162,8 @@ class GpuKind:
         self.mps.recover(claim)
         self.timeslicing.recover(claim)
 
+    def watch(self) -> None:
+        self.mps.watch()
+
 
 KIND = GpuKind()

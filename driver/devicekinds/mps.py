@@ -16,13 +16,14 @@ and a daemon per GPU keeps the count per GPU.
 """
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from driver.devicekinds.files import SHARED, make_dir, write_atomic
 from driver.errors import PermanentError, RetryableError
 from driver.logs import kv
 from driver.nvidiasmi import NvidiaSmi
+from driver.quantity import Quantity
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,24 @@ def _limit_for(settings: Mapping[str, str], uuid: str, index: str) -> str | None
     )
 
 
+def _bytes(limit: str, otherwise: int) -> int:
+    """A configured limit (a quantity) in bytes; ``otherwise`` when it is none."""
+    try:
+        return int(Quantity.parse(limit).value)
+    except ValueError:
+        return otherwise
+
+
+def _share_mib(claim: PreparedClaim, uuid: str, uuid_key: str) -> int | None:
+    """The memory the claim's shares of the GPU consumed (consumable capacity), in MiB."""
+    shares = [
+        Quantity.parse(dict(d.consumed)["memory"]).value
+        for d in claim.devices
+        if dict(d.identity).get(uuid_key) == uuid and "memory" in dict(d.consumed)
+    ]
+    return int(sum(shares) // (1 << 20)) if shares else None
+
+
 def _one_gpu(claim: PreparedClaim, gpus: Mapping[str, object]) -> None:
     if len(gpus) > 1:
         raise MpsError(
@@ -112,6 +132,9 @@ class Mps:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={settings['activeThreadPercentage']}")
         # The client sees its one GPU as device 0.
         limit = _limit_for(settings, uuid, "0")
+        share = _share_mib(claim, uuid, self._uuid_key)
+        if share is not None and (limit is None or share << 20 < _bytes(limit, share << 20)):
+            limit = f"{share}M"  # a share of the GPU's memory is enforced as its limit
         if limit is not None:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit}")
         mounts = [
@@ -124,20 +147,65 @@ class Mps:
         gpus = wanted(claim, self._uuid_key)
         _one_gpu(claim, gpus)
         for uuid in gpus:
-            holder = self._gpu_dir(uuid) / "holders" / claim.uid
-            make_dir(holder.parent)
-            write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
-            self._ensure_running(uuid, claim)
+            with self._locked(uuid):
+                holder = self._gpu_dir(uuid) / "holders" / claim.uid
+                make_dir(holder.parent)
+                write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
+                self._ensure_running(uuid, claim)
 
     def unprepare(self, claim: PreparedClaim) -> None:
         for uuid in wanted(claim, self._uuid_key):
-            holders = self._gpu_dir(uuid) / "holders"
-            (holders / claim.uid).unlink(missing_ok=True)
-            if not (holders.exists() and any(holders.iterdir())):
-                self._stop(uuid, claim)
+            with self._locked(uuid):
+                holders = self._gpu_dir(uuid) / "holders"
+                (holders / claim.uid).unlink(missing_ok=True)
+                if not (holders.exists() and any(holders.iterdir())):
+                    self._stop(uuid, claim)
+
+    @contextlib.contextmanager
+    def _locked(self, uuid: str) -> Iterator[None]:
+        """One claim at a time per GPU: claims sharing a GPU (shares of its memory) are
+        prepared in parallel, and two first prepares must not start two daemons, nor a
+        last unprepare stop the daemon a new holder just counted on. A file lock, so two
+        plugin instances of a node (a surge upgrade) take turns too."""
+        path = self._gpu_dir(uuid).with_name(f"{uuid}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)
+
+    def watch(self) -> list[str]:
+        """Restart the daemon of every GPU that has holders but no daemon (it died: a
+        crash, an OOM kill), each reported in one line; returns those GPUs' UUIDs."""
+        if self._dir is None:
+            return []
+        restarted: list[str] = []
+        for gpu_dir in sorted(p for p in self._dir.iterdir() if p.is_dir()):
+            uuid = gpu_dir.name
+            if not _UUID.fullmatch(uuid):
+                continue
+            with self._locked(uuid):
+                holders = sorted((gpu_dir / "holders").glob("*"))
+                if not holders or self.running_pid(uuid) is not None:
+                    continue
+                namespace, _, name = holders[0].read_text().strip().partition("/")
+                claim = PreparedClaim(holders[0].name, namespace, name, ())
+                log.error(
+                    "MPS control daemon is gone; restarting it",
+                    extra=kv(gpu_uuid=uuid, claims=len(holders), claim_uid=claim.uid,
+                             claim_namespace=namespace, claim_name=name),
+                )  # fmt: skip
+                try:
+                    self._ensure_running(uuid, claim)
+                except (MpsError, MpsDaemonError) as exc:
+                    log.error("MPS control daemon restart failed", extra=kv(error=exc))
+                    continue
+                restarted.append(uuid)
+        return restarted
 
     def running_pid(self, uuid: str) -> int | None:
         """The daemon of ``uuid``: the one its pid file names, or else one a plugin killed

@@ -35,6 +35,18 @@ def open_backend(args: argparse.Namespace, node: str) -> Iterator[tuple["Nvml", 
         yield opened
 
 
+CONSUMABLE_CAPACITY_HELP = (
+    "publish every GPU for consumable capacity (allowMultipleAllocations, a request policy "
+    "on its memory): several claims then share one GPU, each taking the memory it requests "
+    "(Kubernetes 1.36, or 1.34/1.35 with the DRAConsumableCapacity gate on)"
+)
+
+
+def add_consumable_capacity(parser: argparse.ArgumentParser) -> None:
+    """``--consumable-capacity``, shared by ``discover`` and ``controller``."""
+    parser.add_argument("--consumable-capacity", action="store_true", help=CONSUMABLE_CAPACITY_HELP)
+
+
 def add_nvml_arguments(parser: argparse.ArgumentParser) -> None:
     """``--nvml``, ``--profile``, ``--sim-state``, ``--sysfs-root``, ``--container-driver-root``."""
     parser.add_argument(

@@ -58,6 +58,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         help="namespace of the per-node publisher Lease; default: $POD_NAMESPACE, else 'default'",
     )
     nvml_args.add_nvml_arguments(parser)
+    nvml_args.add_consumable_capacity(parser)
     parser.add_argument(
         "--resync-period",
         type=float,
@@ -106,7 +107,11 @@ async def _main(args: argparse.Namespace) -> int:
                 api_client,
                 node_name=node_name,
                 driver_name=args.driver_name,
-                devices=NodeDevices(discover_now, node_name=node_name).published,
+                devices=NodeDevices(
+                    discover_now,
+                    node_name=node_name,
+                    consumable_capacity=args.consumable_capacity,
+                ).published,
                 resync_period=args.resync_period,
                 namespace=args.namespace,
             )

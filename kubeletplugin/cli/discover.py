@@ -24,6 +24,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         ),
     )
     nvml_args.add_nvml_arguments(parser)
+    nvml_args.add_consumable_capacity(parser)
     parser.add_argument(
         "--list-profiles", action="store_true", help="list the simulated hardware profiles and exit"
     )
@@ -71,7 +72,12 @@ def run(args: argparse.Namespace) -> int:
     from driver.limits import validate_resource_slice
     from driver.resourceslice import build_resource_slices
 
-    slices = build_resource_slices(inventory, driver_name=args.driver_name, node_name=node_name)
+    slices = build_resource_slices(
+        inventory,
+        driver_name=args.driver_name,
+        node_name=node_name,
+        consumable_capacity=args.consumable_capacity,
+    )
     problems = [p for s in slices for p in validate_resource_slice(s)]
     if problems:
         print(f"gpu-dra discover: invalid ResourceSlice: {problems[0]}", file=sys.stderr)

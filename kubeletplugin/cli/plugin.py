@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from driver import DEFAULT_DRIVER_NAME
+from kubeletplugin.cli._nvmlargs import CONSUMABLE_CAPACITY_HELP
 
 # flag -> (environment variable, default, help). Each variable is GPU_DRA_<FLAG>; the
 # three with a conventional name of their own (the downward API's, kubectl's) also take it.
@@ -56,6 +57,11 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         None,
         "nvidia-cuda-mps-control binary, the MPS control daemon of GPUs shared by MPS; "
         "default <container-driver-root>/usr/bin/nvidia-cuda-mps-control",
+    ),
+    "--consumable-capacity": (
+        "GPU_DRA_CONSUMABLE_CAPACITY",
+        "false",
+        "true: " + CONSUMABLE_CAPACITY_HELP,
     ),
     "--pod-uid": (
         "GPU_DRA_POD_UID",
@@ -140,6 +146,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             kwargs["type"] = parse_feature_gates
         if flag == "--additional-xids-to-ignore":
             kwargs["type"] = _xids
+        if flag == "--consumable-capacity":
+            kwargs["type"] = _boolean
         parser.add_argument(flag, **kwargs)
     parser.set_defaults(func=_run)
 
@@ -165,6 +173,14 @@ def _xids(text: str) -> frozenset[int]:
         return parse_xids(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() in ("true", "1"):
+        return True
+    if text.lower() in ("false", "0", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
 
 
 def _path(value: str | None) -> Path | None:
@@ -197,6 +213,7 @@ def _run(args: argparse.Namespace) -> int:
         container_driver_root=Path(args.container_driver_root),
         nvidia_smi=_path(args.nvidia_smi),
         mps_control=_path(args.mps_control),
+        consumable_capacity=bool(args.consumable_capacity),
         pod_uid=args.pod_uid or None,
         nvml=args.nvml,
         profile=args.profile,

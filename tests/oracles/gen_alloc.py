@@ -9,12 +9,17 @@ ExactCount or All, alone or as firstAvailable alternatives, with admin access, a
 tolerations for device taints; matchAttribute constraints tie requests together.
 
 Per version (1.34 or 1.36) the generator writes only what that version's API server
-keeps: device taints need DRADeviceTaints (beta, on, from 1.36), so 1.34 cases carry none.
+keeps: device taints need DRADeviceTaints (beta, on, from 1.36), so 1.34 cases carry none;
+nor do they carry consumable capacity (DRAConsumableCapacity, beta from 1.36): GPUs with
+``allowMultipleAllocations`` and a request policy of each kind the API server accepts,
+requests with ``capacity.requests`` (some rounded up by the policy, some beyond it, some
+naming a capacity no device has), and other claims holding shares of those GPUs.
 """
 
 from __future__ import annotations
 
 import random
+import uuid
 from typing import Any
 
 GPU = "gpu.nvidia.com"
@@ -45,6 +50,27 @@ _REQUEST_SELECTORS = (
     f'device.capacity["{GPU}"].memory.isLessThan(quantity("48Gi"))',
     f'device.attributes["{GPU}"].model in ["H100", "L4"]',
 )
+# Off the 1Gi step: 500Mi, 20500Mi. No fractions such as 20.5Gi: upstream holds those as an
+# inf.Dec, which its capacity check then changes in place (see test_allocator_oracle.py).
+_CAPACITY_REQUESTS = ("500Mi", "1Gi", "10Gi", "20Gi", "20500Mi", "40Gi", "48Gi", "100Gi")
+_HELD = ("1Gi", "8Gi", "20Gi", "40Gi")
+
+
+def _policy(rng: random.Random, memory: str) -> dict[str, Any] | None:
+    """A request policy the API server accepts for a capacity of ``memory`` (whole Gi)."""
+    value = memory.removesuffix("Gi")
+    kind = rng.randrange(5)
+    if kind == 0:  # ours: whole GiB, default the whole device
+        return {"default": memory, "validRange": {"min": "1Gi", "max": memory, "step": "1Gi"}}
+    if kind == 1:
+        return {"default": "1Gi", "validRange": {"min": "1Gi", "max": memory, "step": "1Gi"}}
+    if kind == 2:  # no step, no max
+        return {"default": "4Gi", "validRange": {"min": "2Gi"}}
+    if kind == 3:
+        return {"default": "8Gi", "validValues": ["8Gi", "16Gi", f"{value}Gi"]}
+    return None  # shared without a policy: a share not asking takes it all
+
+
 _MATCH_ATTRIBUTES = (
     f"{GPU}/nvlinkDomain",
     "resource.kubernetes.io/pcieRoot",
@@ -59,6 +85,8 @@ class _Gen:
         self.rng = rng
         self.version = version
         self.devices: list[tuple[str, str, str]] = []  # (driver, pool, device) published
+        self.shared: set[tuple[str, str, str]] = set()  # of them, allowMultipleAllocations
+        self._shared_next = False
 
     def chance(self, p: float) -> bool:
         return self.rng.random() < p
@@ -84,6 +112,13 @@ class _Gen:
             "attributes": attrs,
             "capacity": {"memory": {"value": memory}},
         }
+        self._shared_next = False
+        if self.version != "1.34" and self.chance(0.3):
+            device["allowMultipleAllocations"] = True
+            policy = _policy(self.rng, memory)
+            if policy is not None:
+                device["capacity"]["memory"]["requestPolicy"] = policy
+            self._shared_next = True
         if self.version != "1.34" and self.chance(0.12):
             device["taints"] = [
                 {
@@ -119,10 +154,13 @@ class _Gen:
                 if self.chance(0.03) and index > 0:
                     name = f"{'gpu' if driver == GPU else 'nic'}-0"  # duplicate: invalid pool
                 owner = node or "fabric"
+                self._shared_next = False
                 devices.append(
                     self.gpu(name, owner, index) if driver == GPU else self.nic(name, owner)
                 )
                 self.devices.append((driver, pool, name))
+                if self._shared_next:
+                    self.shared.add((driver, pool, name))
                 index += 1
             out.append(
                 self.slice(
@@ -201,6 +239,11 @@ class _Gen:
             ]
         if admin and self.chance(0.08):
             body["adminAccess"] = True
+        if self.version != "1.34" and self.chance(0.3):
+            requests = {"memory": self.rng.choice(_CAPACITY_REQUESTS)}
+            if self.chance(0.03):
+                requests = {"cores": "1"}  # no device has it
+            body["capacity"] = {"requests": requests}
         if self.version != "1.34" and self.chance(0.2):
             toleration: dict[str, Any] = {"key": self.rng.choice(_TAINT_KEYS)}
             if self.chance(0.5):
@@ -253,10 +296,19 @@ class _Gen:
                 break
             taken = self.rng.sample(self.devices, min(len(self.devices), self.rng.randrange(1, 4)))
             admin = self.chance(0.2)
-            results = [
-                {"request": "r", "driver": d, "pool": p, "device": name, "adminAccess": admin}
-                for d, p, name in taken
-            ]
+            results: list[dict[str, Any]] = []
+            for d, p, name in taken:
+                result: dict[str, Any] = {
+                    "request": "r",
+                    "driver": d,
+                    "pool": p,
+                    "device": name,
+                    "adminAccess": admin,
+                }
+                if (d, p, name) in self.shared and not admin:
+                    result["shareID"] = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+                    result["consumedCapacity"] = {"memory": self.rng.choice(_HELD)}
+                results.append(result)
             out.append(
                 {
                     "apiVersion": "resource.k8s.io/v1",

@@ -5,11 +5,14 @@ are evaluated at most once per device for the whole call, whatever the number
 of requests and nodes (see :mod:`driver.tools.allocation.selectors`).
 """
 
+import contextlib
 import gc
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from driver.quantity import Quantity
+from driver.tools.allocation.capacity import CapacityProblem, Use, quantity
 from driver.tools.allocation.claims import ClaimProblem, ParsedClaim, claim_spec, parse_claim
 from driver.tools.allocation.model import (
     ClaimRef,
@@ -75,8 +78,13 @@ def _explain_claim(
             problems=(problem,),
             advice="fix the claim first: `gpu-dra validate` shows every problem in it",
         )
+    allocated = list(allocated)
     in_use = device_holders(allocated, exclude=claim)
-    outcomes = tuple(_node(n, cluster, parsed, selectors, in_use, budget) for n in nodes)
+    shared = share_holders(allocated, exclude=claim)
+    seed = _share_seed(claim)
+    outcomes = tuple(
+        _node(n, cluster, parsed, selectors, in_use, shared, budget, seed) for n in nodes
+    )
     if any(o.allocatable for o in outcomes):
         return Explanation(ref, outcomes)
     return Explanation(ref, outcomes, advice=advice(o.reasons for o in outcomes))
@@ -102,9 +110,11 @@ def _node(
     parsed: ParsedClaim,
     selectors: Selectors,
     in_use: Mapping[DeviceKey, str],
+    shared: Mapping[DeviceKey, Use],
     budget: int,
+    seed: str,
 ) -> NodeExplanation:
-    search = NodeSearch(node, cluster, parsed, selectors, in_use, budget)
+    search = NodeSearch(node, cluster, parsed, selectors, in_use, budget, shared)
     problem: str | None = None
     error: str | None = None
     try:
@@ -119,9 +129,12 @@ def _node(
             node,
             True,
             results=tuple(
-                DeviceResult(r.name, d.driver, d.pool, d.name) for r, d in search.results
+                DeviceResult(r.name, d.driver, d.pool, d.name, _strings(share))
+                for (r, d), share in zip(search.results, search.shares, strict=True)
             ),
-            allocation=allocation_json(parsed, search.results, search.chosen),
+            allocation=allocation_json(
+                parsed, search.results, search.chosen, shares=search.shares, seed=seed
+            ),
             steps=search.steps,
         )
     return NodeExplanation(
@@ -176,7 +189,8 @@ def explain_class(
 def allocated_devices(
     claims: Iterable[Mapping[str, Any]], *, exclude: Mapping[str, Any] | None = None
 ) -> frozenset[DeviceKey]:
-    """Devices in the allocation results of ``claims``, except admin-access results.
+    """Devices the allocation results of ``claims`` take whole: not admin-access results,
+    not shares of a device (:func:`share_holders`).
 
     ``exclude`` (the claim being explained) is skipped, matched by UID or by
     namespace and name, so re-explaining an allocated claim does not count its
@@ -188,13 +202,47 @@ def allocated_devices(
 def device_holders(
     claims: Iterable[Mapping[str, Any]], *, exclude: Mapping[str, Any] | None = None
 ) -> dict[DeviceKey, str]:
-    """:func:`allocated_devices` with the claim holding each: ``namespace/name``."""
+    """:func:`allocated_devices` with the claim holding each: ``namespace/name``.
+
+    Shares of a device (results with a ``shareID``) do not take it whole:
+    :func:`share_holders` has them.
+    """
+    return {
+        key: holder
+        for holder, key, result in _results(claims, exclude)
+        if result.get("shareID") is None
+    }
+
+
+def share_holders(
+    claims: Iterable[Mapping[str, Any]], *, exclude: Mapping[str, Any] | None = None
+) -> dict[DeviceKey, Use]:
+    """Per shared device, the capacity its shares consume and the claims holding them
+    (as the scheduler's allocated-device tracker sums ``consumedCapacity``)."""
+    shared: dict[DeviceKey, Use] = {}
+    for holder, key, result in _results(claims, exclude):
+        if result.get("shareID") is None:
+            continue
+        use = shared.setdefault(key, Use())
+        amounts: dict[str, Quantity] = {}
+        for name, raw in (result.get("consumedCapacity") or {}).items():
+            with contextlib.suppress(CapacityProblem):
+                amounts[str(name)] = quantity(raw, f"{holder} consumedCapacity {name}")
+        use.add(amounts)
+        if holder not in use.holders:
+            use.holders.append(holder)
+    return shared
+
+
+def _results(
+    claims: Iterable[Mapping[str, Any]], exclude: Mapping[str, Any] | None
+) -> Iterator[tuple[str, DeviceKey, Mapping[str, Any]]]:
+    """(holder ``namespace/name``, device, result) of every result that takes a device."""
     skip_uid = skip_name = None
     if exclude is not None and exclude.get("kind") == "ResourceClaim":
         meta = exclude.get("metadata") or {}
         skip_uid = meta.get("uid")
         skip_name = (meta.get("namespace") or "default", meta.get("name"))
-    taken: dict[DeviceKey, str] = {}
     for claim in claims:
         meta = claim.get("metadata") or {}
         if skip_uid and meta.get("uid") == skip_uid:
@@ -208,8 +256,17 @@ def device_holders(
                 # Shared with other claims (scheduler plugin foreachAllocatedDevice).
                 continue
             key = (str(result["driver"]), str(result["pool"]), str(result["device"]))
-            taken[key] = f"{name[0]}/{name[1]}"
-    return taken
+            yield f"{name[0]}/{name[1]}", key, result
+
+
+def _share_seed(claim: Mapping[str, Any]) -> str:
+    """What makes this claim's share IDs its own (the scheduler draws random ones)."""
+    meta = claim.get("metadata") or {}
+    return "/".join(str(meta.get(k) or "") for k in ("uid", "namespace", "name", "generateName"))
+
+
+def _strings(share: Mapping[str, Quantity] | None) -> dict[str, str] | None:
+    return None if share is None else {k: str(v) for k, v in sorted(share.items())}
 
 
 def claim_ref(obj: Mapping[str, Any]) -> ClaimRef:

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.quantity import Quantity
+from driver.tools.allocation.capacity import CapacityProblem, quantity
 from driver.tools.allocation.pools import AttributeValue, Device
 from driver.tools.allocation.selectors import SelectorProblem, SelectorRef, selector_refs
 
@@ -35,6 +37,8 @@ class Request:
     selectors: list[SelectorRef]  # the class's first, then the request's: the scheduler's order
     admin: bool
     tolerations: list[Mapping[str, Any]]
+    # capacity.requests: what one share of a device must hold (consumable capacity).
+    capacity: dict[str, Quantity] = field(default_factory=dict)
 
     def blocking_taint(self, device: Device) -> Mapping[str, Any] | None:
         """The first NoSchedule/NoExecute taint no toleration matches.
@@ -213,6 +217,12 @@ def _request(
     if mode == "ExactCount" and count < 1:
         raise ClaimProblem(f"request {name}: count must be at least 1, got {count}")
     tolerations: Sequence[Mapping[str, Any]] = raw.get("tolerations") or ()
+    capacity: dict[str, Quantity] = {}
+    for key, value in ((raw.get("capacity") or {}).get("requests") or {}).items():
+        try:
+            capacity[str(key)] = quantity(value, f"request {name}: capacity.requests.{key}")
+        except CapacityProblem as exc:
+            raise ClaimProblem(str(exc)) from exc
     return Request(
         name=name,
         base=base,
@@ -224,4 +234,5 @@ def _request(
         selectors=refs,
         admin=admin_allowed and bool(raw.get("adminAccess")),
         tolerations=list(tolerations),
+        capacity=capacity,
     )

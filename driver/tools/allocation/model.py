@@ -16,14 +16,19 @@ class DeviceResult:
     driver: str
     pool: str
     device: str
+    # A share of a device with allowMultipleAllocations: what it consumes, per capacity.
+    consumed_capacity: dict[str, str] | None = None
 
-    def to_json(self) -> dict[str, str]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "request": self.request,
             "driver": self.driver,
             "pool": self.pool,
             "device": self.device,
         }
+        if self.consumed_capacity is not None:
+            out["consumedCapacity"] = dict(self.consumed_capacity)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

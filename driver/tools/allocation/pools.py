@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.errors import PermanentError
+from driver.tools.allocation.capacity import CapacityProblem, DeviceCapacity, device_capacities
 from driver.tools.cel import CelDevice
 
 # A device's identity across the cluster, as allocation results name it.
@@ -36,10 +37,26 @@ class Device:
     node_name: str | None = None
     node_selector: Mapping[str, Any] | None = None
     _cel: CelDevice | None = field(default=None, repr=False)
+    _capacities: dict[str, DeviceCapacity] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> DeviceKey:
         return (self.driver, self.pool, self.name)
+
+    @property
+    def shared(self) -> bool:
+        """``allowMultipleAllocations``: several claims (and requests) may each take a share."""
+        return bool(self.data.get("allowMultipleAllocations"))
+
+    def capacities(self) -> dict[str, DeviceCapacity]:
+        """Its capacities, parsed once; none when one does not parse (the API server
+        refuses such a device, so only a hand-written slice has one)."""
+        if self._capacities is None:
+            try:
+                self._capacities = device_capacities(self.data)
+            except CapacityProblem:
+                self._capacities = {}
+        return self._capacities
 
     @property
     def taints(self) -> Sequence[Mapping[str, Any]]:

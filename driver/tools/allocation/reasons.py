@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from driver.tools.allocation.capacity import Shortfall, format_quantity
 from driver.tools.allocation.claims import MAX_RESULTS, Constraint, Request
 from driver.tools.allocation.pools import AttributeValue, Device
 from driver.tools.allocation.search import NodeSearch, SearchAborted, device_label
@@ -86,6 +87,7 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
     taken: list[Device] = []
     tainted: list[str] = []
     lacking: dict[int, list[Device]] = defaultdict(list)
+    short_of: list[str] = []
     matching: list[Device] = []
     covering = search.covering(request)
     for device in devices:
@@ -112,6 +114,10 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
             for constraint in missing:
                 lacking[constraint.position].append(device)
             continue
+        lack = search.capacity_shortfall(request, device)
+        if lack is not None:
+            short_of.append(_short_of(search, device, lack))
+            continue
         matching.append(device)
 
     lines: list[str] = []
@@ -134,6 +140,12 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
             f"{prefix}: {_plural(len(tainted), 'device')} tainted without a matching "
             f"toleration [{_names(tainted)}]"
         )
+    if short_of:
+        lines.extend(f"{prefix}: {line}" for line in short_of[:_LISTED])
+        if len(short_of) > _LISTED:
+            lines.append(
+                f"{prefix}: ... and {len(short_of) - _LISTED} more devices without the capacity"
+            )
     for constraint in covering:
         missing_devices = lacking.get(constraint.position)
         if missing_devices:
@@ -169,6 +181,21 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
             )
             short = True
     return lines, short
+
+
+def _short_of(search: NodeSearch, device: Device, lack: Shortfall) -> str:
+    label = device_label(device, search.node)
+    if lack.needed is None:
+        return f"device {label} has no capacity {lack.capacity}"
+    needs = f"needs {format_quantity(lack.needed)} of {lack.capacity}"
+    if lack.over_policy:
+        return f"{needs}, more than the request policy of {label} allows"
+    free = format_quantity(lack.free) if lack.free is not None else "none"
+    line = f"{needs}, {free} free on {label}"
+    use = search.shared.get(device.key)
+    if use is not None and use.holders:
+        line += f", used by claims {_names(use.holders)}"
+    return line
 
 
 def _all_devices(search: NodeSearch, request: Request) -> list[Device] | None:
@@ -265,6 +292,11 @@ _ADVICE = (
         "rejected by",
         "no device passes the selectors: compare them with what the nodes publish "
         "(gpu-dra discover -o table, kubectl get resourceslices -o yaml)",
+    ),
+    (
+        " free on ",
+        "the devices that fit have too little capacity left: ask for less, or wait for the "
+        "claims sharing them to end",
     ),
     (
         "needed",

@@ -17,12 +17,19 @@ are picked in increasing position: the scheduler tries every order, but since
 constraints judge a set, the first solution in its order is the same set in
 increasing order. And a request whose candidates cannot reach its count (or
 whose constraint values cannot) fails without search.
+
+Consumable capacity (incubating allocator): every device's capacities are checked
+against what a request needs (:mod:`driver.tools.allocation.capacity`); a device with
+``allowMultipleAllocations`` is never taken whole, so other claims' shares and this
+claim's other requests may use it as long as its capacity lasts.
 """
 
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from driver.quantity import Quantity
+from driver.tools.allocation.capacity import Shortfall, Use, consumption, shortfall
 from driver.tools.allocation.claims import (
     MAX_RESULTS,
     Constraint,
@@ -72,6 +79,7 @@ class NodeSearch:
         selectors: Selectors,
         in_use: Mapping[DeviceKey, str],  # taken devices -> the claim holding each
         budget: int,
+        shared: Mapping[DeviceKey, Use] | None = None,  # shares other claims hold
     ) -> None:
         self.node = node
         self.pools: list[Pool] = cluster.pools(node)
@@ -97,16 +105,38 @@ class NodeSearch:
         self.claim = claim
         self.selectors = selectors
         self.in_use = in_use
+        self.shared: Mapping[DeviceKey, Use] = shared or {}
         self.budget = budget
         self.steps = 0
         self.too_many = False
         self.results: list[tuple[Request, Device]] = []
+        # Per result, what its share consumes; None for a device taken whole.
+        self.shares: list[dict[str, Quantity] | None] = []
+        self._held: dict[int, Use] = {}  # shares this search took, by device index
         self.chosen: dict[str, Request] = {}
         self._allocating: set[int] = set()
         self._candidates: dict[int, list[Candidate]] = {}
         self._feasible: dict[int, bool] = {}
         self._all: dict[int, list[Device]] = {}
         self._covering: dict[int, list[Constraint]] = {}
+
+    def capacity_shortfall(
+        self, request: Request, device: Device, *, allocating: bool = False
+    ) -> Shortfall | None:
+        """Why a share for ``request`` does not fit ``device`` (None: it fits), next to
+        other claims' shares and, with ``allocating``, this search's."""
+        mine = self._held.get(device.index) if allocating else None
+        use = self.shared.get(device.key)
+        if not request.capacity and use is None and mine is None:
+            # Nothing asked, nothing held: a share at the defaults always fits (the API
+            # server keeps every default within the capacity), so skip the arithmetic.
+            return None
+        held: list[Mapping[str, Quantity]] = []
+        if use is not None:
+            held.append(use.amounts)
+        if mine is not None:
+            held.append(mine.amounts)
+        return shortfall(request.capacity, device.capacities(), held)
 
     def covering(self, request: Request) -> list[Constraint]:
         cached = self._covering.get(id(request))
@@ -137,6 +167,8 @@ class NodeSearch:
                 continue
             if any(device.attribute(c.attribute) is None for c in covering):
                 continue  # can never join a constraint it lacks the attribute of
+            if self.capacity_shortfall(request, device) is not None:
+                continue
             out.append(Candidate(device))
         self._candidates[id(request)] = out
         return out
@@ -181,7 +213,10 @@ class NodeSearch:
         for device in self._every_evaluated:
             rejection = self.selectors.first_rejection(request.selectors, device)
             if rejection is None:
-                if device.index not in self._elsewhere:
+                if (
+                    device.index not in self._elsewhere
+                    and self.capacity_shortfall(request, device) is None
+                ):
                     out.append(device)
             elif rejection.is_error:
                 label = device_label(device, self.node)
@@ -241,7 +276,7 @@ class NodeSearch:
                 continue
             if cand.poison is not None:
                 raise SearchAborted(cand.poison)
-            if not self._push(request, device):
+            if self._push(request, device) is not None:
                 continue
             if self._slot(group, request, taken + 1, position + 1):
                 return True
@@ -265,7 +300,11 @@ class NodeSearch:
             ):
                 complete = False  # the order does not matter: one missing device ends it
                 break
-            if not self._push(request, device):
+            failed = self._push(request, device)
+            if failed == "capacity":
+                complete = False
+                break
+            if failed is not None:
                 label = device_label(device, self.node)
                 raise SearchAborted(
                     f"request {request.name}: cannot add device {label} because a claim "
@@ -278,20 +317,36 @@ class NodeSearch:
             self._pop(request, device)
         return False
 
-    def _push(self, request: Request, device: Device) -> bool:
+    def _push(self, request: Request, device: Device) -> str | None:
+        """Take ``device`` for ``request``; None, or what refused it: "constraint" or
+        "capacity" (checked in the scheduler's order, constraints first)."""
         added: list[Constraint] = []
         for constraint in self.covering(request):
             if not constraint.add(device.attribute(constraint.attribute)):
                 for done in added:
                     done.remove()
-                return False
+                return "constraint"
             added.append(constraint)
-        self._allocating.add(device.index)
+        share: dict[str, Quantity] | None = None
+        if device.shared:
+            if self.capacity_shortfall(request, device, allocating=True) is not None:
+                for done in added:
+                    done.remove()
+                return "capacity"
+            share = consumption(request.capacity, device.capacities())
+            self._held.setdefault(device.index, Use()).add(share)
+        else:
+            self._allocating.add(device.index)
         self.results.append((request, device))
-        return True
+        self.shares.append(share)
+        return None
 
     def _pop(self, request: Request, device: Device) -> None:
         for constraint in self.covering(request):
             constraint.remove()
-        self._allocating.discard(device.index)
+        share = self.shares.pop()
+        if share is not None:
+            self._held[device.index].subtract(share)
+        else:
+            self._allocating.discard(device.index)
         self.results.pop()

@@ -8,17 +8,29 @@ a node selector: ``metadata.name`` for node-local devices, otherwise the merged
 single-term selectors of the devices' slices.
 """
 
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from driver.quantity import Quantity
 from driver.tools.allocation.claims import ParsedClaim, Request
 from driver.tools.allocation.pools import Device
 
 
 def allocation_json(
-    claim: ParsedClaim, results: Sequence[tuple[Request, Device]], chosen: Mapping[str, Request]
+    claim: ParsedClaim,
+    results: Sequence[tuple[Request, Device]],
+    chosen: Mapping[str, Request],
+    *,
+    shares: Sequence[Mapping[str, Quantity] | None] = (),
+    seed: str = "",
 ) -> dict[str, Any]:
-    devices: dict[str, Any] = {"results": [_result(r, d) for r, d in results]}
+    entries = [_result(r, d) for r, d in results]
+    for position, (entry, share) in enumerate(zip(entries, shares, strict=False)):
+        if share is not None:
+            entry["shareID"] = share_id(seed, position, entry)
+            entry["consumedCapacity"] = {k: str(v) for k, v in sorted(share.items())}
+    devices: dict[str, Any] = {"results": entries}
     config = _config(claim, chosen)
     if config:
         devices["config"] = config
@@ -27,6 +39,18 @@ def allocation_json(
     if selector is not None:
         out["nodeSelector"] = selector
     return out
+
+
+# Share IDs are the scheduler's random UUIDs; explain derives them from the claim and the
+# result instead, so one explanation always writes the same allocation.
+_SHARE_NAMESPACE = uuid.UUID("5f1c3e1a-8d4b-4c52-9a57-3b0f6c2de871")
+
+
+def share_id(seed: str, position: int, entry: Mapping[str, Any]) -> str:
+    key = (
+        f"{seed}|{position}|{entry['request']}|{entry['driver']}|{entry['pool']}|{entry['device']}"
+    )
+    return str(uuid.uuid5(_SHARE_NAMESPACE, key))
 
 
 def _result(request: Request, device: Device) -> dict[str, Any]:

@@ -282,6 +282,8 @@ def _capacity_requests(
             continue
         domain, slash, ident = str(name).rpartition("/")
         ours = domain == published.driver or (not slash and class_name in published.classes)
+        if ours and ident == "memory" and isinstance(value, str):
+            yield from _off_step(f"{path}.{name}", value)
         if ours and ident not in published.capacities:
             near = suggest(ident, published.capacities)
             yield Finding(
@@ -290,6 +292,25 @@ def _capacity_requests(
                 f"{', '.join(sorted(published.capacities))})"
                 + (f"; did you mean {near}?" if near else ""),
             )
+
+
+def _off_step(path: str, value: str) -> Iterator[Finding]:
+    """A memory request the request policy of shared GPUs rounds up (consumable capacity)."""
+    from driver.devicekinds.capacity import MIN, STEP
+    from driver.quantity import Quantity
+
+    try:
+        amount = Quantity.parse(value).value
+    except ValueError:
+        return
+    rounded = MIN if amount <= MIN else MIN + -((MIN - amount) // STEP) * STEP
+    if rounded != amount:
+        yield Finding(
+            path,
+            f"{value} is not a whole number of GiB: a shared GPU (--consumable-capacity) "
+            f"takes memory in steps of 1Gi, so this request consumes {rounded // STEP}Gi",
+            Severity.WARNING,
+        )
 
 
 def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding]:

@@ -70,6 +70,8 @@ type result struct {
 	Driver  string `json:"driver"`
 	Pool    string `json:"pool"`
 	Device  string `json:"device"`
+	// Only for a share of a device with allowMultipleAllocations (consumable capacity).
+	ConsumedCapacity map[string]string `json:"consumedCapacity,omitempty"`
 }
 
 // nodeOutcome is "allocated" (with results), "unschedulable" (nil result, or an error
@@ -147,7 +149,16 @@ func allocate(ctx context.Context, req *request) answer {
 			if r.AdminAccess != nil && *r.AdminAccess {
 				continue
 			}
-			state.AllocatedDevices.Insert(structured.MakeDeviceID(r.Driver, r.Pool, r.Device))
+			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+			// A share takes part of the device, as the tracker's foreachAllocatedDevice.
+			if feats.ConsumableCapacity && r.ShareID != nil {
+				state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+				if r.ConsumedCapacity != nil {
+					state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+				}
+				continue
+			}
+			state.AllocatedDevices.Insert(id)
 		}
 	}
 	alloc, err := structured.NewAllocator(ctx, feats, state, classes, req.Slices, cache)
@@ -175,7 +186,14 @@ func allocate(ctx context.Context, req *request) answer {
 		default:
 			o := nodeOutcome{Outcome: "allocated", Results: []result{}}
 			for _, r := range results[0].Devices.Results {
-				o.Results = append(o.Results, result{r.Request, r.Driver, r.Pool, r.Device})
+				res := result{Request: r.Request, Driver: r.Driver, Pool: r.Pool, Device: r.Device}
+				if r.ShareID != nil {
+					res.ConsumedCapacity = map[string]string{}
+					for name, q := range r.ConsumedCapacity {
+						res.ConsumedCapacity[string(name)] = q.String()
+					}
+				}
+				o.Results = append(o.Results, res)
 			}
 			out.Nodes[n.Name] = o
 		}
