@@ -16,7 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from kubernetes.aio import client
@@ -262,6 +262,32 @@ class _Node:
         monitor.set_devices(self._gpu_uuids())
         metrics = Metrics(board=self._health, events_by_xid=lambda: monitor.events_by_xid)
         by_name = {name: uuid for uuid, name in self._gpu_uuids().items()}
+        watched = dict(self._gpu_uuids())
+        assert self._devices is not None
+        discovered = self._devices.published
+
+        async def published() -> list[dict[str, Any]]:
+            # Each resync rediscovers; GPUs that came or went change what is watched.
+            devices = await discovered()
+            now = self._gpu_uuids()
+            if now != watched:
+                log.info(
+                    "GPU inventory changed: following it with the health watcher",
+                    extra=kv(
+                        node=cfg.node_name,
+                        added=len(now.keys() - watched.keys()),
+                        removed=len(watched.keys() - now.keys()),
+                    ),
+                )
+                watched.clear()
+                watched.update(now)
+                monitor.set_devices(now)
+                by_name.clear()
+                by_name.update({name: uuid for uuid, name in now.items()})
+                if self._watcher is not None:
+                    self._watcher[1].watch(sorted(now))
+            return devices
+
         if cfg.metrics_port is not None:
             self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
             await self._metrics.start()
@@ -286,7 +312,7 @@ class _Node:
             self._api,
             node_name=cfg.node_name,
             driver_name=cfg.driver_name,
-            devices=monitor.tainted(self._devices.published),
+            devices=monitor.tainted(published),
             resync_period=cfg.slice_resync_period,
         )
         self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))

@@ -6,6 +6,11 @@ It runs NVIDIA's sequence: ``nvmlInit``, one event set, per GPU
 a timeout until stopped, and ``nvmlEventSetFree`` / ``nvmlShutdown``. The wait
 blocks in C, so it lives on its own thread; events leave it through ``emit``,
 which must be thread-safe and must not block (the caller hands them to its loop).
+
+GPUs found after start (a rediscovery) are handed over with :meth:`EventWatcher.watch`;
+the thread registers them on its event set between two waits, so events of the GPUs
+already watched are never missed meanwhile. NVML cannot unregister a device: a GPU
+gone from the inventory is only no longer asked after.
 """
 
 import logging
@@ -58,8 +63,15 @@ class EventWatcher:
         self._emit = emit
         self._wait_ms = wait_ms
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._wanted: tuple[str, ...] | None = None  # a new inventory, not yet registered
         self.monitored: tuple[str, ...] = ()
         self.ready = threading.Event()  # set once registration is done
+
+    def watch(self, uuids: Sequence[str]) -> None:
+        """From any thread: watch ``uuids`` from now on (registered within one wait)."""
+        with self._lock:
+            self._wanted = tuple(uuids)
 
     def stop(self) -> None:
         """Ends :meth:`run` within one wait timeout."""
@@ -79,7 +91,8 @@ class EventWatcher:
             nvml.nvmlShutdown()
             return
         try:
-            handles = self._register(event_set)
+            handles: dict[str, Any] = {}
+            self._register(event_set, self._uuids, handles)
             self.ready.set()
             self._loop(event_set, handles)
         finally:
@@ -91,10 +104,12 @@ class EventWatcher:
         self._emit([Unmonitored(u, reason) for u in self._uuids])
         self.ready.set()
 
-    def _register(self, event_set: Any) -> dict[str, Any]:
-        handles: dict[str, Any] = {}
+    def _register(self, event_set: Any, uuids: Sequence[str], handles: dict[str, Any]) -> None:
+        """Registers the GPUs of ``uuids`` not in ``handles`` (which it updates)."""
         unmonitored: list[Event] = []
-        for uuid in self._uuids:
+        for uuid in uuids:
+            if uuid in handles:
+                continue
             try:
                 handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
                 mask = MASK & self._nvml.nvmlDeviceGetSupportedEventTypes(handle)
@@ -110,11 +125,22 @@ class EventWatcher:
         if unmonitored:
             self._emit(unmonitored)
         log.info("watching NVML events", extra=kv(gpus=len(handles), unmonitored=len(unmonitored)))
-        return handles
+
+    def _follow(self, event_set: Any, handles: dict[str, Any]) -> None:
+        """Takes up the inventory :meth:`watch` handed over, if any."""
+        with self._lock:
+            wanted, self._wanted = self._wanted, None
+        if wanted is None:
+            return
+        for uuid in set(handles) - set(wanted):
+            del handles[uuid]
+        self._uuids = wanted
+        self._register(event_set, wanted, handles)
 
     def _loop(self, event_set: Any, handles: dict[str, Any]) -> None:
         lost_reported: set[str] = set()
         while not self._stop.is_set():
+            self._follow(event_set, handles)
             try:
                 data = self._nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
             except pynvml.NVMLError_Timeout:
