@@ -29,6 +29,7 @@ from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
 from driver.inventory import Inventory
+from driver.kubeapi import errors_of
 from driver.logs import kv
 from kubeletplugin import draservice, health
 from kubeletplugin.healthmonitor import HealthMonitor
@@ -260,7 +261,13 @@ class _Node:
             on_change=lambda: controller.trigger(),
         )
         monitor.set_devices(self._gpu_uuids())
-        metrics = Metrics(board=self._health, events_by_xid=lambda: monitor.events_by_xid)
+        metrics = Metrics(
+            board=self._health,
+            events_by_xid=lambda: monitor.events_by_xid,
+            slice_writes=lambda: controller.stats.writes,
+            slice_write_failures=lambda: controller.stats.failures,
+            api_errors=lambda: errors_of(self._api),
+        )
         by_name = {name: uuid for uuid, name in self._gpu_uuids().items()}
         watched = dict(self._gpu_uuids())
         assert self._devices is not None
@@ -288,9 +295,6 @@ class _Node:
                     self._watcher[1].watch(sorted(now))
             return devices
 
-        if cfg.metrics_port is not None:
-            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
-            await self._metrics.start()
         dra = grpc.aio.server()
         draservice.add_to_server(dra, state, metrics, lambda name: by_name.get(name, ""))
         health.add_to_server(dra, self._health)
@@ -315,6 +319,9 @@ class _Node:
             devices=monitor.tainted(published),
             resync_period=cfg.slice_resync_period,
         )
+        if cfg.metrics_port is not None:  # after the controller: its counts are scraped
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
+            await self._metrics.start()
         self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
         if self._hup is not None:
             self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))

@@ -347,6 +347,7 @@ async def test_a_134_server_with_taints_on_gets_the_slice_without_informational_
         for _ in range(3):
             await asyncio.wait_for(controller.resync(), TIMEOUT)
         assert [r.verb for r in server.requests.writes("resourceslices")] == ["create"]
+        assert controller.stats.writes == {"create": 1} and not controller.stats.failures
         [obj] = server.objects("resourceslices")
         published = obj["spec"]["devices"]
         assert len(published) == 8  # every device, none left out
