@@ -142,6 +142,19 @@ def test_gpus_found_after_start_are_watched_once_handed_over(sim: _Sim) -> None:
     assert not thread.is_alive()
 
 
+def test_without_nvml_events_gpus_found_later_are_unmonitored_too(sim: _Sim) -> None:
+    write_state_file(sim.state, {"nvml": "not-loaded"})  # nvmlInit fails in the watcher
+    events = _Events()
+    watcher = EventWatcher(sim.node.nvml, sim.uuids[:3], events.emit, wait_ms=50)
+    thread = _start(watcher)
+    thread.join(10)
+    assert not thread.is_alive() and watcher.monitored == ()
+    assert {e.uuid for e in events.wait(3)} == set(sim.uuids[:3])
+    watcher.watch(sim.uuids)
+    got = events.wait(4)
+    assert len(got) == 4 and isinstance(got[3], Unmonitored) and got[3].uuid == sim.uuids[3]
+
+
 def test_taints_apply_never_weaken_and_round_trip() -> None:
     ignored = devicehealth.DEFAULT_IGNORED_XIDS
     taints = devicehealth.apply({}, [Xid("a", 79), Xid("a", 13), Xid("b", 13)], ignored)

@@ -65,13 +65,21 @@ class EventWatcher:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._wanted: tuple[str, ...] | None = None  # a new inventory, not yet registered
+        self._failed: str | None = None  # why there is no event set, once run() gave up
         self.monitored: tuple[str, ...] = ()
         self.ready = threading.Event()  # set once registration is done
 
     def watch(self, uuids: Sequence[str]) -> None:
         """From any thread: watch ``uuids`` from now on (registered within one wait)."""
         with self._lock:
-            self._wanted = tuple(uuids)
+            if self._failed is None:
+                self._wanted = tuple(uuids)
+                return
+            new = [u for u in uuids if u not in self._uuids]
+            self._uuids = tuple(uuids)
+        # No event set (NVML events unavailable): new GPUs are unmonitored like the rest.
+        if new:
+            self._emit([Unmonitored(u, self._failed) for u in new])
 
     def stop(self) -> None:
         """Ends :meth:`run` within one wait timeout."""
@@ -101,7 +109,10 @@ class EventWatcher:
 
     def _unmonitored_all(self, reason: str) -> None:
         log.warning("NVML events unavailable: every GPU unmonitored", extra=kv(error=reason))
-        self._emit([Unmonitored(u, reason) for u in self._uuids])
+        with self._lock:
+            self._failed = reason
+            uuids = self._uuids
+        self._emit([Unmonitored(u, reason) for u in uuids])
         self.ready.set()
 
     def _register(self, event_set: Any, uuids: Sequence[str], handles: dict[str, Any]) -> None:
