@@ -317,6 +317,7 @@ class CapabilityGuard:
                     node=self._node,
                     server_version=self._capabilities.version,
                     gates_off=",".join(sorted(self._capabilities.dropped)) or "none",
+                    taint_effect_none=self._capabilities.effect_none,
                 ),
             )
         caps = self._capabilities

@@ -512,6 +512,19 @@ async def test_xid_79_taints_the_device_and_the_scheduler_honours_it(
                 assert outcome[0] == "unschedulable", outcome
                 assert not predicted.allocatable
                 assert f"{device} ({XID_KEY}=79:NoSchedule)" in " ".join(predicted.reasons)
+        # An XID of the ignore list: informational, effect None, which only 1.35+ accepts.
+        # (The simulated library's XID list is a log: a new event is appended to it.)
+        xids = [{"gpu": 3, "xid": 79}, {"gpu": 2, "xid": 13}]
+        write_state_file(sim_state(cp, node), {"xidEvents": xids})
+        plugins[node].proc.send_signal(signal.SIGHUP)
+        if MINOR == "1.34":
+            # The real 1.34 server refuses effect None: the guard leaves the taint off.
+            await plugins[node].wait_log("does not accept taint effect None")
+            assert len(_tainted(cp, node)) == 1
+        else:
+            await await_until("the XID 13 taint", lambda: len(_tainted(cp, node)) == 2, 30)
+            [informational] = [t for d, ts in _tainted(cp, node).items() if d != device for t in ts]
+            assert (informational["value"], informational["effect"]) == ("13", "None")
     finally:
         await _clean(cp, ns)
         # The documented clear action: the taint goes, the GPU is allocatable again.
