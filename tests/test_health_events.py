@@ -142,6 +142,27 @@ def test_gpus_found_after_start_are_watched_once_handed_over(sim: _Sim) -> None:
     assert not thread.is_alive()
 
 
+def test_after_a_gpu_is_lost_a_rediscovery_watches_the_others_again(sim: _Sim) -> None:
+    events = _Events()
+    watcher = EventWatcher(sim.node.nvml, sim.uuids, events.emit, wait_ms=50)
+    thread = _start(watcher)
+    try:
+        sim.inject(removedGpus=[3])  # off the bus: this set's waits answer GPU_IS_LOST now
+        assert events.wait(1) == [GpuLost(sim.uuids[3])]
+        watcher.watch(sim.uuids[:3])  # the rediscovery that no longer finds it
+        deadline = time.monotonic() + 10
+        while watcher.monitored != tuple(sim.uuids[:3]):
+            assert time.monotonic() < deadline, watcher.monitored
+            time.sleep(0.01)
+        sim.inject(removedGpus=[3], xidEvents=[{"gpu": 1, "xid": 79}])
+        # On a fresh set: the XID reaches the watcher, and no other GPU was called lost.
+        assert events.wait(2) == [GpuLost(sim.uuids[3]), Xid(sim.uuids[1], 79)]
+    finally:
+        watcher.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
 def test_without_nvml_events_gpus_found_later_are_unmonitored_too(sim: _Sim) -> None:
     write_state_file(sim.state, {"nvml": "not-loaded"})  # nvmlInit fails in the watcher
     events = _Events()

@@ -9,8 +9,9 @@ which must be thread-safe and must not block (the caller hands them to its loop)
 
 GPUs found after start (a rediscovery) are handed over with :meth:`EventWatcher.watch`;
 the thread registers them on its event set between two waits, so events of the GPUs
-already watched are never missed meanwhile. NVML cannot unregister a device: a GPU
-gone from the inventory is only no longer asked after.
+already watched are never missed meanwhile. NVML cannot unregister a device, and a set
+holding a GPU that fell off the bus answers every wait with GPU_IS_LOST: when GPUs leave
+the inventory the thread moves the rest to a fresh event set, so they are watched again.
 """
 
 import logging
@@ -68,6 +69,7 @@ class EventWatcher:
         self._failed: str | None = None  # why there is no event set, once run() gave up
         self.monitored: tuple[str, ...] = ()
         self.ready = threading.Event()  # set once registration is done
+        self._set: Any = None  # the event set, owned by the thread of run()
 
     def watch(self, uuids: Sequence[str]) -> None:
         """From any thread: watch ``uuids`` from now on (registered within one wait)."""
@@ -98,13 +100,14 @@ class EventWatcher:
             self._unmonitored_all(f"nvmlEventSetCreate: {exc}")
             nvml.nvmlShutdown()
             return
+        self._set = event_set
         try:
             handles: dict[str, Any] = {}
             self._register(event_set, self._uuids, handles)
             self.ready.set()
-            self._loop(event_set, handles)
+            self._loop(handles)
         finally:
-            nvml.nvmlEventSetFree(event_set)
+            nvml.nvmlEventSetFree(self._set)
             nvml.nvmlShutdown()
 
     def _unmonitored_all(self, reason: str) -> None:
@@ -137,23 +140,34 @@ class EventWatcher:
             self._emit(unmonitored)
         log.info("watching NVML events", extra=kv(gpus=len(handles), unmonitored=len(unmonitored)))
 
-    def _follow(self, event_set: Any, handles: dict[str, Any]) -> None:
-        """Takes up the inventory :meth:`watch` handed over, if any."""
+    def _follow(self, handles: dict[str, Any]) -> bool:
+        """Takes up the inventory :meth:`watch` handed over, if any; True when the
+        GPUs moved to a fresh event set."""
         with self._lock:
             wanted, self._wanted = self._wanted, None
-        if wanted is None:
-            return
-        for uuid in set(handles) - set(wanted):
-            del handles[uuid]
+        if wanted is None or set(wanted) == set(handles):
+            return False
         self._uuids = wanted
-        self._register(event_set, wanted, handles)
+        fresh = False
+        if set(handles) - set(wanted):
+            try:
+                event_set = self._nvml.nvmlEventSetCreate()
+            except pynvml.NVMLError as exc:
+                log.warning("cannot renew the NVML event set", extra=kv(error=str(exc)))
+            else:
+                self._nvml.nvmlEventSetFree(self._set)
+                self._set, fresh = event_set, True
+                handles.clear()
+        self._register(self._set, wanted, handles)
+        return fresh
 
-    def _loop(self, event_set: Any, handles: dict[str, Any]) -> None:
+    def _loop(self, handles: dict[str, Any]) -> None:
         lost_reported: set[str] = set()
         while not self._stop.is_set():
-            self._follow(event_set, handles)
+            if self._follow(handles):
+                lost_reported.clear()
             try:
-                data = self._nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
+                data = self._nvml.nvmlEventSetWait_v2(self._set, self._wait_ms)
             except pynvml.NVMLError_Timeout:
                 continue
             except pynvml.NVMLError_GpuIsLost:
