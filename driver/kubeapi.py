@@ -33,9 +33,11 @@ the API server answered each call in milliseconds.
 """
 
 import asyncio
+import collections
+import contextlib
 import json
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import ClassVar
 
 import aiohttp
@@ -174,6 +176,20 @@ def _failure(status: int, verb: str, resource: str, body: bytes) -> ApiError:
 _slots: "weakref.WeakKeyDictionary[ApiClient, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
 
 
+_errors: "weakref.WeakKeyDictionary[ApiClient, collections.Counter[str]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def errors_of(api: ApiClient) -> "collections.Counter[str]":
+    """The failed calls of every Client on ``api``, by error class name (a fixed set:
+    the subclasses of :class:`ApiError`), for the metrics."""
+    errors = _errors.get(api)
+    if errors is None:
+        errors = _errors[api] = collections.Counter()
+    return errors
+
+
 def _slots_of(api: ApiClient) -> asyncio.Semaphore:
     """One slot per connection of ``api``'s pool, shared by every Client on it."""
     slots = _slots.get(api)
@@ -193,6 +209,7 @@ class Client:
         self._api = api_client
         self._timeout = request_timeout
         self._slots = _slots_of(api_client)
+        self._errors = errors_of(api_client)
 
     async def request(
         self,
@@ -203,6 +220,15 @@ class Client:
         resource: str,
         query: _Query = (),
         body: Obj | None = None,
+    ) -> Obj:
+        try:
+            return await self._request(method, path, verb, resource, query, body)
+        except ApiError as exc:
+            self._errors[type(exc).__name__] += 1
+            raise
+
+    async def _request(
+        self, method: str, path: str, verb: str, resource: str, query: _Query, body: Obj | None
     ) -> Obj:
         params = await self._api.param_serialize(
             method=method,
@@ -266,6 +292,18 @@ class Client:
         is noticed; bookmarks keep a healthy one talking. The stream holds one of the
         pool's connections for its whole life.
         """
+        try:
+            # aclosing: a consumer that stops early closes the stream (and its slot) now.
+            async with contextlib.aclosing(self._watch(path, resource, query, read_timeout)) as it:
+                async for event in it:
+                    yield event
+        except ApiError as exc:
+            self._errors[type(exc).__name__] += 1
+            raise
+
+    async def _watch(
+        self, path: str, resource: str, query: _Query, read_timeout: float
+    ) -> AsyncGenerator[Obj]:
         params = await self._api.param_serialize(
             method="GET",
             resource_path=path,

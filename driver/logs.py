@@ -2,11 +2,16 @@
 
 Call sites pass their fields through ``extra`` (or use :func:`kv`), so a line
 about a claim always carries ``claim_uid``, ``claim_namespace`` and ``claim_name``.
+``--log-format json`` gives the same fields as one JSON object a line. Times are
+RFC 3339 in UTC with milliseconds (``2026-01-02T03:04:05.678Z``): unambiguous across
+nodes whatever their time zone, and what log pipelines parse without a hint.
 """
 
+import json
 import logging
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 _STANDARD = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
@@ -19,9 +24,15 @@ def _quote(value: object) -> str:
     return text
 
 
+def timestamp(created: float) -> str:
+    """``created`` (seconds since the epoch) as RFC 3339 UTC with milliseconds."""
+    text = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+    return text.removesuffix("+00:00") + "Z"
+
+
 def _fields(formatter: logging.Formatter, record: logging.LogRecord) -> dict[str, object]:
     fields: dict[str, object] = {
-        "time": formatter.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+        "time": timestamp(record.created),
         "level": record.levelname.lower(),
         "logger": record.name,
         "msg": record.getMessage(),
@@ -47,8 +58,6 @@ class JsonFormatter(logging.Formatter):
     """The same fields as one JSON object per line, for log pipelines that parse JSON."""
 
     def format(self, record: logging.LogRecord) -> str:
-        import json
-
         return json.dumps(_fields(self, record), default=str)
 
 

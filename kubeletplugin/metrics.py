@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from driver.kubeapi import ApiError
 from driver.logs import kv
 from kubeletplugin.health import HealthBoard
 
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _STATES = ("Healthy", "Unhealthy", "Unknown")
+_WRITE_VERBS = ("create", "update", "delete")
+# The error classes of driver.kubeapi: a fixed set, each reported (0 until it happens).
+_API_ERRORS = tuple(sorted(c.__name__ for c in ApiError.__subclasses__()))
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class Metrics:
         *,
         board: HealthBoard | None = None,
         events_by_xid: Callable[[], Mapping[int, int]] = dict,
+        slice_writes: Callable[[], Mapping[str, int]] = dict,
+        slice_write_failures: Callable[[], Mapping[str, int]] = dict,
+        api_errors: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         self.prepare_total = Counter(
@@ -71,6 +78,9 @@ class Metrics:
         )
         self._board = board
         self._events = events_by_xid
+        self._slice_writes = slice_writes
+        self._slice_write_failures = slice_write_failures
+        self._api_errors = api_errors
         self._devices: dict[str, tuple[DeviceInfo, ...]] = {}  # claim uid -> its devices
         self.registry.register(_Scraped(self))
 
@@ -114,6 +124,37 @@ class Metrics:
         claims = GaugeMetricFamily("gpu_dra_prepared_claims", "Claims prepared on this node")
         claims.add_metric([], len(self._devices))
         yield claims
+        yield _counted(
+            "gpu_dra_slice_writes",
+            "ResourceSlice writes the publisher sent, by verb",
+            "verb",
+            _WRITE_VERBS,
+            self._slice_writes(),
+        )
+        yield _counted(
+            "gpu_dra_slice_write_failures",
+            "ResourceSlice writes that failed, by error class",
+            "error",
+            _API_ERRORS,
+            self._slice_write_failures(),
+        )
+        yield _counted(
+            "gpu_dra_api_errors",
+            "Failed API server calls of the daemon, by error class",
+            "error",
+            _API_ERRORS,
+            self._api_errors(),
+        )
+
+
+def _counted(
+    name: str, documentation: str, label: str, known: Sequence[str], counts: Mapping[str, int]
+) -> CounterMetricFamily:
+    """A counter family with every known label value (bounded: others are not reported)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value in known:
+        family.add_metric([value], counts.get(value, 0))
+    return family
 
 
 class _Scraped(Collector):

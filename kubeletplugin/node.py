@@ -16,7 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from kubernetes.aio import client
@@ -29,6 +29,7 @@ from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
 from driver.inventory import Inventory
+from driver.kubeapi import errors_of
 from driver.logs import kv
 from kubeletplugin import draservice, health
 from kubeletplugin.healthmonitor import HealthMonitor
@@ -269,11 +270,40 @@ class _Node:
             on_change=lambda: controller.trigger(),
         )
         monitor.set_devices(self._gpu_uuids())
-        metrics = Metrics(board=self._health, events_by_xid=lambda: monitor.events_by_xid)
+        metrics = Metrics(
+            board=self._health,
+            events_by_xid=lambda: monitor.events_by_xid,
+            slice_writes=lambda: controller.stats.writes,
+            slice_write_failures=lambda: controller.stats.failures,
+            api_errors=lambda: errors_of(self._api),
+        )
         by_name = {name: uuid for uuid, name in self._gpu_uuids().items()}
-        if cfg.metrics_port is not None:
-            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
-            await self._metrics.start()
+        watched = dict(self._gpu_uuids())
+        assert self._devices is not None
+        discovered = self._devices.published
+
+        async def published() -> list[dict[str, Any]]:
+            # Each resync rediscovers; GPUs that came or went change what is watched.
+            devices = await discovered()
+            now = self._gpu_uuids()
+            if now != watched:
+                log.info(
+                    "GPU inventory changed: following it with the health watcher",
+                    extra=kv(
+                        node=cfg.node_name,
+                        added=len(now.keys() - watched.keys()),
+                        removed=len(watched.keys() - now.keys()),
+                    ),
+                )
+                watched.clear()
+                watched.update(now)
+                monitor.set_devices(now)
+                by_name.clear()
+                by_name.update({name: uuid for uuid, name in now.items()})
+                if self._watcher is not None:
+                    self._watcher[1].watch(sorted(now))
+            return devices
+
         dra = grpc.aio.server()
         draservice.add_to_server(dra, state, metrics, lambda name: by_name.get(name, ""))
         health.add_to_server(dra, self._health)
@@ -295,9 +325,12 @@ class _Node:
             self._api,
             node_name=cfg.node_name,
             driver_name=cfg.driver_name,
-            devices=monitor.tainted(self._devices.published),
+            devices=monitor.tainted(published),
             resync_period=cfg.slice_resync_period,
         )
+        if cfg.metrics_port is not None:  # after the controller: its counts are scraped
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
+            await self._metrics.start()
         self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
         if self._hup is not None:
             self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))

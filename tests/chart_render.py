@@ -71,21 +71,30 @@ def render_with_sources(
     set_values: Sequence[str] = (),
     *,
     namespace: str = NAMESPACE,
+    api_versions: Sequence[str] = (),
 ) -> list[tuple[str, dict[str, Any]]]:
     """``(template path, object)`` pairs in Helm's install order.
 
     Raises helm_python.HelmValuesError when the values break values.schema.json, and
     helm_python.HelmRenderError when a template fails (the device-plugin guard, for one).
     """
-    items = render_chart(user_values(values_files, set_values), namespace=namespace)
+    items = render_chart(
+        user_values(values_files, set_values), namespace=namespace, api_versions=api_versions
+    )
     return sorted(items, key=_order)
 
 
 def render(
-    values_files: Sequence[str | PathLike[str]] = (), set_values: Sequence[str] = ()
+    values_files: Sequence[str | PathLike[str]] = (),
+    set_values: Sequence[str] = (),
+    *,
+    api_versions: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """The rendered objects, as ``helm template`` with ``-f`` files and ``--set`` expressions."""
-    return [obj for _, obj in render_with_sources(values_files, set_values)]
+    """The rendered objects, as ``helm template`` with ``-f`` files, ``--set`` expressions
+    and ``--api-versions`` (what the cluster serves)."""
+    return [
+        obj for _, obj in render_with_sources(values_files, set_values, api_versions=api_versions)
+    ]
 
 
 def lint(

@@ -6,6 +6,7 @@ and its table tests in .../structured/internal/allocatortesting/allocator_testin
 each test names the upstream function or case it mirrors.
 """
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -750,3 +751,27 @@ def test_class_listing_says_why_each_device_is_rejected() -> None:
     assert verdicts["nic-0"][0] is False
     assert verdicts["nic-0"][1] is not None and verdicts["nic-0"][1].endswith(": false")
     assert verdicts["odd"][1] is not None and "CEL runtime error" in verdicts["odd"][1]
+
+
+def test_the_diagnostics_example_tolerates_an_xid_but_not_a_lost_gpu() -> None:
+    """charts/examples/diagnostics-tolerates-xid.yaml against the driver's own taints."""
+    import yaml
+
+    from driver.devicehealth import GPU_LOST_KEY, XID_KEY
+
+    path = Path(__file__).resolve().parent.parent / "charts/examples/diagnostics-tolerates-xid.yaml"
+    template = next(
+        d for d in yaml.safe_load_all(path.read_text()) if d["kind"].endswith("Template")
+    )
+    xid = {"key": XID_KEY, "value": "79", "effect": "NoSchedule"}
+    lost = {"key": GPU_LOST_KEY, "value": "", "effect": "NoSchedule"}
+    classes = [device_class("gpu.nvidia.com")]
+    out = explain_claim(template, slices=[slice_("n1", device("gpu-0", [xid]))], classes=classes)
+    assert picked(out) == [("gpu", "gpu-0")]
+    out = explain_claim(template, slices=[slice_("n1", device("gpu-0", [lost]))], classes=classes)
+    assert not out.node("n1").allocatable
+    assert f"[gpu-0 ({GPU_LOST_KEY}:NoSchedule)]" in reasons(out)
+    # Without the toleration the XID taint is the reason, by name.
+    plain = claim(exactly("gpu", cls="gpu.nvidia.com"))
+    out = explain_claim(plain, slices=[slice_("n1", device("gpu-0", [xid]))], classes=classes)
+    assert f"[gpu-0 ({XID_KEY}=79:NoSchedule)]" in reasons(out)

@@ -18,6 +18,7 @@ from kubernetes.aio import client as k8s
 from driver import kubeclient
 from driver.controller import SliceController
 from driver.controller.capabilities import (
+    EFFECT_NONE,
     GATED_FIELDS,
     fit,
     probe,
@@ -34,8 +35,10 @@ TIMEOUT = 10.0
 ALL_GATES = [g.gate for g in GATED_FIELDS]
 
 
-async def served(gates: dict[str, bool]) -> tuple[LocalApiServer, k8s.ApiClient]:
-    server = LocalApiServer(bookmark_interval=0.2, feature_gates=gates)
+async def served(
+    gates: dict[str, bool], version: str = "1.34.0"
+) -> tuple[LocalApiServer, k8s.ApiClient]:
+    server = LocalApiServer(bookmark_interval=0.2, feature_gates=gates, version=version)
     await server.start()
     server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     return server, k8s.ApiClient(k8s.Configuration(host=server.url))
@@ -45,8 +48,10 @@ async def served(gates: dict[str, bool]) -> tuple[LocalApiServer, k8s.ApiClient]
 async def gated() -> AsyncIterator[Callable[..., Any]]:
     opened: list[tuple[LocalApiServer, k8s.ApiClient]] = []
 
-    async def open_server(**gates: bool) -> tuple[LocalApiServer, k8s.ApiClient]:
-        pair = await served(gates)
+    async def open_server(
+        version: str = "1.34.0", **gates: bool
+    ) -> tuple[LocalApiServer, k8s.ApiClient]:
+        pair = await served(gates, version)
         opened.append(pair)
         return pair
 
@@ -109,9 +114,10 @@ async def test_dry_run_other_values_and_verbs_are_refused(gated: Callable[..., A
 @pytest.mark.parametrize("gate", ALL_GATES)
 async def test_a_gate_off_drops_its_fields_silently(gated: Callable[..., Any], gate: str) -> None:
     _, api = await gated(**{gate: False})
+    probes = probe_slices(DRIVER, NODE)
     stored = [
-        await Client(api).request("POST", SLICES, verb="create", resource="rs", body=body)
-        for body in probe_slices(DRIVER, NODE).values()
+        await Client(api).request("POST", SLICES, verb="create", resource="rs", body=probes[g])
+        for g in ALL_GATES
     ]
     [field] = [g for g in GATED_FIELDS if g.gate == gate]
     assert not any(field.used_by(s["spec"]) for s in stored)
@@ -256,6 +262,102 @@ async def test_a_server_with_every_gate_on_gets_every_field(
         assert len(obj["spec"]["devices"]) == 8
         assert obj["spec"]["devices"][0]["taints"][0]["value"] == "xid-79"
         assert [r.verb for r in server.requests.writes("resourceslices")] == ["create"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+# ---- taint effect None: a value 1.35 added, refused by a 1.34 server -----------------------
+
+
+def _effect_none_slice() -> dict[str, Any]:
+    return probe_slices(DRIVER, NODE)[EFFECT_NONE]
+
+
+async def test_a_134_server_refuses_effect_none_and_a_135_one_keeps_it(
+    gated: Callable[..., Any],
+) -> None:
+    _, api = await gated()
+    with pytest.raises(RejectedError, match='Unsupported value: "None": supported values: '):
+        await Client(api).request(
+            "POST", SLICES, verb="create", resource="rs", body=_effect_none_slice()
+        )
+    _, api = await gated(version="1.35.0")
+    stored = await Client(api).request(
+        "POST", SLICES, verb="create", resource="rs", body=_effect_none_slice()
+    )
+    assert stored["spec"]["devices"][0]["taints"][0]["effect"] == "None"
+
+
+@pytest.mark.parametrize(("version", "accepted"), [("1.34.0", False), ("1.35.0", True)])
+async def test_probe_learns_whether_effect_none_is_accepted(
+    gated: Callable[..., Any], version: str, accepted: bool
+) -> None:
+    server, api = await gated(version=version)
+    found = await probe(Client(api), driver_name=DRIVER, node_name=NODE)
+    assert found.dropped == frozenset() and found.effect_none is accepted
+    assert server.objects("resourceslices") == []
+    # Taints dropped altogether: no question about their effects is asked.
+    _, api = await gated(version=version, DRADeviceTaints=False)
+    found = await probe(Client(api), driver_name=DRIVER, node_name=NODE)
+    assert found.dropped == {"DRADeviceTaints"} and not found.effect_none
+
+
+def test_fit_without_effect_none_leaves_informational_taints_off() -> None:
+    unmonitored = {"key": "gpu.nvidia.com/unmonitored", "value": "", "effect": "None"}
+    xid79 = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+    devices = [
+        {"name": "unmonitored", "taints": [unmonitored]},
+        {"name": "lost", "taints": [unmonitored, xid79]},
+        {"name": "plain"},
+    ]
+    desired = [{"spec": {"pool": {"name": NODE}, "devices": devices}}]
+    fitted, counts = fit(desired, frozenset(), effect_none=False)
+    assert fitted[0]["spec"]["devices"] == [
+        {"name": "unmonitored"},
+        {"name": "lost", "taints": [xid79]},
+        {"name": "plain"},
+    ]
+    assert counts == {EFFECT_NONE: 2}
+    assert desired[0]["spec"]["devices"] == devices  # the input is left alone
+    assert fit(desired, frozenset()) == (desired, {})
+
+
+async def test_a_134_server_with_taints_on_gets_the_slice_without_informational_taints(
+    gated: Callable[..., Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="driver")
+    server, api = await gated()  # 1.34 with DRADeviceTaints on, as K8S=1.34 in the e2e tier
+    hardware = Hardware(tmp_path)
+    ignored_xid = {"key": "gpu.nvidia.com/xid", "value": "13", "effect": "None"}
+
+    async def devices() -> list[dict[str, Any]]:
+        found = copy.deepcopy(build_devices(await hardware.discover(), node_name=NODE))
+        found[0]["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+        found[1]["taints"] = [ignored_xid]
+        found[2]["taints"] = [{"key": "gpu.nvidia.com/unmonitored", "value": "", "effect": "None"}]
+        return found
+
+    controller = SliceController(
+        api, node_name=NODE, driver_name=DRIVER, devices=devices, request_timeout=2.0
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.wait_for(controller.published.wait(), TIMEOUT)
+        for _ in range(3):
+            await asyncio.wait_for(controller.resync(), TIMEOUT)
+        assert [r.verb for r in server.requests.writes("resourceslices")] == ["create"]
+        assert controller.stats.writes == {"create": 1} and not controller.stats.failures
+        [obj] = server.objects("resourceslices")
+        published = obj["spec"]["devices"]
+        assert len(published) == 8  # every device, none left out
+        assert [t["value"] for t in published[0]["taints"]] == ["79"]
+        assert not any("taints" in d for d in published[1:])
+        lines = [r.getMessage() for r in caplog.records if "effect None" in r.getMessage()]
+        assert lines == [
+            "the API server does not accept taint effect None (Kubernetes 1.35 adds it): "
+            "informational taints are left off; the devices are published without them"
+        ]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -79,6 +79,7 @@ def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
             "Role",
             "RoleBinding",
             "DaemonSet",
+            "Service",  # metrics
             "DeviceClass",
             "ValidatingAdmissionPolicy",  # resourceslices
             "ValidatingAdmissionPolicyBinding",
@@ -124,7 +125,7 @@ def test_every_object_passes_kubernetes_validate_strict(version: str) -> None:
         except kubernetes_validate.ValidationError as exc:
             failures.append(f"{label}: {'.'.join(map(str, exc.path))}: {exc.message}")
     assert failures == []
-    assert len(RENDERED) >= 28  # the three renders really produced their objects
+    assert len(RENDERED) >= 31  # the three renders really produced their objects
 
 
 def test_everything_on_renders_the_optional_objects() -> None:
@@ -164,6 +165,7 @@ def test_daemonset_runs_the_kubelet_plugin(default: list[dict[str, Any]]) -> Non
         "--container-driver-root=/driver-root",
         "--nvml=system",
         "--healthcheck-port=51515",
+        "--metrics-port=9401",
     ]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
     assert env == {
@@ -494,3 +496,78 @@ def test_helm_template_renders_what_the_tests_render() -> None:
         return obj["kind"], obj["metadata"]["name"]
 
     assert sorted(docs, key=key) == sorted(render([EKS_VALUES]), key=key)
+
+
+# ---- metrics, ServiceMonitor, DeviceTaintRule: rendered for what the cluster serves ----------
+
+# Which DeviceTaintRule versions each minor serves (kubernetes-dra-facts: v1alpha3 from 1.33,
+# v1beta2 from 1.36, v1 from 1.37), and the one the chart must pick: the newest.
+TAINT_RULE_VERSIONS = {
+    "1.34": (("v1alpha3",), "v1alpha3"),
+    "1.35": (("v1alpha3",), "v1alpha3"),
+    "1.36": (("v1alpha3", "v1beta2"), "v1beta2"),
+    "1.37": (("v1alpha3", "v1beta2", "v1"), "v1"),
+}
+TAINT_RULE = ("deviceTaintRule.enabled=true", "deviceTaintRule.pool=ip-10-0-1-7.ec2.internal")
+
+
+def test_metrics_are_served_on_the_port_the_service_names(default: list[dict[str, Any]]) -> None:
+    container = plugin_container(default)
+    assert "--metrics-port=9401" in container["args"]
+    assert {"name": "metrics", "containerPort": 9401, "protocol": "TCP"} in container["ports"]
+    service = one(default, "Service")
+    assert service["spec"]["clusterIP"] == "None"  # one endpoint per plugin pod
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9401, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod_labels = one(default, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    off = render((), ("metrics.enabled=false",))
+    assert not by_kind(off, "Service")
+    assert not any(a.startswith("--metrics-port") for a in plugin_container(off)["args"])
+
+
+def test_service_monitor_only_where_the_cluster_serves_it() -> None:
+    on = ("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
+    assert not by_kind(render((), on), "ServiceMonitor")  # no Prometheus Operator: no object
+    assert not by_kind(render(api_versions=["monitoring.coreos.com/v1"]), "ServiceMonitor")
+    objects = render((), on, api_versions=["monitoring.coreos.com/v1"])
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
+    service = one(objects, "Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_device_taint_rule_uses_the_newest_version_the_cluster_serves(version: str) -> None:
+    served, expected = TAINT_RULE_VERSIONS[version]
+    api_versions = [f"resource.k8s.io/{v}/DeviceTaintRule" for v in served]
+    rule = one(render((), TAINT_RULE, api_versions=api_versions), "DeviceTaintRule")
+    assert rule["apiVersion"] == f"resource.k8s.io/{expected}"
+    assert rule["spec"] == {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "ip-10-0-1-7.ec2.internal"},
+        "taint": {"key": "gpu.nvidia.com/maintenance", "effect": "NoSchedule"},
+    }
+    kubernetes_validate.validate(rule, version, strict=True)
+    one_device = (*TAINT_RULE, "deviceTaintRule.device=gpu-3", "deviceTaintRule.taint.value=rma")
+    rule = one(render((), one_device, api_versions=api_versions), "DeviceTaintRule")
+    assert rule["spec"]["deviceSelector"]["device"] == "gpu-3"
+    assert rule["spec"]["taint"]["value"] == "rma"
+    kubernetes_validate.validate(rule, version, strict=True)
+
+
+def test_device_taint_rule_is_off_by_default_and_absent_where_not_served() -> None:
+    served = ["resource.k8s.io/v1/DeviceTaintRule"]
+    assert not by_kind(render(api_versions=served), "DeviceTaintRule")  # off by default
+    # Helm's built-in set has resource.k8s.io/v1beta2 as a group version, not the kind a
+    # cluster serves: without the kind in discovery nothing is rendered.
+    assert not by_kind(render((), TAINT_RULE), "DeviceTaintRule")
+    with pytest.raises(helm_python.HelmRenderError, match=r"deviceTaintRule\.pool must name"):
+        render((), ("deviceTaintRule.enabled=true",), api_versions=served)

@@ -568,6 +568,9 @@ async def test_conflict_on_update_rereads_and_retries(
     assert calls(apiserver, "update") == 2
     assert calls(apiserver, "list") == 1  # the re-read
     assert device_names(apiserver) == GPUS[1:]
+    # What the metrics report: the writes that went through, and the one that failed.
+    assert controller.stats.writes == {"create": 1, "update": 1}
+    assert controller.stats.failures == {"ConflictError": 1}
 
 
 async def test_server_errors_on_create_end_with_one_slice(

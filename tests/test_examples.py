@@ -85,6 +85,7 @@ def schedulable(explanation: Explanation) -> frozenset[str]:
 def test_every_scenario_has_an_example() -> None:
     assert [f.name for f in FILES] == [
         "cuda-driver-floor.yaml",
+        "diagnostics-tolerates-xid.yaml",
         "first-available.yaml",
         "gpu-by-model.yaml",
         "gpu-memory-shares.yaml",
@@ -144,13 +145,17 @@ def test_examples_pass_gpu_dra_validate_with_the_charts_classes(
                 *map(str, FILES),
             ]
         )
-    # Capacity requests need DRAConsumableCapacity, off by default before 1.36: the only
-    # finding, and a warning, on the examples that make them.
+    # Fields behind gates off by default before 1.36, each a warning naming its gate: capacity
+    # requests (DRAConsumableCapacity) and the diagnostics claim's tolerations (DRADeviceTaints).
     gated = {
         f"{EXAMPLES / name}: ResourceClaimTemplate/{template}: spec.spec.devices.requests[0]."
         "exactly.capacity.requests: warning: needs feature gate DRAConsumableCapacity, off by "
         f"default in Kubernetes {version}"
         for name, template in CAPACITY_EXAMPLES.items()
+    } | {
+        f"{EXAMPLES / 'diagnostics-tolerates-xid.yaml'}: ResourceClaimTemplate/"
+        "diagnostics-tolerates-xid: spec.spec.devices.requests[0].exactly.tolerations: "
+        f"warning: needs feature gate DRADeviceTaints, off by default in Kubernetes {version}"
     }
     lines = out.getvalue().splitlines()
     assert code == 0

@@ -122,6 +122,60 @@ def test_gpu_is_lost_from_the_wait_marks_that_gpu_lost(
     assert events.got == [GpuLost(sim.uuids[3])]  # reported once, not once per wait
 
 
+def test_gpus_found_after_start_are_watched_once_handed_over(sim: _Sim) -> None:
+    events = _Events()
+    # A GPU the first discovery did not see (still initialising, hot-added).
+    watcher = EventWatcher(sim.node.nvml, sim.uuids[:3], events.emit, wait_ms=50)
+    thread = _start(watcher)
+    try:
+        assert watcher.monitored == tuple(sim.uuids[:3])
+        watcher.watch(sim.uuids[1:])  # a rediscovery: GPU 3 came, GPU 0 went
+        deadline = time.monotonic() + 10
+        while watcher.monitored != tuple(sim.uuids[1:]):
+            assert time.monotonic() < deadline, watcher.monitored
+            time.sleep(0.01)
+        sim.inject(xidEvents=[{"gpu": 3, "xid": 79}, {"gpu": 1, "xid": 48}])
+        assert events.wait(2) == [Xid(sim.uuids[3], 79), Xid(sim.uuids[1], 48)]
+    finally:
+        watcher.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_after_a_gpu_is_lost_a_rediscovery_watches_the_others_again(sim: _Sim) -> None:
+    events = _Events()
+    watcher = EventWatcher(sim.node.nvml, sim.uuids, events.emit, wait_ms=50)
+    thread = _start(watcher)
+    try:
+        sim.inject(removedGpus=[3])  # off the bus: this set's waits answer GPU_IS_LOST now
+        assert events.wait(1) == [GpuLost(sim.uuids[3])]
+        watcher.watch(sim.uuids[:3])  # the rediscovery that no longer finds it
+        deadline = time.monotonic() + 10
+        while watcher.monitored != tuple(sim.uuids[:3]):
+            assert time.monotonic() < deadline, watcher.monitored
+            time.sleep(0.01)
+        sim.inject(removedGpus=[3], xidEvents=[{"gpu": 1, "xid": 79}])
+        # On a fresh set: the XID reaches the watcher, and no other GPU was called lost.
+        assert events.wait(2) == [GpuLost(sim.uuids[3]), Xid(sim.uuids[1], 79)]
+    finally:
+        watcher.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_without_nvml_events_gpus_found_later_are_unmonitored_too(sim: _Sim) -> None:
+    write_state_file(sim.state, {"nvml": "not-loaded"})  # nvmlInit fails in the watcher
+    events = _Events()
+    watcher = EventWatcher(sim.node.nvml, sim.uuids[:3], events.emit, wait_ms=50)
+    thread = _start(watcher)
+    thread.join(10)
+    assert not thread.is_alive() and watcher.monitored == ()
+    assert {e.uuid for e in events.wait(3)} == set(sim.uuids[:3])
+    watcher.watch(sim.uuids)
+    got = events.wait(4)
+    assert len(got) == 4 and isinstance(got[3], Unmonitored) and got[3].uuid == sim.uuids[3]
+
+
 def test_taints_apply_never_weaken_and_round_trip() -> None:
     ignored = devicehealth.DEFAULT_IGNORED_XIDS
     taints = devicehealth.apply({}, [Xid("a", 79), Xid("a", 13), Xid("b", 13)], ignored)

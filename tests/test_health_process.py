@@ -132,3 +132,28 @@ async def test_xid_79_taints_reports_survives_restart_and_clears(
         for p in (proc, restarted):
             if p is not None:
                 p.kill()
+
+
+async def test_a_gpu_found_by_a_rediscovery_is_watched(
+    apiserver: Any, kube: tuple[Any, Path], dirs: NodeDirs
+) -> None:
+    api, kubeconfig = kube
+    state = dirs.root / "sim-state.yaml"
+    write_state_file(state, {"removedGpus": [5]})  # not on the bus when the plugin starts
+    env = {"GPU_DRA_SIM_STATE": str(state)}
+    proc = PluginProcess(dirs, kubeconfig=kubeconfig, node_name=NODE, extra_env=env)
+    try:
+        await proc.wait_ready()
+        await proc.wait_log(r"watching NVML events\"? gpus=7 ")
+        await _until_taints(api, lambda t: len(t) == 7)
+        write_state_file(state, {})
+        proc.proc.send_signal(signal.SIGHUP)
+        await _until_taints(api, lambda t: len(t) == 8)
+        await proc.wait_log(r"GPU inventory changed.* added=1 removed=0")
+        await proc.wait_log(r"watching NVML events\"? gpus=8 ")  # registered on the same set
+        write_state_file(state, {"xidEvents": [{"gpu": 5, "xid": 79}]})
+        proc.proc.send_signal(signal.SIGHUP)
+        taints = await _until_taints(api, lambda t: any(t.values()))
+        assert [ts for ts in taints.values() if ts] == [[XID79]], taints
+    finally:
+        proc.kill()

@@ -100,7 +100,9 @@ async def test_a_silent_plugin_makes_devices_unknown(short_dir: Path, service: s
     board = HealthBoard(_devices({"gpu-0": "Healthy"}))
     async with (
         _serve(short_dir, board, resend=600) as paths,
-        watching(HealthWatch(str(paths.dra), service, timeout=1)) as watch,
+        # 2 s, not 1: last_updated_time is in whole seconds, so a 1 s timeout left the
+        # device Healthy for anywhere between 0 and 1 s after the message (a flake).
+        watching(HealthWatch(str(paths.dra), service, timeout=2)) as watch,
     ):
         await watch.wait_for(lambda v: v == {(POOL, "gpu-0"): "Healthy"})
         await watch.wait_for(lambda v: v == {(POOL, "gpu-0"): "Unknown"}, within=5)

@@ -1,11 +1,16 @@
 """Prometheus metrics of the node daemon, scraped over HTTP, every family asserted."""
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aiohttp
+import pytest
+from kubernetes.aio import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.gen import dra_v1_pb2 as v1
+from driver import kubeclient
+from driver.kubeapi import ApiError, Client, ConflictError, NotFoundError, errors_of
 from kubeletplugin.draservice import DraService
 from kubeletplugin.health import DeviceHealth, HealthBoard
 from kubeletplugin.metrics import CONTENT_TYPE, Metrics, MetricsServer
@@ -53,7 +58,13 @@ async def test_every_family_over_http() -> None:
             DeviceHealth("node-a", "gpu-1", "Unhealthy", "XID 79"),
         ]
     )
-    metrics = Metrics(board=board, events_by_xid=lambda: {79: 250, 13: 3})
+    metrics = Metrics(
+        board=board,
+        events_by_xid=lambda: {79: 250, 13: 3},
+        slice_writes=lambda: {"create": 1, "update": 4},
+        slice_write_failures=lambda: {"ConflictError": 2},
+        api_errors=lambda: {"ConflictError": 2, "NotFoundError": 1},
+    )
     uuids = {"gpu-0": "GPU-1234"}
     service = DraService(_Preparer(), metrics, lambda name: uuids.get(name, ""))
     server = MetricsServer(metrics, port=0, host="127.0.0.1")
@@ -90,6 +101,18 @@ async def test_every_family_over_http() -> None:
             )
         ]
         assert got["gpu_dra_prepared_claims"] == [({}, 1.0)]
+        assert got["gpu_dra_slice_writes"] == [
+            ({"verb": "create"}, 1.0),
+            ({"verb": "update"}, 4.0),
+            ({"verb": "delete"}, 0.0),
+        ]
+        # Every error class of driver.kubeapi, and nothing else: a bounded label set.
+        classes = sorted(c.__name__ for c in ApiError.__subclasses__())
+        failures = dict((labels["error"], v) for labels, v in got["gpu_dra_slice_write_failures"])
+        assert failures == {c: (2.0 if c == "ConflictError" else 0.0) for c in classes}
+        errors = dict((labels["error"], v) for labels, v in got["gpu_dra_api_errors"])
+        assert errors["ConflictError"] == 2.0 and errors["NotFoundError"] == 1.0
+        assert sorted(errors) == classes and sum(errors.values()) == 3.0
 
         await service.unprepare(v1.NodeUnprepareResourcesRequest(claims=[_claim(A, "a")]))
         got = await _scrape(server.port)
@@ -98,3 +121,18 @@ async def test_every_family_over_http() -> None:
         assert got["gpu_dra_prepared_claims"] == [({}, 0.0)]
     finally:
         await server.stop()
+
+
+async def test_api_errors_are_counted_by_class_per_api_client(apiserver: Any) -> None:
+    api = k8s.ApiClient(k8s.Configuration(host=apiserver.url))
+    try:
+        client = Client(api)
+        with pytest.raises(NotFoundError):
+            await client.get_json("/api/v1/nodes/absent", resource="nodes")
+        apiserver.faults.fail("get", "nodes", code=409, times=1)
+        with pytest.raises(ConflictError):
+            await Client(api).get_json("/api/v1/nodes/absent", resource="nodes")
+        await client.get_json("/version", resource="/version")  # a success counts nothing
+        assert errors_of(api) == {"NotFoundError": 1, "ConflictError": 1}
+    finally:
+        await kubeclient.close(api)

@@ -4,7 +4,12 @@
 ``SliceController`` is the asyncio shell that lists, watches and writes.
 """
 
-from driver.controller.controller import ApiVersionMissingError, NodeNotFoundError, SliceController
+from driver.controller.controller import (
+    ApiVersionMissingError,
+    NodeNotFoundError,
+    PublishStats,
+    SliceController,
+)
 from driver.controller.lease import LEASE_VERBS
 from driver.controller.plan import InvalidPoolError, Plan, plan
 
@@ -14,6 +19,7 @@ __all__ = [
     "InvalidPoolError",
     "NodeNotFoundError",
     "Plan",
+    "PublishStats",
     "SliceController",
     "plan",
 ]

@@ -15,6 +15,12 @@ For each dropped field a kind uses it logs one line and falls back: a field that
 relaxes allocation (``allowMultipleAllocations``) is published without it; a device
 that would be unsafe without its field (a taint keeps it from being scheduled, counters
 keep partitions from overlapping, binding conditions delay its use) is left out.
+
+Taint effect ``None`` (informational: an application XID, an unmonitored GPU) is a
+value, not a field: Kubernetes 1.35 added it, and a 1.34 server with device taints
+on refuses the whole slice that carries one. Where taints are kept, one more dry-run
+learns whether ``None`` is accepted; where it is not, informational taints are left
+off (they change no allocation) with one line saying so.
 """
 
 import copy
@@ -101,10 +107,15 @@ def uses_gated_fields(slices: Iterable[_Obj]) -> bool:
     return False
 
 
+# Not a gate: a value of a gated field. The key under which fit() counts what it drops.
+EFFECT_NONE = "DeviceTaintEffectNone"
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     version: str  # the server's gitVersion
     dropped: frozenset[str]  # gates whose fields the server drops
+    effect_none: bool = True  # whether taints with effect None are accepted (1.35+)
 
 
 # Per gate, the smallest valid slice spec that uses its fields: one probe per gate, so a
@@ -132,8 +143,13 @@ _PROBES: dict[str, _Obj] = {
 }
 
 
+_EFFECT_NONE_PROBE: _Obj = {
+    "devices": [{"name": "probe", "taints": [{"key": _PROBE, "value": "probe", "effect": "None"}]}]
+}
+
+
 def probe_slices(driver_name: str, node_name: str) -> dict[str, _Obj]:
-    """Per gate, a slice of this driver and node using that gate's fields."""
+    """Per gate (and for effect None), a slice of this driver and node using its fields."""
     return {
         gate: {
             "apiVersion": "resource.k8s.io/v1",
@@ -146,7 +162,7 @@ def probe_slices(driver_name: str, node_name: str) -> dict[str, _Obj]:
                 **copy.deepcopy(spec),
             },
         }
-        for gate, spec in _PROBES.items()
+        for gate, spec in {**_PROBES, EFFECT_NONE: _EFFECT_NONE_PROBE}.items()
     }
 
 
@@ -158,18 +174,11 @@ async def probe(client: Client, *, driver_name: str, node_name: str) -> Capabili
     raises for the rest (no answer, 5xx: worth a retry).
     """
     version = await client.get_json("/version", resource="/version")
+    probes = probe_slices(driver_name, node_name)
     dropped: set[str] = set()
     for gated in GATED_FIELDS:
-        body = probe_slices(driver_name, node_name)[gated.gate]
         try:
-            answer = await client.request(
-                "POST",
-                _SLICES,
-                verb="create",
-                resource=_RESOURCE,
-                query=[("dryRun", "All")],
-                body=body,
-            )
+            answer = await _dry_run(client, probes[gated.gate])
         except ApiError as exc:
             if isinstance(exc, RetryableError):
                 raise
@@ -182,20 +191,44 @@ async def probe(client: Client, *, driver_name: str, node_name: str) -> Capabili
             continue
         if not gated.used_by(answer.get("spec") or {}):
             dropped.add(gated.gate)
+    effect_none = False
+    if "DRADeviceTaints" not in dropped:
+        try:
+            answer = await _dry_run(client, probes[EFFECT_NONE])
+            effect_none = GATED_FIELDS[0].used_by(answer.get("spec") or {})
+        except ApiError as exc:
+            if isinstance(exc, RetryableError):
+                raise
+            # A 1.34 server: "Unsupported value: "None"". The guard says so when it matters.
     return Capabilities(
-        version=str(version.get("gitVersion") or "unknown"), dropped=frozenset(dropped)
+        version=str(version.get("gitVersion") or "unknown"),
+        dropped=frozenset(dropped),
+        effect_none=effect_none,
     )
 
 
-def fit(desired: Iterable[_Obj], dropped: frozenset[str]) -> tuple[list[_Obj], dict[str, int]]:
+async def _dry_run(client: Client, body: _Obj) -> _Obj:
+    return await client.request(
+        "POST", _SLICES, verb="create", resource=_RESOURCE, query=[("dryRun", "All")], body=body
+    )
+
+
+def fit(
+    desired: Iterable[_Obj], dropped: frozenset[str], *, effect_none: bool = True
+) -> tuple[list[_Obj], dict[str, int]]:
     """Pure: the desired slices without what the server drops, and per gate the
-    number of devices left out (or stripped of the field)."""
+    number of devices left out (or stripped of the field); without ``effect_none``,
+    the devices' informational taints are left off (counted under EFFECT_NONE)."""
     gated = [g for g in GATED_FIELDS if g.gate in dropped]
     counts = {g.gate: 0 for g in gated}
+    strip_none = not effect_none and "DRADeviceTaints" not in dropped
+    if strip_none:
+        counts[EFFECT_NONE] = 0
     out: list[_Obj] = []
     for obj in desired:
         spec = obj.get("spec") or {}
-        if not any(g.used_by(spec) for g in gated):
+        informational = strip_none and any(_informational(d) for d in spec.get("devices") or ())
+        if not informational and not any(g.used_by(spec) for g in gated):
             out.append(obj)
             continue
         fitted = copy.deepcopy(obj)
@@ -216,6 +249,13 @@ def fit(desired: Iterable[_Obj], dropped: frozenset[str]) -> tuple[list[_Obj], d
                 for capacity in (device.get("capacity") or {}).values():
                     if isinstance(capacity, dict):
                         capacity.pop("requestPolicy", None)
+            if strip_none and _informational(device):
+                counts[EFFECT_NONE] += 1
+                kept = [t for t in device["taints"] if t.get("effect") != "None"]
+                if kept:
+                    device["taints"] = kept
+                else:
+                    device.pop("taints")
             devices.append(device)
         if "devices" in new_spec or not new_spec.get("sharedCounters"):
             new_spec["devices"] = devices
@@ -230,6 +270,10 @@ def _needed(gated: GatedField, device: _Obj) -> bool:
         # change no allocation; the device stays, published without them.
         return any(t.get("effect") != "None" for t in device.get("taints") or ())
     return gated.leave_out
+
+
+def _informational(device: _Obj) -> bool:
+    return any(t.get("effect") == "None" for t in device.get("taints") or ())
 
 
 def _without_empty(slices: list[_Obj]) -> list[_Obj]:
@@ -273,9 +317,18 @@ class CapabilityGuard:
                     node=self._node,
                     server_version=self._capabilities.version,
                     gates_off=",".join(sorted(self._capabilities.dropped)) or "none",
+                    taint_effect_none=self._capabilities.effect_none,
                 ),
             )
-        fitted, counts = fit(desired, self._capabilities.dropped)
+        caps = self._capabilities
+        fitted, counts = fit(desired, caps.dropped, effect_none=caps.effect_none)
+        if counts.get(EFFECT_NONE) and EFFECT_NONE not in self._reported:
+            self._reported.add(EFFECT_NONE)
+            log.warning(
+                "the API server does not accept taint effect None (Kubernetes 1.35 adds it): "
+                "informational taints are left off; the devices are published without them",
+                extra=kv(node=self._node, server_version=caps.version, devices=counts[EFFECT_NONE]),
+            )
         for g in GATED_FIELDS:
             if counts.get(g.gate) and g.gate not in self._reported:
                 self._reported.add(g.gate)

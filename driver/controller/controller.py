@@ -33,6 +33,7 @@ republishes at once rather than at the next resync.
 """
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -40,6 +41,7 @@ import random
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,6 +78,15 @@ class ApiVersionMissingError(PermanentError):
 
 class NodeNotFoundError(PermanentError):
     """The Node this controller publishes for does not exist."""
+
+
+@dataclass
+class PublishStats:
+    """What the publisher sent, for the metrics: writes by verb (create, update,
+    delete) and failed writes by error class; both label sets are fixed."""
+
+    writes: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 class SliceController:
@@ -142,6 +153,7 @@ class SliceController:
             duration=lease_duration,
         )
         self.published = asyncio.Event()
+        self.stats = PublishStats()
         self._node_uid = ""
         self._node_gone = False
         self._desired: list[_Obj] | None = None
@@ -420,6 +432,13 @@ class SliceController:
             return
 
     async def _apply(self, todo: Plan) -> None:
+        try:
+            await self._write(todo)
+        except ApiError as exc:
+            self.stats.failures[type(exc).__name__] += 1
+            raise
+
+    async def _write(self, todo: Plan) -> None:
         for obj in todo.deletes:
             meta = obj["metadata"]
             deleted: _Obj = {}
@@ -438,6 +457,7 @@ class SliceController:
                         },
                     },
                 )
+            self.stats.writes["delete"] += 1
             # The answer is the object as deleted; its version is that of the delete.
             self._forget(meta["name"], max(_version(obj), _version(deleted)))
         for body in todo.updates:
@@ -448,6 +468,7 @@ class SliceController:
                 resource=_RESOURCE,
                 body=body,
             )
+            self.stats.writes["update"] += 1
             self._remember(stored)
         for body in todo.creates:
             try:
@@ -458,6 +479,7 @@ class SliceController:
                 # It may still commit on the server; don't list (and re-create) too early.
                 self._settle_until = asyncio.get_running_loop().time() + self._settle
                 raise
+            self.stats.writes["create"] += 1
             self._remember(stored)
         log.info(
             "slices written",

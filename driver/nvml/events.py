@@ -6,6 +6,12 @@ It runs NVIDIA's sequence: ``nvmlInit``, one event set, per GPU
 a timeout until stopped, and ``nvmlEventSetFree`` / ``nvmlShutdown``. The wait
 blocks in C, so it lives on its own thread; events leave it through ``emit``,
 which must be thread-safe and must not block (the caller hands them to its loop).
+
+GPUs found after start (a rediscovery) are handed over with :meth:`EventWatcher.watch`;
+the thread registers them on its event set between two waits, so events of the GPUs
+already watched are never missed meanwhile. NVML cannot unregister a device, and a set
+holding a GPU that fell off the bus answers every wait with GPU_IS_LOST: when GPUs leave
+the inventory the thread moves the rest to a fresh event set, so they are watched again.
 """
 
 import logging
@@ -58,8 +64,24 @@ class EventWatcher:
         self._emit = emit
         self._wait_ms = wait_ms
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._wanted: tuple[str, ...] | None = None  # a new inventory, not yet registered
+        self._failed: str | None = None  # why there is no event set, once run() gave up
         self.monitored: tuple[str, ...] = ()
         self.ready = threading.Event()  # set once registration is done
+        self._set: Any = None  # the event set, owned by the thread of run()
+
+    def watch(self, uuids: Sequence[str]) -> None:
+        """From any thread: watch ``uuids`` from now on (registered within one wait)."""
+        with self._lock:
+            if self._failed is None:
+                self._wanted = tuple(uuids)
+                return
+            new = [u for u in uuids if u not in self._uuids]
+            self._uuids = tuple(uuids)
+        # No event set (NVML events unavailable): new GPUs are unmonitored like the rest.
+        if new:
+            self._emit([Unmonitored(u, self._failed) for u in new])
 
     def stop(self) -> None:
         """Ends :meth:`run` within one wait timeout."""
@@ -78,23 +100,30 @@ class EventWatcher:
             self._unmonitored_all(f"nvmlEventSetCreate: {exc}")
             nvml.nvmlShutdown()
             return
+        self._set = event_set
         try:
-            handles = self._register(event_set)
+            handles: dict[str, Any] = {}
+            self._register(event_set, self._uuids, handles)
             self.ready.set()
-            self._loop(event_set, handles)
+            self._loop(handles)
         finally:
-            nvml.nvmlEventSetFree(event_set)
+            nvml.nvmlEventSetFree(self._set)
             nvml.nvmlShutdown()
 
     def _unmonitored_all(self, reason: str) -> None:
         log.warning("NVML events unavailable: every GPU unmonitored", extra=kv(error=reason))
-        self._emit([Unmonitored(u, reason) for u in self._uuids])
+        with self._lock:
+            self._failed = reason
+            uuids = self._uuids
+        self._emit([Unmonitored(u, reason) for u in uuids])
         self.ready.set()
 
-    def _register(self, event_set: Any) -> dict[str, Any]:
-        handles: dict[str, Any] = {}
+    def _register(self, event_set: Any, uuids: Sequence[str], handles: dict[str, Any]) -> None:
+        """Registers the GPUs of ``uuids`` not in ``handles`` (which it updates)."""
         unmonitored: list[Event] = []
-        for uuid in self._uuids:
+        for uuid in uuids:
+            if uuid in handles:
+                continue
             try:
                 handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
                 mask = MASK & self._nvml.nvmlDeviceGetSupportedEventTypes(handle)
@@ -110,13 +139,35 @@ class EventWatcher:
         if unmonitored:
             self._emit(unmonitored)
         log.info("watching NVML events", extra=kv(gpus=len(handles), unmonitored=len(unmonitored)))
-        return handles
 
-    def _loop(self, event_set: Any, handles: dict[str, Any]) -> None:
+    def _follow(self, handles: dict[str, Any]) -> bool:
+        """Takes up the inventory :meth:`watch` handed over, if any; True when the
+        GPUs moved to a fresh event set."""
+        with self._lock:
+            wanted, self._wanted = self._wanted, None
+        if wanted is None or set(wanted) == set(handles):
+            return False
+        self._uuids = wanted
+        fresh = False
+        if set(handles) - set(wanted):
+            try:
+                event_set = self._nvml.nvmlEventSetCreate()
+            except pynvml.NVMLError as exc:
+                log.warning("cannot renew the NVML event set", extra=kv(error=str(exc)))
+            else:
+                self._nvml.nvmlEventSetFree(self._set)
+                self._set, fresh = event_set, True
+                handles.clear()
+        self._register(self._set, wanted, handles)
+        return fresh
+
+    def _loop(self, handles: dict[str, Any]) -> None:
         lost_reported: set[str] = set()
         while not self._stop.is_set():
+            if self._follow(handles):
+                lost_reported.clear()
             try:
-                data = self._nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
+                data = self._nvml.nvmlEventSetWait_v2(self._set, self._wait_ms)
             except pynvml.NVMLError_Timeout:
                 continue
             except pynvml.NVMLError_GpuIsLost:

@@ -210,6 +210,7 @@ class Store:
             errors += validation.immutable_errors(rt, old, obj)
         if not errors:
             errors += validation.extra_errors(rt, obj)
+            errors += validation.taint_effect_errors(rt, obj, self.version)
         if errors:
             raise status.invalid(rt, name, errors)
         return [f'unknown field "{u}"' for u in unknown]

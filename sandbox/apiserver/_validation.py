@@ -374,6 +374,29 @@ def _selector_errors(selectors: Any, prefix: str) -> Errors:
     return errors
 
 
+def taint_effect_errors(rt: ResourceType, obj: dict[str, Any], version: str) -> Errors:
+    """The effects a ResourceSlice's device taints may have: NoSchedule and NoExecute,
+    and None from 1.35 (``validateDeviceTaint``; 1.34 refuses the whole slice)."""
+    if rt.plural != "resourceslices" or not isinstance(obj.get("spec"), dict):
+        return []
+    effects = ["NoExecute", "NoSchedule"] + (["None"] if release(version) >= (1, 35) else [])
+    supported = ", ".join(f'"{e}"' for e in effects)
+    errors: Errors = []
+    for i, device in enumerate(obj["spec"].get("devices") or ()):
+        if not isinstance(device, dict):
+            continue
+        for j, taint in enumerate(device.get("taints") or ()):
+            effect = taint.get("effect") if isinstance(taint, dict) else None
+            field = f"spec.devices[{i}].taints[{j}].effect"
+            if not effect:
+                errors.append((field, "Required value"))
+            elif effect not in effects:
+                errors.append(
+                    (field, f'Unsupported value: "{effect}": supported values: {supported}')
+                )
+    return errors
+
+
 def extra_errors(rt: ResourceType, obj: dict[str, Any]) -> Errors:
     """Rules the schemas do not carry (driver.limits, counts, CEL), as (field, message) pairs."""
     spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}

@@ -5,6 +5,7 @@ packages: the demo runs from a checkout, as ``make demo`` does.
 """
 
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,15 @@ POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
 def render_chart(
-    values: Mapping[str, Any], *, namespace: str = _RELEASE, chart_dir: Path = CHART_DIR
+    values: Mapping[str, Any],
+    *,
+    namespace: str = _RELEASE,
+    chart_dir: Path = CHART_DIR,
+    api_versions: Sequence[str] = (),
 ) -> list[tuple[str, dict[str, Any]]]:
-    """``(template path, object)`` for every object the chart renders, as ``helm template``.
+    """``(template path, object)`` for every object the chart renders, as ``helm template``
+    (``--api-versions`` for each of ``api_versions``: what the cluster serves, as
+    ``group/version`` or ``group/version/Kind``, beyond Helm's built-in set).
 
     Needs helm-python-sdk (ImportError without it); raises helm_python.HelmValuesError when
     the values break values.schema.json, helm_python.HelmRenderError when a template fails.
@@ -46,7 +53,25 @@ def render_chart(
     import helm_python
 
     with helm_python.Chart.load(chart_dir) as chart:
-        manifests = chart.render(dict(values), name=_RELEASE, namespace=namespace, is_install=True)
+        if not api_versions:
+            manifests = chart.render(
+                dict(values), name=_RELEASE, namespace=namespace, is_install=True
+            )
+        else:
+            # Chart.render has no api_versions keyword; the engine's render call takes it.
+            from helm_python import _native
+
+            opts = {
+                "name": _RELEASE,
+                "namespace": namespace,
+                "is_install": True,
+                "api_versions": list(api_versions),
+            }
+            manifests = json.loads(
+                _native.call_string(
+                    "helm_render", chart._raw(), json.dumps(dict(values)), json.dumps(opts)
+                )
+            )
     return [
         (path, doc)
         for path, text in sorted(manifests.items())

@@ -122,6 +122,7 @@ _RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Pod": ("api/v1", "pods", True),
     "ServiceAccount": ("api/v1", "serviceaccounts", True),
     "Secret": ("api/v1", "secrets", True),
+    "Service": ("api/v1", "services", True),
     "ClusterRole": ("apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("apis/rbac.authorization.k8s.io/v1", "roles", True),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from driver.nvml.faults import write_state_file
 from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
@@ -89,12 +92,17 @@ async def plugins(
             config.write_text(
                 kubeconfig(cluster.server, cluster.pki / "ca.crt", token=installed[node])
             )
+            # The simulated NVML's fault file: how the health test injects an XID.
+            write_state_file(sim_state(cluster, node), {})
             started[node] = PluginProcess(
                 dirs,
                 kubeconfig=config,
                 node_name=node,
                 profile=profile,
-                extra_env={"POD_NAMESPACE": NAMESPACE},
+                extra_env={
+                    "POD_NAMESPACE": NAMESPACE,
+                    "GPU_DRA_SIM_STATE": str(sim_state(cluster, node)),
+                },
             )
         for node, proc in started.items():
             await proc.wait_ready(120)
@@ -105,6 +113,10 @@ async def plugins(
     finally:
         for proc in started.values():
             await proc.terminate()
+
+
+def sim_state(cp: ControlPlane, node: str) -> Path:
+    return cp.root / "nodes" / node / "sim-state.yaml"
 
 
 def _slices(cp: ControlPlane, node: str | None = None) -> list[dict[str, Any]]:
@@ -404,3 +416,117 @@ async def test_a_plugin_cannot_read_secrets(
         f'User "system:serviceaccount:{NAMESPACE}:{SA}" cannot list resource "secrets"'
         in body["message"]
     )
+
+
+# ---- device health: an XID becomes a taint the real scheduler honours -------------------------
+# Last in the module: it taints a p5 GPU (and clears it again before it ends).
+
+XID_KEY = "gpu.nvidia.com/xid"
+
+
+def _tainted(cp: ControlPlane, node: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        d["name"]: d["taints"]
+        for s in _slices(cp, node)
+        for d in s["spec"].get("devices") or []
+        if d.get("taints")
+    }
+
+
+def _pinned_claim(uuid: str, tolerate: bool) -> dict[str, Any]:
+    exactly: dict[str, Any] = {
+        "deviceClassName": "gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].uuid == "{uuid}"'}}],
+    }
+    if tolerate:
+        exactly["tolerations"] = [{"key": XID_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    name = "tolerates-xid" if tolerate else "pinned-to-xid"
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def _claim_pod(claim: dict[str, Any]) -> dict[str, Any]:
+    name = claim["metadata"]["name"]
+    container = {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [container],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        },
+    }
+
+
+async def test_xid_79_taints_the_device_and_the_scheduler_honours_it(
+    cluster: ControlPlane, plugins: dict[str, PluginProcess]
+) -> None:
+    cp, node = cluster, "p5"
+    assert _tainted(cp, node) == {}
+    generations = {s["metadata"]["name"]: s["metadata"]["generation"] for s in _slices(cp, node)}
+    write_state_file(sim_state(cp, node), {"xidEvents": [{"gpu": 3, "xid": 79}]})
+    injected = time.monotonic()
+    plugins[node].proc.send_signal(signal.SIGHUP)  # rediscovery: nvmlInit re-reads the file
+    tainted = await await_until("the XID 79 taint", lambda: _tainted(cp, node) or None, 30)
+    to_taint = time.monotonic() - injected
+    ((device, taints),) = tainted.items()
+    assert [(t["key"], t["value"], t["effect"]) for t in taints] == [(XID_KEY, "79", "NoSchedule")]
+    assert taints[0]["timeAdded"]  # stamped by the server
+    after = {s["metadata"]["name"]: s["metadata"]["generation"] for s in _slices(cp, node)}
+    # One write: one slice's spec changed once.
+    assert sum(after[n] - generations[n] for n in generations) == 1, (generations, after)
+    print(f"\nXID 79 to taint through the real API server: {to_taint:.2f}s")
+    (uuid,) = [
+        d["attributes"]["uuid"]["string"]
+        for s in _slices(cp, node)
+        for d in s["spec"]["devices"]
+        if d["name"] == device
+    ]
+    classes = cp.call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+    ns = "health-xid"
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+    await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
+    try:
+        for tolerate in (False, True):
+            claim = _pinned_claim(uuid, tolerate)
+            predicted = explain_claim(claim, slices=_slices(cp), classes=classes).node(node)
+            cp.create(claim, ns)
+            pod = _pin(_claim_pod(claim), node)
+            cp.create(pod, ns)
+            outcome = await await_until(
+                f"{claim['metadata']['name']} scheduled or unschedulable",
+                partial(_pod_outcome, cp, ns, pod["metadata"]["name"]),
+                90,
+            )
+            if tolerate:
+                assert outcome == ("scheduled", node) and predicted.allocatable
+                assert [r.device for r in predicted.results] == [device]
+            else:
+                assert outcome[0] == "unschedulable", outcome
+                assert not predicted.allocatable
+                assert f"{device} ({XID_KEY}=79:NoSchedule)" in " ".join(predicted.reasons)
+        # An XID of the ignore list: informational, effect None, which only 1.35+ accepts.
+        # (The simulated library's XID list is a log: a new event is appended to it.)
+        xids = [{"gpu": 3, "xid": 79}, {"gpu": 2, "xid": 13}]
+        write_state_file(sim_state(cp, node), {"xidEvents": xids})
+        plugins[node].proc.send_signal(signal.SIGHUP)
+        if MINOR == "1.34":
+            # The real 1.34 server refuses effect None: the guard leaves the taint off.
+            await plugins[node].wait_log("does not accept taint effect None")
+            assert len(_tainted(cp, node)) == 1
+        else:
+            await await_until("the XID 13 taint", lambda: len(_tainted(cp, node)) == 2, 30)
+            [informational] = [t for d, ts in _tainted(cp, node).items() if d != device for t in ts]
+            assert (informational["value"], informational["effect"]) == ("13", "None")
+    finally:
+        await _clean(cp, ns)
+        # The documented clear action: the taint goes, the GPU is allocatable again.
+        (plugins[node].dirs.plugin_data / "health-clear").write_text("")
+        await await_until("the taint cleared", lambda: not _tainted(cp, node), 30)
