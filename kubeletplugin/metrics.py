@@ -7,21 +7,25 @@ are fixed sets, XIDs are bytes, and the per-device info series exist only while
 their claim is prepared (they go with its unprepare).
 """
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from driver.kubeapi import ApiError
 from driver.logs import kv
 from kubeletplugin.health import HealthBoard
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +119,7 @@ class Metrics:
             "One series per prepared device: which claim holds which GPU",
             labels=["gpu_uuid", "device", "claim_namespace", "claim_name", "claim_uid"],
         )
-        for devices in self._devices.values():
+        for devices in tuple(self._devices.values()):  # scraped from the server's thread
             for d in devices:
                 info.add_metric(
                     [d.gpu_uuid, d.device, d.claim_namespace, d.claim_name, d.claim_uid], 1
@@ -166,33 +170,26 @@ class _Scraped(Collector):
 
 
 class MetricsServer:
-    """``GET /metrics`` on ``port`` (0: a free one, then :attr:`port` says which)."""
+    """``GET /metrics`` on ``port`` (0: a free one, then :attr:`port` says which).
+
+    prometheus_client's own threaded HTTP server: nothing the daemon does not already
+    import, and a slow scrape never holds up the event loop. Collection reads the claim
+    state from that thread, hence the copies in :meth:`Metrics.collect_scraped`.
+    """
 
     def __init__(self, metrics: Metrics, *, port: int, host: str = "0.0.0.0") -> None:
         self._metrics = metrics
         self._host = host
         self.port = port
-        self._runner: web.AppRunner | None = None
+        self._server: WSGIServer | None = None
 
     async def start(self) -> None:
-        # Imported here: aiohttp's server half costs 2 MiB of RSS on nodes that serve no metrics.
-        from aiohttp import web
-
-        app = web.Application()
-        app.router.add_get("/metrics", self._serve)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self.port)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self._server, _ = start_http_server(self.port, self._host, self._metrics.registry)
+        self.port = int(self._server.server_port)
         log.info("serving metrics", extra=kv(port=self.port))
 
-    async def _serve(self, request: "web.Request") -> "web.Response":
-        from aiohttp import web
-
-        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
-
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            server, self._server = self._server, None
+            await asyncio.to_thread(server.shutdown)  # returns once its loop has stopped
+            server.server_close()
