@@ -11,6 +11,9 @@ What can go wrong, and how it surfaces:
   is busy: :class:`NvmlNotReadyError`, retryable; never reported as "zero GPUs".
 - One GPU's queries fail: that GPU lands in ``Inventory.skipped`` with a warning naming
   its index, PCI bus ID and the NVML error; the others are published.
+- A GPU in MIG mode is read with its MIG devices (:mod:`driver.migdiscovery`); one whose
+  MIG mode change waits for a reset, or whose MIG state cannot be read whole, is skipped
+  the same way, with what to do.
 """
 
 import ctypes
@@ -26,6 +29,7 @@ from driver import topology
 from driver.errors import PermanentError, RetryableError
 from driver.inventory import Gpu, Inventory, SkippedGpu
 from driver.logs import kv
+from driver.migdiscovery import MigStateError, check_not_pending, mig_mode, read_mig_devices
 from driver.nvml import Nvml
 
 log = logging.getLogger(__name__)
@@ -143,9 +147,10 @@ def _discover(nvml: Nvml, sysfs_root: Path) -> Inventory:
             bus_id = normalize_pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
             gpu = _read_gpu(nvml, handle, index, bus_id, sysfs_root)
             links[bus_id] = _read_links(nvml, handle)
-        except pynvml.NVMLError as exc:
+        except (pynvml.NVMLError, MigStateError) as exc:
+            reason = "MIG state" if isinstance(exc, MigStateError) else "NVML query failed"
             log.warning(
-                "skipping GPU: NVML query failed",
+                f"skipping GPU: {reason}",
                 extra=kv(index=index, pci_bus_id=bus_id or "unknown", error=str(exc)),
             )
             skipped.append(SkippedGpu(index=index, pci_bus_id=bus_id, error=str(exc)))
@@ -166,9 +171,14 @@ def _read_gpu(nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path
     arch = nvml.nvmlDeviceGetArchitecture(handle)
     cluster_uuid, clique_id = _fabric(nvml, handle)
     pci_dir = sysfs_root / "sys" / "bus" / "pci" / "devices" / bus_id
+    minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+    mig_current, mig_pending = mig_mode(nvml, handle)
+    check_not_pending(mig_current, mig_pending)
+    # The driver's /proc is the host's in every container, as sysfs is.
+    mig = read_mig_devices(nvml, handle, minor, sysfs_root) if mig_current else ()
     return Gpu(
         index=index,
-        minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
+        minor=minor,
         uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
         product_name=_text(nvml.nvmlDeviceGetName(handle)),
         brand=_BRANDS.get(brand, "Unknown"),
@@ -178,18 +188,11 @@ def _read_gpu(nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path
         pci_bus_id=bus_id,
         pcie_root=pcie_root(sysfs_root, bus_id),
         numa_node=_numa_node(pci_dir),
-        mig_enabled=_mig_enabled(nvml, handle),
+        mig_enabled=mig_current,
         fabric_cluster_uuid=cluster_uuid,
         fabric_clique_id=clique_id,
+        mig_devices=mig,
     )
-
-
-def _mig_enabled(nvml: Nvml, handle: Any) -> bool:
-    try:
-        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-    except pynvml.NVMLError_NotSupported:
-        return False
-    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
 
 
 def _fabric(nvml: Nvml, handle: Any) -> tuple[str | None, int | None]:

@@ -269,6 +269,14 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
         ),
         lambda o: classes(o)["gpu.nvidia.com"].get("extendedResourceName") == "example.com/gpu",
     ),
+    "deviceClasses.mig.enabled": (
+        ("deviceClasses.mig.enabled=false",),
+        lambda o: "mig.nvidia.com" not in classes(o),
+    ),
+    "deviceClasses.mig.name": (
+        ("deviceClasses.mig.name=mig.example.com",),
+        lambda o: "mig.example.com" in classes(o),
+    ),
     "deviceClasses.extra": (
         (
             "deviceClasses.extra[0].name=l40s.gpu.nvidia.com",

@@ -11,7 +11,7 @@ import pytest
 from driver.nvml.faults import Faults, QueryFault
 from driver.nvml.simulated import SimulatedNode, mig_minor
 
-MIG_PROFILE = "p4d.24xlarge-mig"  # GPUs 0-3: 3g.20gb@0, 1g.10gb@4, 1g.5gb@6
+MIG_PROFILE = "p4d.24xlarge-mig"  # GPUs 0-3: 3g.20gb@0, 2g.10gb@4, 1g.10gb@6
 
 
 def _placements(gpu: Any, profile_id: int) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from driver.devicekinds import gpu
+from driver.devicekinds import gpu, mig
 from driver.devicekinds.base import (
     DeviceKind,
     KindContext,
@@ -30,7 +30,7 @@ __all__ = [
     "node_devices",
 ]
 
-KINDS: tuple[DeviceKind, ...] = (gpu.KIND,)
+KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND)
 
 
 _index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})

@@ -1174,6 +1174,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mi
     LOCKED(parent_locked(mig, out));
 }
 
+static nvmlReturn_t instance_id_locked(nvmlDevice_t mig, unsigned *out, int compute) {
+    nvmlReturn_t r = any_device(mig, compute ? "nvmlDeviceGetComputeInstanceId"
+                                             : "nvmlDeviceGetGpuInstanceId");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if (!mig->is_mig) return NOT_SUPPORTED;
+    *out = compute ? hw.cis[mig->slot].id : hw.gis[mig->slot].id;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t mig, unsigned *out) {
+    LOCKED(instance_id_locked(mig, out, 0));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t mig, unsigned *out) {
+    LOCKED(instance_id_locked(mig, out, 1));
+}
+
 /* Changing the MIG layout is not simulated: the plugin never changes MIG mode, and creates
  * no instance itself while only static MIG is supported. */
 #pragma GCC diagnostic ignored "-Wunused-parameter"
