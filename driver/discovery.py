@@ -96,14 +96,21 @@ class _Links:
     to_switch: bool
 
 
-def discover(nvml: Nvml, *, sysfs_root: Path = Path("/")) -> Inventory:
-    """Everything this node's GPUs tell NVML and sysfs, as one immutable Inventory."""
+def discover(
+    nvml: Nvml, *, sysfs_root: Path = Path("/"), reported: set[str] | None = None
+) -> Inventory:
+    """Everything this node's GPUs tell NVML and sysfs, as one immutable Inventory.
+
+    ``reported`` (a daemon keeps one across its rediscoveries) holds the skips already
+    warned about: a GPU that stays skipped for the same reason is warned about once, and
+    again only after it recovered and failed anew.
+    """
     try:
         nvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise _init_error(exc) from exc
     try:
-        return _discover(nvml, sysfs_root)
+        return _discover(nvml, sysfs_root, reported)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -132,7 +139,7 @@ def _system(call: str, fn: Any) -> Any:
         raise NvmlNotReadyError(f"NVML {call} failed: {exc}") from exc
 
 
-def _discover(nvml: Nvml, sysfs_root: Path) -> Inventory:
+def _discover(nvml: Nvml, sysfs_root: Path, reported: set[str] | None) -> Inventory:
     driver_version = _text(_system("nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion))
     cuda = int(_system("nvmlSystemGetCudaDriverVersion", nvml.nvmlSystemGetCudaDriverVersion))
     count = int(_system("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
@@ -140,6 +147,7 @@ def _discover(nvml: Nvml, sysfs_root: Path) -> Inventory:
     gpus: list[Gpu] = []
     links: dict[str, _Links] = {}
     skipped: list[SkippedGpu] = []
+    skips: set[str] = set()
     for index in range(count):
         bus_id: str | None = None
         try:
@@ -149,13 +157,20 @@ def _discover(nvml: Nvml, sysfs_root: Path) -> Inventory:
             links[bus_id] = _read_links(nvml, handle)
         except (pynvml.NVMLError, MigStateError) as exc:
             reason = "MIG state" if isinstance(exc, MigStateError) else "NVML query failed"
-            log.warning(
+            key = f"{index}/{bus_id}/{exc}"
+            level = logging.DEBUG if reported is not None and key in reported else logging.WARNING
+            log.log(
+                level,
                 f"skipping GPU: {reason}",
                 extra=kv(index=index, pci_bus_id=bus_id or "unknown", error=str(exc)),
             )
+            skips.add(key)
             skipped.append(SkippedGpu(index=index, pci_bus_id=bus_id, error=str(exc)))
             continue
         gpus.append(gpu)
+    if reported is not None:
+        reported.clear()
+        reported.update(skips)
 
     return Inventory(
         driver_version=driver_version,

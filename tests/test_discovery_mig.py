@@ -100,6 +100,20 @@ def test_mig_pending_a_reset_is_not_published_and_says_so_once(
     assert len(warnings) == 2 and all(r.getMessage() == "skipping GPU: MIG state" for r in warnings)
 
 
+def test_a_daemon_warns_of_a_pending_reset_once_not_every_resync(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    profile = tmp_path / "pending.yaml"
+    profile.write_text("extends: p5.48xlarge\nmig: {pending: [3]}\n")
+    node = SimulatedNode(profile, "node-a", tmp_path / "root")
+    reported: set[str] = set()
+    with caplog.at_level(logging.WARNING, logger="driver.discovery"):
+        for _ in range(3):
+            inventory = discover(node.nvml, sysfs_root=node.sysfs_root, reported=reported)
+            assert [s.index for s in inventory.skipped] == [3]
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
 @pytest.mark.parametrize("profile", ["g6.xlarge", "g6e.12xlarge", "g5.48xlarge"])
 def test_gpus_without_mig_publish_no_mig_devices(tmp_path: Path, profile: str) -> None:
     inventory = _discover(tmp_path, profile)  # L4, L40S, A10G: NVML says MIG is not supported
