@@ -2,6 +2,7 @@
 instances a profile configures, MIG device handles, the access files the driver keeps."""
 
 import ctypes
+import re
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,86 @@ def test_invalid_instance_layouts_are_refused(tmp_path: Path, instances: str, er
     profile.write_text(f"extends: p4d.24xlarge\nmig: {{enabled: all, instances: {instances}}}\n")
     with pytest.raises(SimulationConfigError, match=error):
         load_profile(profile)
+
+
+def _mig_on(tmp_path: Path) -> SimulatedNode:
+    profile = tmp_path / "mig-on.yaml"
+    profile.write_text("extends: p5.48xlarge\nmig: {enabled: [0]}\n")  # no instances yet
+    return SimulatedNode(profile, "n", tmp_path / "root")
+
+
+def _placement(start: int, size: int) -> Any:
+    placement = pynvml.c_nvmlGpuInstancePlacement_t()
+    placement.start, placement.size = start, size
+    return ctypes.byref(placement)
+
+
+def test_instances_created_at_a_placement_and_destroyed_ci_first(tmp_path: Path) -> None:
+    node = _mig_on(tmp_path)
+    caps = node.root / "proc/driver/nvidia/capabilities/gpu0/mig"
+    node.nvml.nvmlInit()
+    try:
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, _placement(4, 4))  # 3g
+        info = pynvml.nvmlGpuInstanceGetInfo(gi)
+        assert (info.profileId, info.placement.start, info.placement.size) == (9, 4, 4)
+        assert (
+            (caps / f"gi{info.id}" / "access")
+            .read_text()
+            .startswith(f"DeviceFileMinor: {mig_minor(0, info.id)}\n")
+        )
+        with pytest.raises(pynvml.NVMLError_InsufficientResources):  # slices 4-5 are taken
+            pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 14, _placement(4, 2))
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):  # not a 3g placement
+            pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, _placement(2, 4))
+        with pytest.raises(pynvml.NVMLError_NotFound):  # a GI without a CI is no MIG device
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        ci = pynvml.nvmlGpuInstanceCreateComputeInstance(
+            gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
+        )
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        uuid = pynvml.nvmlDeviceGetUUID(mig)
+        assert re.fullmatch(
+            r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", uuid
+        )
+        assert (caps / f"gi{info.id}" / "ci0" / "access").is_file()
+        # A re-init (the next discovery) still sees it: the GPU stayed in MIG mode.
+        pynvml.nvmlShutdown()
+        node.nvml.nvmlInit()
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)) == uuid
+        with pytest.raises(pynvml.NVMLError_InUse):  # its compute instance goes first
+            pynvml.nvmlGpuInstanceDestroy(gi)
+        pynvml.nvmlComputeInstanceDestroy(ci)
+        pynvml.nvmlGpuInstanceDestroy(gi)
+        assert not (caps / f"gi{info.id}").exists()
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):  # a destroyed handle
+            pynvml.nvmlGpuInstanceGetInfo(gi)
+        whole = pynvml.nvmlDeviceGetHandleByIndex(1)  # MIG mode off
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(whole, 9, _placement(0, 4))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_created_instances_are_discovered_as_mig_devices(tmp_path: Path) -> None:
+    from driver.discovery import discover
+
+    node = _mig_on(tmp_path)
+    node.nvml.nvmlInit()
+    try:
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        for profile_id, start, size, ci_profile in ((19, 0, 1, 0), (14, 2, 2, 1)):
+            gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                gpu, profile_id, _placement(start, size)
+            )
+            pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
+    finally:
+        pynvml.nvmlShutdown()
+    inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
+    assert [(m.profile, m.placement_start) for m in inventory.gpus[0].mig_devices] == [
+        ("1g.10gb", 0),
+        ("2g.20gb", 2),
+    ]

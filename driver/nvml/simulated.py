@@ -79,7 +79,7 @@ class SimulatedNvml:
         faults = self.effective_faults()
         seed = faults.fabric_cluster or self.node_name
         text = hardware_text(
-            self.profile, self.gpus, faults, self.profile.fabric_cluster_uuid(seed)
+            self.profile, self.gpus, faults, self.profile.fabric_cluster_uuid(seed), self.root
         )
         path = self.hardware_file
         path.parent.mkdir(parents=True, exist_ok=True)

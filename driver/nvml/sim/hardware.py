@@ -5,6 +5,7 @@ faults.py), so that the C side parses only ``key value`` lines of numbers and sh
 """
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import pynvml
 
@@ -32,9 +33,14 @@ def _one_line(text: str) -> str:
 
 
 def hardware_text(
-    profile: Profile, gpus: Iterable[SimGpu], faults: Faults, fabric_cluster: bytes
+    profile: Profile,
+    gpus: Iterable[SimGpu],
+    faults: Faults,
+    fabric_cluster: bytes,
+    root: Path | None = None,
 ) -> str:
-    """The file for ``gpus`` of ``profile`` with ``faults`` (already layered) applied."""
+    """The file for ``gpus`` of ``profile`` with ``faults`` (already layered) applied;
+    instances created at run time get their access files under ``root``."""
     fabric = faults.fabric or profile.fabric
     state, status = _FABRIC[fabric]
     lines = [
@@ -51,6 +57,8 @@ def hardware_text(
     if len(gpus) > MAX_GPUS:
         raise SimulationConfigError(f"profile {profile.name}: more than {MAX_GPUS} GPUs")
     minors = {gpu.minor for gpu in gpus}
+    if root is not None:
+        lines.append(f"root {root}")
     if profile.mig_capable:
         for m in profile.mig_profiles:
             lines.append(

@@ -23,6 +23,12 @@
  *              <memory MiB> <placement starts, comma separated>
  *                                  a GPU instance profile of every MIG-capable GPU; before
  *                                  the first "gpu" line
+ *   root <path>                        the fake driver root, where instances created at run
+ *                                  time get their capability access files
+ *
+ * GPU and compute instances created through NVML live in this process (as the driver's
+ * would, they survive a re-init while their GPU stays in MIG mode) and get their access
+ * files under the root; destroying them removes those.
  *   fail <minor> <pynvml function name> <nvmlReturn_t>
  *   xid <minor> <xid>                  an XID event, delivered to each event set once
  *
@@ -30,24 +36,30 @@
  * handle kept across a re-init stays safe: its GPU is then gone (GPU_IS_LOST) or refreshed.
  * Bad input (a malformed file, a null or foreign pointer, a short buffer) gets an error code.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 typedef int nvmlReturn_t;
 enum {
     OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6,
     INSUFFICIENT_SIZE = 7, TIMEOUT = 10, GPU_IS_LOST = 15, MEMORY = 20,
-    ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999,
+    IN_USE = 19, INSUFFICIENT_RESOURCES = 23, ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999,
 };
 #define GI_PROFILE_COUNT 0x12 /* NVML_GPU_INSTANCE_PROFILE_COUNT */
 #define CI_PROFILE_COUNT 0x9  /* NVML_COMPUTE_INSTANCE_PROFILE_COUNT */
 #define MAX_STARTS 8
 #define MAX_MIG 1024          /* MIG devices of the whole node */
+#define DYNAMIC_BASE (MAX_MIG / 2) /* slots of instances created at run time */
+#define GI_SLOTS 15           /* per GPU, as the driver's capability minors count them */
+#define CI_SLOTS 8
 
 #define MAX_GPUS 512
 #define MAX_LINKS 36
@@ -92,6 +104,7 @@ struct mig_profile {
 typedef struct nvmlGpuInstance_st {
     int defined;
     unsigned parent, id, profile, start; /* parent minor; profile index */
+    int created; /* at run time, through NVML */
 } *nvmlGpuInstance_t;
 
 typedef struct nvmlComputeInstance_st {
@@ -120,6 +133,7 @@ struct hardware {
     struct nvmlComputeInstance_st cis[MAX_MIG];
     struct nvmlDevice_st migs[MAX_MIG];
     unsigned nmig;
+    char root[400];
 };
 
 typedef struct nvmlEventSet_st {
@@ -266,11 +280,11 @@ static int parse_mig_profile(struct hardware *h, const char *value) {
 static int parse_gpu_instance(struct hardware *h, struct nvmlDevice_st *g, const char *value) {
     unsigned id, profile, start, ci;
     char uuid[TEXT];
-    if (h->nmig == MAX_MIG) return -1;
+    if (h->nmig == DYNAMIC_BASE) return -1;
     if (sscanf(value, "%u %u %u %u %95s", &id, &profile, &start, &ci, uuid) != 5) return -1;
     if (profile >= GI_PROFILE_COUNT || !h->profiles[profile].defined || !g->mig_capable) return -1;
     unsigned slot = h->nmig++;
-    h->gis[slot] = (struct nvmlGpuInstance_st){1, g->minor, id, profile, start};
+    h->gis[slot] = (struct nvmlGpuInstance_st){1, g->minor, id, profile, start, 0};
     h->cis[slot] = (struct nvmlComputeInstance_st){1, ci};
     struct nvmlDevice_st *m = &h->migs[slot];
     m->defined = m->present = m->is_mig = 1;
@@ -335,6 +349,11 @@ static int parse_line(struct hardware *h, char *line, struct nvmlDevice_st **gpu
         return 0;
     }
     if (!strcmp(key, "migprofile")) return *gpu ? -1 : parse_mig_profile(h, value);
+    if (!strcmp(key, "root")) {
+        if (strlen(value) >= sizeof h->root) return -1;
+        copy_text(h->root, sizeof h->root, value);
+        return 0;
+    }
     struct nvmlDevice_st *g = *gpu;
     if (!g) return -1; /* a GPU line before any "gpu" */
     if (!strcmp(key, "gi")) return parse_gpu_instance(h, g, value);
@@ -485,6 +504,16 @@ static nvmlReturn_t init_locked(void) {
         nvmlReturn_t r = next->init;
         free(next);
         return r;
+    }
+    /* Instances made through NVML stay while their GPU is still in MIG mode. */
+    for (unsigned s = DYNAMIC_BASE; s < MAX_MIG; s++) {
+        const struct nvmlDevice_st *g = &next->gpus[hw.gis[s].parent];
+        if (hw.gis[s].defined && hw.gis[s].created && g->defined && g->present &&
+            g->mig_enabled && next->profiles[hw.gis[s].profile].defined) {
+            next->gis[s] = hw.gis[s];
+            next->cis[s] = hw.cis[s];
+            next->migs[s] = hw.migs[s];
+        }
     }
     /* Copied over the table in place, so that handles stay where they point. */
     memcpy(&hw, next, sizeof hw);
@@ -1005,7 +1034,7 @@ static nvmlReturn_t gpu_instances_locked(nvmlDevice_t g, unsigned id, nvmlGpuIns
     if ((r = profile_by_id(id, &index)) != OK) return r;
     if (!g->mig_enabled) return INVALID_ARGUMENT; /* NVML: "MIG mode is not enabled" */
     unsigned n = 0;
-    for (unsigned s = 0; s < hw.nmig && n < hw.profiles[index].instances; s++)
+    for (unsigned s = 0; s < MAX_MIG && n < hw.profiles[index].instances; s++)
         if (hw.gis[s].defined && hw.gis[s].parent == g->minor && hw.gis[s].profile == index)
             out[n++] = &hw.gis[s];
     *count = n;
@@ -1021,7 +1050,7 @@ static nvmlReturn_t gpu_instance_by_id_locked(nvmlDevice_t g, unsigned id, nvmlG
     if (r != OK) return r;
     if (!out) return INVALID_ARGUMENT;
     if (!g->mig_enabled) return INVALID_ARGUMENT;
-    for (unsigned s = 0; s < hw.nmig; s++)
+    for (unsigned s = 0; s < MAX_MIG; s++)
         if (hw.gis[s].defined && hw.gis[s].parent == g->minor && hw.gis[s].id == id) {
             *out = &hw.gis[s];
             return OK;
@@ -1150,7 +1179,7 @@ static nvmlReturn_t mig_by_index_locked(nvmlDevice_t g, unsigned index, nvmlDevi
     if (!out) return INVALID_ARGUMENT;
     if (!g->mig_enabled) return INVALID_ARGUMENT;
     unsigned n = 0;
-    for (unsigned s = 0; s < hw.nmig; s++)
+    for (unsigned s = 0; s < MAX_MIG; s++)
         if (hw.migs[s].defined && hw.migs[s].minor == g->minor && n++ == index) {
             *out = &hw.migs[s];
             return OK;
@@ -1190,8 +1219,162 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t mig, unsigned *o
     LOCKED(instance_id_locked(mig, out, 1));
 }
 
-/* Changing the MIG layout is not simulated: the plugin never changes MIG mode, and creates
- * no instance itself while only static MIG is supported. */
+
+/* ---- MIG at run time: create and destroy, as the driver checks them --------------------- */
+
+static unsigned cap_minor(unsigned gpu, unsigned gi, int ci) {
+    unsigned base = 3 + gpu * GI_SLOTS * (1 + CI_SLOTS) + gi * (1 + CI_SLOTS);
+    return ci < 0 ? base : base + 1 + (unsigned)ci;
+}
+
+static void make_dirs(char *path) {
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0755) && errno != EEXIST) { *p = '/'; return; }
+        *p = '/';
+    }
+    mkdir(path, 0755);
+}
+
+/* The access file of a GI (ci < 0) or CI, and its /dev/nvidia-caps node, under the root. */
+static void write_access(unsigned gpu, unsigned gi, int ci) {
+    char dir[600], file[640];
+    if (!hw.root[0]) return;
+    if (ci < 0)
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u", hw.root, gpu, gi);
+    else
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u/ci%d", hw.root,
+                 gpu, gi, ci);
+    make_dirs(dir);
+    snprintf(file, sizeof file, "%s/access", dir);
+    FILE *f = fopen(file, "w");
+    if (f) {
+        fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+                cap_minor(gpu, gi, ci));
+        fclose(f);
+    }
+    snprintf(dir, sizeof dir, "%s/dev/nvidia-caps", hw.root);
+    make_dirs(dir);
+    snprintf(file, sizeof file, "%s/nvidia-cap%u", dir, cap_minor(gpu, gi, ci));
+    if ((f = fopen(file, "a"))) fclose(f);
+}
+
+static void remove_access(unsigned gpu, unsigned gi, int ci) {
+    char dir[600], file[640];
+    if (!hw.root[0]) return;
+    if (ci < 0)
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u", hw.root, gpu, gi);
+    else
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u/ci%d", hw.root,
+                 gpu, gi, ci);
+    snprintf(file, sizeof file, "%s/access", dir);
+    unlink(file);
+    rmdir(dir);
+}
+
+static nvmlReturn_t create_gi_locked(nvmlDevice_t g, unsigned id,
+                                     const nvmlGpuInstancePlacement_t *placement,
+                                     nvmlGpuInstance_t *out) {
+    unsigned index, count = 0, compute = 0;
+    nvmlReturn_t r = mig_gpu(g, "nvmlDeviceCreateGpuInstanceWithPlacement");
+    if (r != OK) return r;
+    if (!placement || !out) return INVALID_ARGUMENT;
+    if (!g->mig_enabled) return NOT_SUPPORTED;
+    if ((r = profile_by_id(id, &index)) != OK) return r;
+    const struct mig_profile *p = &hw.profiles[index];
+    int valid = 0; /* a placement the profile lists, of its size */
+    for (unsigned i = 0; i < p->nstarts; i++) valid |= p->starts[i] == placement->start;
+    if (!valid || placement->size != p->memslices) return INVALID_ARGUMENT;
+    int used_ids[GI_SLOTS + 1] = {0};
+    for (unsigned s = 0; s < MAX_MIG; s++) {
+        const struct nvmlGpuInstance_st *o = &hw.gis[s];
+        if (!o->defined || o->parent != g->minor) continue;
+        const struct mig_profile *q = &hw.profiles[o->profile];
+        if (placement->start < o->start + q->memslices && o->start < placement->start + p->memslices)
+            return INSUFFICIENT_RESOURCES; /* an occupied memory slice */
+        if (o->profile == index) count++;
+        compute += q->slices;
+        if (o->id <= GI_SLOTS) used_ids[o->id] = 1;
+    }
+    if (count >= p->instances || compute + p->slices > 7) return INSUFFICIENT_RESOURCES;
+    unsigned gi_id = 1;
+    while (gi_id <= GI_SLOTS && used_ids[gi_id]) gi_id++;
+    unsigned slot = DYNAMIC_BASE;
+    while (slot < MAX_MIG && hw.gis[slot].defined) slot++;
+    if (gi_id > GI_SLOTS || slot == MAX_MIG) return INSUFFICIENT_RESOURCES;
+    hw.gis[slot] = (struct nvmlGpuInstance_st){1, g->minor, gi_id, index, placement->start, 1};
+    hw.cis[slot].defined = 0;
+    hw.migs[slot].defined = 0;
+    write_access(g->minor, gi_id, -1);
+    *out = &hw.gis[slot];
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
+    nvmlDevice_t g, unsigned id, const nvmlGpuInstancePlacement_t *placement,
+    nvmlGpuInstance_t *out) {
+    LOCKED(create_gi_locked(g, id, placement, out));
+}
+
+static unsigned uuid_serial;
+
+static nvmlReturn_t create_ci_locked(nvmlGpuInstance_t gi, unsigned ci_profile,
+                                     nvmlComputeInstance_t *out) {
+    nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceCreateComputeInstance");
+    if (r != OK) return r;
+    if (!out || ci_profile >= CI_PROFILE_COUNT) return INVALID_ARGUMENT;
+    if (!ci_profile_fits(gi, ci_profile)) return NOT_SUPPORTED;
+    unsigned slot = slot_of_gi(gi);
+    if (hw.cis[slot].defined) return INSUFFICIENT_RESOURCES; /* one full CI per GI */
+    hw.cis[slot] = (struct nvmlComputeInstance_st){1, 0};
+    struct nvmlDevice_st *m = &hw.migs[slot];
+    const struct nvmlDevice_st *parent = &hw.gpus[gi->parent];
+    memset(m, 0, sizeof *m);
+    m->defined = m->present = m->is_mig = 1;
+    m->minor = gi->parent;
+    m->slot = slot;
+    m->memory = hw.profiles[gi->profile].mem_mib << 20;
+    /* A new UUID for every instance made, as the driver gives. */
+    unsigned long long h = 1469598103934665603ull;
+    for (const char *c = parent->uuid; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ gi->id) * 1099511628211ull;
+    h = (h ^ ++uuid_serial) * 1099511628211ull;
+    snprintf(m->uuid, sizeof m->uuid, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", h >> 32,
+             (h >> 16) & 0xffff, h & 0xffff, (h >> 48) ^ uuid_serial, (h * 31) & 0xffffffffffffull);
+    memcpy(m->name, parent->name, sizeof m->name);
+    write_access(gi->parent, gi->id, 0);
+    *out = &hw.cis[slot];
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned p,
+                                                         nvmlComputeInstance_t *out) {
+    LOCKED(create_ci_locked(gi, p, out));
+}
+
+static nvmlReturn_t destroy_ci_locked(nvmlComputeInstance_t ci) {
+    nvmlReturn_t r = compute_instance(ci, "nvmlComputeInstanceDestroy");
+    if (r != OK) return r;
+    unsigned slot = (unsigned)(ci - hw.cis);
+    remove_access(hw.gis[slot].parent, hw.gis[slot].id, (int)ci->id);
+    ci->defined = 0;
+    hw.migs[slot].defined = 0;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
+    LOCKED(destroy_ci_locked(ci));
+}
+
+static nvmlReturn_t destroy_gi_locked(nvmlGpuInstance_t gi) {
+    nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceDestroy");
+    if (r != OK) return r;
+    if (hw.cis[slot_of_gi(gi)].defined) return IN_USE; /* its compute instance goes first */
+    remove_access(gi->parent, gi->id, -1);
+    gi->defined = 0;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { LOCKED(destroy_gi_locked(gi)); }
+
+/* MIG mode is never changed by the plugin; creating without a placement is not simulated. */
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 #define NOT_YET(symbol, ...) \
     EXPORT nvmlReturn_t symbol(__VA_ARGS__) { return NOT_SUPPORTED; }
@@ -1199,9 +1382,4 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t mig, unsigned *o
 NOT_YET(nvmlDeviceSetMigMode, nvmlDevice_t g, unsigned mode, nvmlReturn_t *status)
 NOT_YET(nvmlDeviceGetGpuInstanceRemainingCapacity, nvmlDevice_t g, unsigned p, unsigned *n)
 NOT_YET(nvmlDeviceCreateGpuInstance, nvmlDevice_t g, unsigned p, void **gi)
-NOT_YET(nvmlDeviceCreateGpuInstanceWithPlacement, nvmlDevice_t g, unsigned p, const void *pl,
-        void **gi)
-NOT_YET(nvmlGpuInstanceDestroy, void *gi)
 NOT_YET(nvmlGpuInstanceGetComputeInstanceRemainingCapacity, void *gi, unsigned p, unsigned *n)
-NOT_YET(nvmlGpuInstanceCreateComputeInstance, void *gi, unsigned p, void **ci)
-NOT_YET(nvmlComputeInstanceDestroy, void *ci)
