@@ -11,6 +11,9 @@ What can go wrong, and how it surfaces:
   is busy: :class:`NvmlNotReadyError`, retryable; never reported as "zero GPUs".
 - One GPU's queries fail: that GPU lands in ``Inventory.skipped`` with a warning naming
   its index, PCI bus ID and the NVML error; the others are published.
+- A GPU in MIG mode is read with its MIG devices (:mod:`driver.migdiscovery`); one whose
+  MIG mode change waits for a reset, or whose MIG state cannot be read whole, is skipped
+  the same way, with what to do.
 """
 
 import ctypes
@@ -26,6 +29,7 @@ from driver import topology
 from driver.errors import PermanentError, RetryableError
 from driver.inventory import Gpu, Inventory, SkippedGpu
 from driver.logs import kv
+from driver.migdiscovery import MigStateError, check_not_pending, mig_mode, read_mig_devices
 from driver.nvml import Nvml
 
 log = logging.getLogger(__name__)
@@ -92,14 +96,21 @@ class _Links:
     to_switch: bool
 
 
-def discover(nvml: Nvml, *, sysfs_root: Path = Path("/")) -> Inventory:
-    """Everything this node's GPUs tell NVML and sysfs, as one immutable Inventory."""
+def discover(
+    nvml: Nvml, *, sysfs_root: Path = Path("/"), reported: set[str] | None = None
+) -> Inventory:
+    """Everything this node's GPUs tell NVML and sysfs, as one immutable Inventory.
+
+    ``reported`` (a daemon keeps one across its rediscoveries) holds the skips already
+    warned about: a GPU that stays skipped for the same reason is warned about once, and
+    again only after it recovered and failed anew.
+    """
     try:
         nvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise _init_error(exc) from exc
     try:
-        return _discover(nvml, sysfs_root)
+        return _discover(nvml, sysfs_root, reported)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -128,7 +139,7 @@ def _system(call: str, fn: Any) -> Any:
         raise NvmlNotReadyError(f"NVML {call} failed: {exc}") from exc
 
 
-def _discover(nvml: Nvml, sysfs_root: Path) -> Inventory:
+def _discover(nvml: Nvml, sysfs_root: Path, reported: set[str] | None) -> Inventory:
     driver_version = _text(_system("nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion))
     cuda = int(_system("nvmlSystemGetCudaDriverVersion", nvml.nvmlSystemGetCudaDriverVersion))
     count = int(_system("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
@@ -136,6 +147,7 @@ def _discover(nvml: Nvml, sysfs_root: Path) -> Inventory:
     gpus: list[Gpu] = []
     links: dict[str, _Links] = {}
     skipped: list[SkippedGpu] = []
+    skips: set[str] = set()
     for index in range(count):
         bus_id: str | None = None
         try:
@@ -143,14 +155,22 @@ def _discover(nvml: Nvml, sysfs_root: Path) -> Inventory:
             bus_id = normalize_pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
             gpu = _read_gpu(nvml, handle, index, bus_id, sysfs_root)
             links[bus_id] = _read_links(nvml, handle)
-        except pynvml.NVMLError as exc:
-            log.warning(
-                "skipping GPU: NVML query failed",
+        except (pynvml.NVMLError, MigStateError) as exc:
+            reason = "MIG state" if isinstance(exc, MigStateError) else "NVML query failed"
+            key = f"{index}/{bus_id}/{exc}"
+            level = logging.DEBUG if reported is not None and key in reported else logging.WARNING
+            log.log(
+                level,
+                f"skipping GPU: {reason}",
                 extra=kv(index=index, pci_bus_id=bus_id or "unknown", error=str(exc)),
             )
+            skips.add(key)
             skipped.append(SkippedGpu(index=index, pci_bus_id=bus_id, error=str(exc)))
             continue
         gpus.append(gpu)
+    if reported is not None:
+        reported.clear()
+        reported.update(skips)
 
     return Inventory(
         driver_version=driver_version,
@@ -166,9 +186,14 @@ def _read_gpu(nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path
     arch = nvml.nvmlDeviceGetArchitecture(handle)
     cluster_uuid, clique_id = _fabric(nvml, handle)
     pci_dir = sysfs_root / "sys" / "bus" / "pci" / "devices" / bus_id
+    minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+    mig_current, mig_pending = mig_mode(nvml, handle)
+    check_not_pending(mig_current, mig_pending)
+    # The driver's /proc is the host's in every container, as sysfs is.
+    mig = read_mig_devices(nvml, handle, minor, sysfs_root) if mig_current else ()
     return Gpu(
         index=index,
-        minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
+        minor=minor,
         uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
         product_name=_text(nvml.nvmlDeviceGetName(handle)),
         brand=_BRANDS.get(brand, "Unknown"),
@@ -178,18 +203,11 @@ def _read_gpu(nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path
         pci_bus_id=bus_id,
         pcie_root=pcie_root(sysfs_root, bus_id),
         numa_node=_numa_node(pci_dir),
-        mig_enabled=_mig_enabled(nvml, handle),
+        mig_enabled=mig_current,
         fabric_cluster_uuid=cluster_uuid,
         fabric_clique_id=clique_id,
+        mig_devices=mig,
     )
-
-
-def _mig_enabled(nvml: Nvml, handle: Any) -> bool:
-    try:
-        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-    except pynvml.NVMLError_NotSupported:
-        return False
-    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
 
 
 def _fabric(nvml: Nvml, handle: Any) -> tuple[str | None, int | None]:

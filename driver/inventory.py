@@ -8,6 +8,29 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (a GPU instance and one compute instance of it) of a GPU in MIG mode."""
+
+    uuid: str  # "MIG-..."
+    profile: str  # "1g.10gb", or "1c.3g.20gb" for a compute instance smaller than its GI
+    profile_id: int  # the GPU instance profile's unique ID (nvidia-smi's), not its index
+    gi_id: int
+    ci_id: int
+    placement_start: int  # in memory slices
+    placement_size: int
+    spans_gpu_instance: bool  # the compute instance has all the GI's compute slices
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    gi_access_minor: int  # /dev/nvidia-caps/nvidia-cap<minor> of the GI's access file
+    ci_access_minor: int
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
     index: int
     minor: int
@@ -28,6 +51,9 @@ class Gpu:
     # complete and with a non-zero cluster UUID.
     fabric_cluster_uuid: str | None = None
     fabric_clique_id: int | None = None
+    # With MIG mode on: the MIG devices configured on it (the GPU is then published only
+    # as these).
+    mig_devices: tuple[MigDevice, ...] = ()
 
     @property
     def device_name(self) -> str:

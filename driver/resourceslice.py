@@ -34,7 +34,9 @@ DRIVER_ATTRIBUTES: dict[str, str] = {
     "model": "string",
     "numaNode": "int",
     "nvlinkDomain": "string",
+    "parentUUID": "string",  # MIG devices
     "productName": "string",
+    "profile": "string",  # MIG devices: "1g.10gb"
     "type": "string",
     "uuid": "string",
 }
@@ -43,7 +45,12 @@ STANDARD_ATTRIBUTES: dict[str, str] = {
     "pciBusID": "string",
     "pcieRoot": "string",
 }
-DRIVER_CAPACITIES = frozenset({"memory"})
+DRIVER_CAPACITIES = frozenset(
+    {"memory"}
+    # MIG devices, with the names NVIDIA's driver publishes.
+    | {"multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines"}
+    | {f"memorySlice{i}" for i in range(8)}
+)
 # Absent on hardware without them (no NUMA information, no PCIe root, no NVLink peer): a
 # selector that reads one fails on such a GPU unless it guards with `in` or has().
 OPTIONAL_ATTRIBUTES = frozenset({"numaNode", "pcieRoot", "nvlinkDomain"})

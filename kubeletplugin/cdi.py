@@ -95,7 +95,9 @@ def _merge_edits(base: Mapping[str, Any], *extras: Mapping[str, Any]) -> dict[st
     merged: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in base.items()}
     for extra in extras:
         for key, values in extra.items():
-            merged[key] = [*merged.get(key, []), *values]
+            # Two kinds of one claim (a GPU and a MIG device) both ask for the control nodes.
+            have = merged.get(key, [])
+            merged[key] = [*have, *(v for v in values if v not in have)]
     return {k: v for k, v in merged.items() if v not in ([], None)}
 
 

@@ -220,8 +220,12 @@ class _Node:
         cfg = self._config
         backend, sysfs_root = await asyncio.to_thread(self._load_nvml)
 
+        reported: set[str] = set()  # skipped GPUs warned about once, not every resync
+
         async def _discover() -> Inventory:
-            return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
+            return await asyncio.to_thread(
+                discover, backend, sysfs_root=sysfs_root, reported=reported
+            )
 
         # One inventory for the publisher and the claim state, for the process's life.
         self._devices = NodeDevices(

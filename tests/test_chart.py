@@ -80,7 +80,8 @@ def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
             "RoleBinding",
             "DaemonSet",
             "Service",  # metrics
-            "DeviceClass",
+            "DeviceClass",  # gpu.nvidia.com
+            "DeviceClass",  # mig.nvidia.com
             "ValidatingAdmissionPolicy",  # resourceslices
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # leases
@@ -221,6 +222,7 @@ def test_daemonset_mounts(default: list[dict[str, Any]]) -> None:
         "plugins": "/var/lib/kubelet/plugins",
         "cdi": "/var/run/cdi",
         "driver-root": "/",
+        "nvidia-caps": "/dev/nvidia-caps",
     }
     # Socket and CDI paths are handed to the kubelet and runtime: same path inside and out.
     for name in ("plugins-registry", "plugins", "cdi"):
@@ -228,6 +230,7 @@ def test_daemonset_mounts(default: list[dict[str, Any]]) -> None:
     assert mounts["plugins"]["mountPropagation"] == "Bidirectional"
     assert mounts["driver-root"]["mountPath"] == "/driver-root"
     assert mounts["driver-root"]["readOnly"] is True
+    assert mounts["nvidia-caps"]["mountPath"] == "/dev/nvidia-caps"
 
 
 def _match_expressions(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -362,8 +365,27 @@ def test_policy_can_be_turned_off() -> None:
     assert by_kind(objects, "ValidatingAdmissionPolicy") == []
 
 
+def test_mig_device_class(default: list[dict[str, Any]]) -> None:
+    (cls,) = [
+        c for c in by_kind(default, "DeviceClass") if c["metadata"]["name"] != "gpu.nvidia.com"
+    ]
+    assert cls["metadata"]["name"] == "mig.nvidia.com"
+    assert cls["spec"] == {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": 'device.driver == "gpu.nvidia.com" && '
+                    'device.attributes["gpu.nvidia.com"].type == "mig"'
+                }
+            }
+        ]
+    }
+
+
 def test_gpu_device_class(default: list[dict[str, Any]]) -> None:
-    (cls,) = by_kind(default, "DeviceClass")
+    (cls,) = [
+        c for c in by_kind(default, "DeviceClass") if c["metadata"]["name"] == "gpu.nvidia.com"
+    ]
     assert cls["metadata"]["name"] == "gpu.nvidia.com"
     assert cls["spec"] == {
         "selectors": [

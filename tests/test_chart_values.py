@@ -281,6 +281,14 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
         ("consumableCapacity.enabled=true", "deviceClasses.sharedGpu.name=shared.example.com"),
         lambda o: "shared.example.com" in classes(o),
     ),
+    "deviceClasses.mig.enabled": (
+        ("deviceClasses.mig.enabled=false",),
+        lambda o: "mig.nvidia.com" not in classes(o),
+    ),
+    "deviceClasses.mig.name": (
+        ("deviceClasses.mig.name=mig.example.com",),
+        lambda o: "mig.example.com" in classes(o),
+    ),
     "deviceClasses.extra": (
         (
             "deviceClasses.extra[0].name=l40s.gpu.nvidia.com",

@@ -44,10 +44,11 @@ def test_json_output_lists_every_slice(capsys: pytest.CaptureFixture[str]) -> No
 def test_table_has_one_row_per_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*SIM, "--profile", "p5.48xlarge", "-o", "table"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("node demo-node: 8 GPU(s), driver 580.95.05, CUDA 13.0")
+    assert lines[0].startswith("node demo-node: 8 device(s), driver 580.95.05, CUDA 13.0")
     header, *rows = lines[2:]
     assert header.split() == [
         "DEVICE",
+        "TYPE",
         "MODEL",
         "MEMORY",
         "NUMA",
@@ -59,8 +60,21 @@ def test_table_has_one_row_per_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     ]
     assert len(rows) == 8
     assert rows[4].split() == [
-        "gpu-4", "NVIDIA-H100-80GB-HBM3", "81559", "MiB", "1", "0000:97:00.0", "demo-node.nvlink-0"
+        "gpu-4", "gpu", "NVIDIA-H100-80GB-HBM3", "81559", "MiB", "1", "0000:97:00.0",
+        "demo-node.nvlink-0",
     ]  # fmt: skip
+
+
+def test_table_lists_mig_devices_instead_of_their_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SIM, "--profile", "p4d.24xlarge-mig", "-o", "table"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("node demo-node: 16 device(s)")
+    rows = [line.split() for line in lines[3:]]
+    assert [r[0] for r in rows[:4]] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    assert rows[4][:6] == [
+        "gpu-0-mig-3g20gb-9-0", "mig", "3g.20gb", "NVIDIA-A100-SXM4-40GB", "19968", "MiB"
+    ]  # fmt: skip
+    assert [r[0] for r in rows[5:7]] == ["gpu-0-mig-2g10gb-14-4", "gpu-0-mig-1g10gb-15-6"]
 
 
 def test_table_marks_missing_nvlink_and_lists_skipped(
@@ -71,7 +85,7 @@ def test_table_marks_missing_nvlink_and_lists_skipped(
     code = main([*SIM, "--profile", "g6e.12xlarge", "-o", "table", "--sim-state", str(state)])
     out = capsys.readouterr().out
     assert code == 0
-    assert "node demo-node: 3 GPU(s)" in out
+    assert "node demo-node: 3 device(s)" in out
     assert all(line.rstrip().endswith(" -") for line in out.splitlines()[3:6])
     assert "skipped GPU index 1 (PCI 0000:3a:00.0): Unknown Error" in out
 

@@ -36,6 +36,7 @@ NODES: dict[str, tuple[str, Faults | None]] = {
     "p5-old": ("p5.48xlarge", Faults(driver_version="535.104.05", cuda_driver_version="12.2")),
     "p5e": ("p5e.48xlarge", None),
     "p4d": ("p4d.24xlarge", None),
+    "p4d-mig": ("p4d.24xlarge-mig", None),  # GPUs 0-3: 3g.20gb, 2g.10gb, 1g.10gb each
     "g6e": ("g6e.48xlarge", None),
     "g6e-12": ("g6e.12xlarge", None),
     "g6": ("g6.xlarge", None),
@@ -93,6 +94,9 @@ def test_every_scenario_has_an_example() -> None:
         "job-one-gpu.yaml",
         "legacy-extended-resource.yaml",
         "memory-floor.yaml",
+        "mig-1g-10gb.yaml",
+        "mig-3g.yaml",
+        "mig-two-sizes.yaml",
         "mps-memory-limit.yaml",
         "pipeline-parallel.yaml",
         "shared-claim-two-pods.yaml",
@@ -165,6 +169,23 @@ def test_examples_pass_gpu_dra_validate_with_the_charts_classes(
         assert lines == []
 
 
+def test_mig_examples_schedule_only_on_mig_devices(
+    slices: list[dict[str, Any]], classes: list[dict[str, Any]]
+) -> None:
+    small = allocate(the(load("mig-1g-10gb.yaml"), "ResourceClaimTemplate"), slices, classes)
+    assert schedulable(small) == {"p4d-mig"}
+    assert small.node("p4d-mig").results[0].device == "gpu-0-mig-1g10gb-15-6"
+    three = allocate(the(load("mig-3g.yaml"), "ResourceClaimTemplate"), slices, classes)
+    assert schedulable(three) == {"p4d-mig"}
+    assert three.node("p4d-mig").results[0].device == "gpu-0-mig-3g20gb-9-0"
+    both = allocate(the(load("mig-two-sizes.yaml"), "ResourceClaimTemplate"), slices, classes)
+    assert schedulable(both) == {"p4d-mig"}
+    got = {r.request: r.device for r in both.node("p4d-mig").results}
+    assert got == {"large": "gpu-0-mig-3g20gb-9-0", "small": "gpu-0-mig-1g10gb-15-6"}
+    # Whole-GPU nodes, MIG-capable or not, have no MIG device to give.
+    assert schedulable(small) & {"p4d", "p5", "p5e", "g6"} == set()
+
+
 def test_single_gpu_schedules_everywhere(
     slices: list[dict[str, Any]], classes: list[dict[str, Any]]
 ) -> None:
@@ -203,8 +224,10 @@ def test_tensor_parallel_needs_one_nvlink_domain(
     slices: list[dict[str, Any]], classes: list[dict[str, Any]]
 ) -> None:
     result = allocate(the(load("tensor-parallel.yaml"), "ResourceClaimTemplate"), slices, classes)
-    assert schedulable(result) == {"p5", "p5-old", "p5e", "p4d"}
+    # p4d-mig's four whole GPUs (4-7) are one NVLink domain still.
+    assert schedulable(result) == {"p5", "p5-old", "p5e", "p4d", "p4d-mig"}
     assert len(result.node("p5").results) == 4
+    assert {r.device for r in result.node("p4d-mig").results} == {f"gpu-{i}" for i in range(4, 8)}
     for node in ("g6e", "g6e-12"):
         assert any("nvlinkDomain" in r for r in result.node(node).reasons), node
 
@@ -272,9 +295,10 @@ def test_first_available_falls_back_to_two_a100s(
     slices: list[dict[str, Any]], classes: list[dict[str, Any]]
 ) -> None:
     result = allocate(the(load("first-available.yaml"), "ResourceClaimTemplate"), slices, classes)
-    assert schedulable(result) == {"p5", "p5-old", "p4d"}
+    assert schedulable(result) == {"p5", "p5-old", "p4d", "p4d-mig"}
     assert [r.request for r in result.node("p5").results] == ["gpu/h100"]
     assert [r.request for r in result.node("p4d").results] == ["gpu/a100-pair"] * 2
+    assert [r.request for r in result.node("p4d-mig").results] == ["gpu/a100-pair"] * 2
     assert not result.node("g6e").allocatable and not result.node("p5e").allocatable
 
 
@@ -367,8 +391,8 @@ def test_vllm_tensor_parallel_takes_four_nvlinked_gpus_of_one_numa_node(
     assert _shm(spec) == 16
     claim = the(docs, "ResourceClaimTemplate")
     result = allocate(claim, slices, classes)
-    assert schedulable(result) == {"p5", "p5-old", "p5e", "p4d"}
-    for node in ("p5", "p5e", "p4d"):
+    assert schedulable(result) == {"p5", "p5-old", "p5e", "p4d", "p4d-mig"}
+    for node in ("p5", "p5e", "p4d", "p4d-mig"):
         entry = result.node(node)
         assert len(entry.results) == 4
         assert len(_numa(entry, slices, "resource.kubernetes.io/numaNode")) == 1, node

@@ -54,6 +54,8 @@ def test_every_attribute_karpenter_simulates_is_published_alike(
     devices = _devices(tmp_path, profile)
     assert devices
     for device in devices:
+        if device["attributes"]["type"] == {"string": "mig"}:
+            continue  # Karpenter's templates have whole GPUs only: MIG nodes are made by hand
         for name, (kind, fmt) in KARPENTER.items():
             value = device["attributes"].get(name)
             assert value is not None, (profile, name)

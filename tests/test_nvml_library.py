@@ -228,13 +228,16 @@ def test_xid_events_reach_the_event_sets_that_watch_the_gpu(tmp_path: Path) -> N
         pynvml.nvmlShutdown()
 
 
-def test_mig_answers_no_mig_devices_and_lifecycle_not_supported(tmp_path: Path) -> None:
+def test_mig_mode_off_has_no_mig_devices_and_lifecycle_not_supported(tmp_path: Path) -> None:
     node = SimulatedNode("p5.48xlarge", "mig", tmp_path / "mig")
     node.nvml.nvmlInit()
     try:
         gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 0
+        assert pynvml.nvmlDeviceGetMigMode(gpu) == [0, 0]
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7  # the 1g profile's instances
         assert pynvml.nvmlDeviceIsMigDeviceHandle(gpu).value == 0  # pynvml returns the c_uint
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):  # MIG mode is off
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
         with pytest.raises(pynvml.NVMLError_NotSupported):
             pynvml.nvmlDeviceSetMigMode(gpu, pynvml.NVML_DEVICE_MIG_ENABLE)
         with pytest.raises(pynvml.NVMLError_NotSupported):

@@ -45,3 +45,26 @@ def test_library_is_clean_under_valgrind(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("is malformed") == len(MALFORMED)
+
+
+MIG_EXERCISE = Path(__file__).resolve().parent / "data" / "nvml_mig_exercise.c"
+
+
+def test_mig_calls_are_clean_under_valgrind(tmp_path: Path) -> None:
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        pytest.skip("valgrind is not installed")
+    exercise = tmp_path / "nvml_mig_exercise"
+    subprocess.run(["cc", "-g", "-o", str(exercise), str(MIG_EXERCISE), "-ldl"], check=True)
+    profile = tmp_path / "mig-on.yaml"
+    profile.write_text("extends: p5.48xlarge\nmig: {enabled: [0]}\n")
+    node = SimulatedNode(profile, "vg", tmp_path / "root")
+    result = subprocess.run(
+        [valgrind, "-q", "--error-exitcode=9", "--leak-check=full",
+         "--errors-for-leak-kinds=definite", str(exercise), str(library()),
+         str(node.nvml.render())],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # What it created and destroyed left no capability files behind.
+    assert not list((node.root / "proc").rglob("access"))

@@ -19,6 +19,12 @@ from sandbox.apiserver import LocalApiServer
 ROOT = Path(__file__).parent.parent
 GPU = 'device.attributes["gpu.nvidia.com"]'
 CAP = 'device.capacity["gpu.nvidia.com"]'
+# Every capacity a device of ours may publish (GPUs: memory; MIG devices: the rest).
+CAPACITIES = (
+    "copyEngines, decoders, encoders, jpegEngines, memory, "
+    + ", ".join(f"memorySlice{i}" for i in range(8))
+    + ", multiprocessors, ofaEngines"
+)
 SELECTOR = "spec.devices.requests[0].exactly.selectors[0].cel.expression"
 OPAQUE_PATH = "spec.devices.config[0].opaque.parameters"
 GPU_CONFIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
@@ -438,8 +444,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.requests[0].exactly.selectors[0].cel.expression",
                 "error",
-                "1:34: gpu.nvidia.com publishes no capacity 'mem' (it has: memory); did you "
-                "mean memory?",
+                "1:34: gpu.nvidia.com publishes no capacity 'mem' (it has: "
+                f"{CAPACITIES}); did you mean memory?",
             ),
         ],
     ),
@@ -547,8 +553,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.requests[0].exactly.capacity.requests.memroy",
                 "error",
-                "gpu.nvidia.com publishes no capacity 'memroy' (it has: memory); did you mean "
-                "memory?",
+                f"gpu.nvidia.com publishes no capacity 'memroy' (it has: {CAPACITIES}); did "
+                "you mean memory?",
             ),
         ],
     ),

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from driver.devicekinds import capacity, gpu
+from driver.devicekinds import capacity, gpu, mig
 from driver.devicekinds.base import (
     DeviceKind,
     KindContext,
@@ -31,7 +31,7 @@ __all__ = [
     "node_devices",
 ]
 
-KINDS: tuple[DeviceKind, ...] = (gpu.KIND,)
+KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND)
 
 
 _index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})
@@ -52,9 +52,12 @@ def node_devices(
     ``consumable_capacity``, published for sharing (:mod:`driver.devicekinds.capacity`)."""
     out: list[NodeDevice] = []
     for kind in KINDS:
-        out.extend(kind.devices(inventory, node_name=node_name))
-    if consumable_capacity:
-        out = [dataclasses.replace(d, published=capacity.shareable(d.published)) for d in out]
+        devices = kind.devices(inventory, node_name=node_name)
+        if consumable_capacity and kind is gpu.KIND:  # a MIG device is a partition already
+            devices = [
+                dataclasses.replace(d, published=capacity.shareable(d.published)) for d in devices
+            ]
+        out.extend(devices)
     return out
 
 

@@ -125,8 +125,9 @@ class GpuKind:
         self.mps = Mps(UUID_KEY)
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
-        """Ordered by minor number (the allocation order)."""
-        gpus = sorted(inventory.gpus, key=lambda g: g.minor)
+        """Ordered by minor number (the allocation order). A GPU in MIG mode is published
+        only as its MIG devices (:mod:`driver.devicekinds.mig`)."""
+        gpus = sorted((g for g in inventory.gpus if not g.mig_enabled), key=lambda g: g.minor)
         return [node_device(gpu, inventory, node_name=node_name) for gpu in gpus]
 
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:

@@ -61,9 +61,10 @@ def wanted(claim: PreparedClaim, uuid_key: str) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for device in claim.devices:
         settings = dict(device.sharing)
-        if device.admin_access or settings.get("strategy") != STRATEGY:
-            continue
-        out[dict(device.identity).get(uuid_key, "")] = settings
+        uuid = dict(device.identity).get(uuid_key)
+        if device.admin_access or settings.get("strategy") != STRATEGY or uuid is None:
+            continue  # unshared, or another kind's device (a MIG device)
+        out[uuid] = settings
     return out
 
 

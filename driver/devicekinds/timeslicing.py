@@ -48,7 +48,9 @@ def wanted(claim: PreparedClaim, uuid_key: str) -> dict[str, str]:
         settings = dict(device.sharing)
         if device.admin_access or settings.get("strategy") != STRATEGY:
             continue
-        uuid = dict(device.identity).get(uuid_key, "")
+        uuid = dict(device.identity).get(uuid_key)
+        if uuid is None:
+            continue  # another kind's device (a MIG device): not a whole GPU to time-slice
         out[uuid] = settings.get("interval", DEFAULT_INTERVAL)
     return out
 

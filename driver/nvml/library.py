@@ -59,6 +59,17 @@ REQUIRED_SYMBOLS = {
     "nvmlDeviceGetArchitecture": "R450",
     "nvmlDeviceGetMigMode": "R450",
     "nvmlDeviceGetNvLinkRemoteDeviceType": "R460",
+    # MIG (called for GPUs in MIG mode only).
+    "nvmlDeviceGetMaxMigDeviceCount": "R450",
+    "nvmlDeviceGetMigDeviceHandleByIndex": "R450",
+    "nvmlDeviceGetGpuInstanceId": "R450",
+    "nvmlDeviceGetComputeInstanceId": "R450",
+    "nvmlDeviceGetGpuInstanceById": "R450",
+    "nvmlGpuInstanceGetInfo": "R450",
+    "nvmlGpuInstanceGetComputeInstanceById": "R450",
+    "nvmlComputeInstanceGetInfo_v2": "R460",
+    "nvmlDeviceGetGpuInstanceProfileInfoV": "R470",
+    "nvmlGpuInstanceGetComputeInstanceProfileInfoV": "R470",
 }
 OPTIONAL_SYMBOLS = {"nvmlDeviceGetGpuFabricInfoV": "R550"}
 SYMLINK_HOPS = 40  # as the kernel's limit

@@ -21,6 +21,16 @@ Profile keys::
     driverVersion: "580.95.05"           # optional
     cudaDriverVersion: "13.0"            # optional
     faults: {...}                        # optional, see driver.nvml.faults
+    mig:                                 # optional; only with gpu.migCapable
+      profiles:                          # the GPU instance profiles NVML reports, one row each:
+        # [index, id, name, computeSlices, memorySlices, instances, multiprocessors,
+        #  copyEngines, decoders, encoders, jpegEngines, ofaEngines, memoryMiB, [starts]]
+        - [0, 19, 1g.5gb, 1, 1, 7, 14, 1, 0, 0, 0, 0, 4864, [0, 1, 2, 3, 4, 5, 6]]
+      enabled: all | [0, 1]              # GPUs in MIG mode (default none)
+      pending: [2]                       # GPUs whose MIG mode change waits for a reset
+      instances:                         # GPU instances (each with one compute instance
+        - {profile: 3g.20gb, start: 0}   # spanning it) on every GPU in MIG mode
+    extends: p4d.24xlarge                # optional: this file's keys over a shipped profile's
 """
 
 import uuid
@@ -44,6 +54,37 @@ _TOPOLOGIES = frozenset({"none", "nvswitch", "pairs", "links"})
 
 class UnknownProfileError(SimulationConfigError):
     """No profile of that name ships with the simulator."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One GPU instance profile, as ``nvmlDeviceGetGpuInstanceProfileInfoV`` reports it."""
+
+    index: int  # NVML_GPU_INSTANCE_PROFILE_*
+    id: int  # the profile's unique ID, what placements and instances name
+    name: str  # "1g.10gb"
+    compute_slices: int
+    memory_slices: int  # a placement's size
+    instances: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    memory_mib: int
+    starts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SimMigInstance:
+    """A GPU instance with the one compute instance that spans it."""
+
+    gi_id: int
+    ci_id: int
+    profile: MigProfile
+    start: int
+    uuid: str  # "MIG-..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +112,8 @@ class SimGpu:
     mig_capable: bool
     mig_enabled: bool
     nvlinks: tuple[NvLink, ...]
+    mig_pending: bool = False  # the mode after a reset; differs from mig_enabled when pending
+    mig_instances: tuple[SimMigInstance, ...] = ()
 
     @property
     def minor(self) -> int:
@@ -99,6 +142,10 @@ class Profile:
     driver_version: str
     cuda_driver_version: str
     faults: Faults
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_enabled_gpus: frozenset[int] = frozenset()
+    mig_pending_gpus: frozenset[int] = frozenset()
+    mig_layout: tuple[tuple[MigProfile, int], ...] = ()  # (profile, start) per instance
 
     def gpus(self, node_name: str) -> tuple[SimGpu, ...]:
         return tuple(self._gpu(i, node_name) for i in range(self.count))
@@ -109,6 +156,18 @@ class Profile:
 
     def _gpu(self, i: int, node_name: str) -> SimGpu:
         gpu_uuid = uuid.uuid5(_UUID_NAMESPACE, f"{node_name}/{self.name}/{i}")
+        enabled = self.mig_capable and (self.mig_enabled or i in self.mig_enabled_gpus)
+        pending = enabled != (i in self.mig_pending_gpus)
+        instances = tuple(
+            SimMigInstance(
+                gi_id=n + 1,
+                ci_id=0,
+                profile=profile,
+                start=start,
+                uuid=f"MIG-{uuid.uuid5(gpu_uuid, f'gi{n + 1}/ci0')}",
+            )
+            for n, (profile, start) in enumerate(self.mig_layout if enabled else ())
+        )
         return SimGpu(
             position=i,
             uuid=f"GPU-{gpu_uuid}",
@@ -121,8 +180,10 @@ class Profile:
             pcie_root=self.pcie_roots[i],
             numa_node=self.numa_nodes[i],
             mig_capable=self.mig_capable,
-            mig_enabled=self.mig_enabled,
+            mig_enabled=enabled,
             nvlinks=self._links(i),
+            mig_pending=pending,
+            mig_instances=instances,
         )
 
     def _links(self, i: int) -> tuple[NvLink, ...]:
@@ -168,11 +229,22 @@ def _shipped(name: str) -> Profile:
 def _parse(name: str, text: str, *, source: str) -> Profile:
     try:
         data = yaml.safe_load(text)
+        if "extends" in data:
+            base = _raw(str(data["extends"]))
+            data = {**base, **{k: v for k, v in data.items() if k != "extends"}}
+            data["mig"] = {**(base.get("mig") or {}), **(data.get("mig") or {})}
         return _build(name, data, source)
     except SimulationConfigError:
         raise
     except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SimulationConfigError(f"{source}: malformed profile: {exc!r}") from exc
+
+
+def _raw(name: str) -> dict[str, Any]:
+    resource = resources.files("driver.nvml") / "profiles" / f"{name}.yaml"
+    if not resource.is_file():
+        raise UnknownProfileError(f"extends: unknown hardware profile {name!r}")
+    return dict(yaml.safe_load(resource.read_text()))
 
 
 def _build(name: str, data: Mapping[str, Any], source: str) -> Profile:
@@ -200,6 +272,8 @@ def _build(name: str, data: Mapping[str, Any], source: str) -> Profile:
         if any(not (0 <= v < count) for edge in edges for v in edge):
             raise SimulationConfigError(f"{source}: nvlink links name GPUs outside 0..{count - 1}")
     fabric, clique = _fabric(data.get("fabric", "not-supported"), source)
+    mig = data.get("mig") or {}
+    mig_profiles = tuple(_mig_profile(row, source) for row in mig.get("profiles") or ())
     return Profile(
         name=str(data.get("instanceType", name)),
         count=count,
@@ -221,7 +295,59 @@ def _build(name: str, data: Mapping[str, Any], source: str) -> Profile:
         driver_version=str(data.get("driverVersion", DEFAULT_DRIVER_VERSION)),
         cuda_driver_version=str(data.get("cudaDriverVersion", DEFAULT_CUDA_DRIVER_VERSION)),
         faults=Faults.from_mapping(data.get("faults"), source=f"{source}: faults"),
+        mig_profiles=mig_profiles,
+        mig_enabled_gpus=_gpu_set(mig.get("enabled"), count),
+        mig_pending_gpus=_gpu_set(mig.get("pending"), count),
+        mig_layout=_mig_layout(mig.get("instances") or (), mig_profiles, source),
     )
+
+
+def _mig_profile(row: Any, source: str) -> MigProfile:
+    if not isinstance(row, list) or len(row) != 14:
+        raise SimulationConfigError(f"{source}: a MIG profile row needs 14 fields, got {row!r}")
+    n = [int(v) for v in row[3:13]]
+    return MigProfile(
+        index=int(row[0]), id=int(row[1]), name=str(row[2]), compute_slices=n[0],
+        memory_slices=n[1], instances=n[2], multiprocessors=n[3], copy_engines=n[4],
+        decoders=n[5], encoders=n[6], jpeg_engines=n[7], ofa_engines=n[8], memory_mib=n[9],
+        starts=tuple(int(s) for s in row[13]),
+    )  # fmt: skip
+
+
+def _gpu_set(value: Any, count: int) -> frozenset[int]:
+    if value is None:
+        return frozenset()
+    if value == "all":
+        return frozenset(range(count))
+    return frozenset(int(v) for v in value)
+
+
+def _mig_layout(
+    items: Any, profiles: tuple[MigProfile, ...], source: str
+) -> tuple[tuple[MigProfile, int], ...]:
+    """The instances, checked as the driver would refuse them: a placement the profile
+    lacks, overlapping memory slices, more compute slices than the GPU's seven."""
+    by_name = {p.name: p for p in profiles}
+    layout: list[tuple[MigProfile, int]] = []
+    used: set[int] = set()
+    for item in items:
+        profile = by_name.get(str(item["profile"]))
+        if profile is None:
+            raise SimulationConfigError(f"{source}: MIG instance of unknown profile {item!r}")
+        start = int(item["start"])
+        if start not in profile.starts:
+            raise SimulationConfigError(
+                f"{source}: {profile.name} cannot start at memory slice {start} "
+                f"(placements: {list(profile.starts)})"
+            )
+        slices = set(range(start, start + profile.memory_slices))
+        if slices & used:
+            raise SimulationConfigError(f"{source}: MIG instance {item!r} overlaps another")
+        used |= slices
+        layout.append((profile, start))
+    if sum(p.compute_slices for p, _ in layout) > 7:
+        raise SimulationConfigError(f"{source}: MIG instances use more than 7 compute slices")
+    return tuple(layout)
 
 
 def _per_gpu(value: Any, count: int, source: str, key: str) -> tuple[str, ...] | None:

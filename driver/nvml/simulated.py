@@ -36,6 +36,10 @@ HARDWARE_ENV = "GPU_DRA_SIM_NVML"
 HARDWARE_FILE = Path("run/gpu-dra-sim/nvml-hardware")
 _NVIDIA_MAJOR = 195
 _UVM_MAJOR = 510  # dynamic on a real host; any free major will do here
+_CAPS_MAJOR = 508  # nvidia-caps: dynamic too
+# The driver's fixed MIG minors (/proc/driver/nvidia-caps/mig-minors): config 1, monitor 2,
+# then per GPU 15 GPU instance slots of 1 GI access minor and 8 CI access minors each.
+_GI_SLOTS, _CI_SLOTS = 15, 8
 _init_lock = threading.Lock()
 
 
@@ -75,7 +79,7 @@ class SimulatedNvml:
         faults = self.effective_faults()
         seed = faults.fabric_cluster or self.node_name
         text = hardware_text(
-            self.profile, self.gpus, faults, self.profile.fabric_cluster_uuid(seed)
+            self.profile, self.gpus, faults, self.profile.fabric_cluster_uuid(seed), self.root
         )
         path = self.hardware_file
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +122,34 @@ def write_driver_root(root: Path, gpus: tuple[SimGpu, ...], driver_version: str)
     for name, (major, minor) in nodes.items():
         _device_node(dev / name, major, minor)
     write_sysfs(root, gpus)
+    write_mig_capabilities(root, gpus)
+
+
+def mig_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
+    """The nvidia-caps minor of a GI's (``ci`` None) or a CI's ``access`` file."""
+    base = 3 + gpu_minor * _GI_SLOTS * (1 + _CI_SLOTS) + gi * (1 + _CI_SLOTS)
+    return base if ci is None else base + 1 + ci
+
+
+def write_mig_capabilities(root: Path, gpus: tuple[SimGpu, ...]) -> None:
+    """What the driver keeps for each MIG instance: its ``access`` files under
+    ``/proc/driver/nvidia/capabilities`` and its ``/dev/nvidia-caps`` nodes."""
+    caps = root / "proc" / "driver" / "nvidia" / "capabilities"
+    for gpu in gpus:
+        for mig in gpu.mig_instances:
+            gi_dir = caps / f"gpu{gpu.minor}" / "mig" / f"gi{mig.gi_id}"
+            ci_dir = gi_dir / f"ci{mig.ci_id}"
+            ci_dir.mkdir(parents=True, exist_ok=True)
+            for directory, minor in (
+                (gi_dir, mig_minor(gpu.minor, mig.gi_id)),
+                (ci_dir, mig_minor(gpu.minor, mig.gi_id, mig.ci_id)),
+            ):
+                access = f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+                (directory / "access").write_text(access)
+                (root / "dev" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+                _device_node(
+                    root / "dev" / "nvidia-caps" / f"nvidia-cap{minor}", _CAPS_MAJOR, minor
+                )
 
 
 def _device_node(path: Path, major: int, minor: int) -> None:

@@ -99,18 +99,20 @@ def _render(output: str, slices: list[dict[str, Any]], inventory: Any, node_name
 
 
 def _table(slices: list[dict[str, Any]], inventory: Any, node_name: str) -> str:
-    """One row per published GPU device, from the very attributes the slices carry."""
+    """One row per published device (GPU or MIG), from what the slices carry."""
 
     def attr(device: dict[str, Any], name: str) -> str:
         value = device["attributes"].get(name)
         return "-" if value is None else str(next(iter(value.values())))
 
-    header = ("DEVICE", "MODEL", "MEMORY", "NUMA", "PCI BUS ID", "NVLINK DOMAIN")
+    header = ("DEVICE", "TYPE", "MODEL", "MEMORY", "NUMA", "PCI BUS ID", "NVLINK DOMAIN")
     rows = [
         (
             device["name"],
+            attr(device, "type")
+            + ("" if attr(device, "profile") == "-" else f" {attr(device, 'profile')}"),
             attr(device, "model"),
-            f"{attr(device, 'memory')} MiB",
+            f"{int(device['capacity']['memory']['value']) // 2**20} MiB",
             attr(device, "numaNode"),
             attr(device, "resource.kubernetes.io/pciBusID"),
             attr(device, "nvlinkDomain"),
@@ -121,7 +123,7 @@ def _table(slices: list[dict[str, Any]], inventory: Any, node_name: str) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     cuda = ".".join(map(str, inventory.cuda_driver_version))
     lines = [
-        f"node {node_name}: {len(rows)} GPU(s), driver {inventory.driver_version}, CUDA {cuda}, "
+        f"node {node_name}: {len(rows)} device(s), driver {inventory.driver_version}, CUDA {cuda}, "
         f"{len(slices)} ResourceSlice(s)",
         "",
         *(

@@ -26,6 +26,7 @@ import pytest_asyncio
 import yaml
 
 from driver.nvml.faults import write_state_file
+from driver.nvml.profile import load_profile
 from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
@@ -50,10 +51,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "charts" / "examples"
 NODES = {
     "p5": "p5.48xlarge",
     "g6e": "g6e.12xlarge",
-    "p4d": "p4d.24xlarge",
+    "p4d": "p4d.24xlarge-mig",  # static MIG on GPUs 0-3: the MIG examples fit here only
     "g6": "g6.xlarge",
 }
-GPUS = {"p5": 8, "g6e": 4, "p4d": 8, "g6": 1}
+# Devices published: p4d has four whole GPUs and three MIG devices on each of four more.
+GPUS = {"p5": 8, "g6e": 4, "p4d": 4 + 4 * 3, "g6": 1}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -73,7 +75,7 @@ async def installed(cluster: ControlPlane) -> dict[str, str]:
     install_chart(cp)
     tokens = {}
     for node, profile in NODES.items():
-        cp.create(node_object(node, profile))
+        cp.create(node_object(node, load_profile(profile).name))
         patch_node_ready(cp, node)
         tokens[node] = plugin_token(cp, node)
     return tokens

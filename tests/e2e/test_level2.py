@@ -38,11 +38,13 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
 EXAMPLES = Path(__file__).resolve().parents[2] / "charts" / "examples"
 NODE = "node-1"
-PROFILE = "p5.48xlarge"
-GPUS = 8
+# GPUs 0-3 in MIG mode (3g.20gb, 2g.10gb, 1g.10gb each), 4-7 whole.
+PROFILE = "p4d.24xlarge-mig"
+GPUS = 4 + 4 * 3  # devices published
 # What each container prints into its termination message.
 REPORT = (
     'echo "uuids=$GPU_DRA_VISIBLE_GPU_UUIDS visible=$NVIDIA_VISIBLE_DEVICES'
+    ' migs=$GPU_DRA_VISIBLE_MIG_UUIDS caps=$(ls /dev/nvidia-caps 2>/dev/null | sort | tr "\\n" ",")'
     ' devices=$(ls /dev | grep nvidia | sort | tr "\\n" " ")" > /dev/termination-log'
 )
 
@@ -182,7 +184,7 @@ def reports(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
     out = {}
     for status in pod["status"]["containerStatuses"]:
         message = status["state"]["terminated"].get("message", "")
-        fields = dict(part.split("=", 1) for part in message.strip().split(" ", 2))
+        fields = dict(part.split("=", 1) for part in message.strip().split(" ", 4))
         out[status["name"]] = fields
     return out
 
@@ -252,6 +254,29 @@ async def test_one_gpu_pod_runs_with_its_cdi_edits(node: RealNode, plugin: Plugi
     assert "nvidiactl" in report["devices"].split()
     assert len([d for d in report["devices"].split() if d[len("nvidia") :].isdigit()]) == 1
     await delete_namespace_claims(cp, "single")
+    await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
+
+
+async def test_mig_pod_gets_its_two_mig_devices_cap_nodes(
+    node: RealNode, plugin: PluginProcess
+) -> None:
+    cp = node.cp
+    (pod,) = await run_example(cp, "mig", "mig-two-sizes.yaml")
+    got = reports(pod)
+    assert set(got) == {"server", "sidecar"}
+    # Each container gets its request's MIG device: gpu-0's GI 1 (3g.20gb) for the server,
+    # its GI 3 (1g.10gb) for the sidecar, each as a GI and a CI access node.
+    caps = {"server": (12, 13), "sidecar": (30, 31)}
+    for container, report in got.items():
+        migs = report["migs"].split(",")  # claim-wide, as the GPU UUIDs are
+        assert len(migs) == 2 and all(m.startswith("MIG-") for m in migs)
+        assert report["uuids"] == "" and report["visible"] == "void"
+        expected = sorted(f"nvidia-cap{n}" for n in caps[container])
+        assert report["caps"].rstrip(",").split(",") == expected, container
+        devices = report["devices"].split()
+        assert "nvidia0" in devices and "nvidiactl" in devices and "nvidia-caps" in devices
+        assert not any(d in devices for d in ("nvidia1", "nvidia4"))
+    await delete_namespace_claims(cp, "mig")
     await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
 
 

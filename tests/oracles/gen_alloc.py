@@ -8,6 +8,10 @@ a node selector; devices taken by other claims. Classes and requests select with
 ExactCount or All, alone or as firstAvailable alternatives, with admin access, and with
 tolerations for device taints; matchAttribute constraints tie requests together.
 
+Partitionable devices (1.36): some nodes also have a pool of MIG-like placements of one
+GPU, each consuming the memory slices (and multiprocessors) it occupies from a counter set
+published in a counter-only slice, so that overlapping placements exclude each other.
+
 Per version (1.34 or 1.36) the generator writes only what that version's API server
 keeps: device taints need DRADeviceTaints (beta, on, from 1.36), so 1.34 cases carry none;
 nor do they carry consumable capacity (DRAConsumableCapacity, beta from 1.36): GPUs with
@@ -29,6 +33,14 @@ _MODELS = ("H100", "A100", "L4")
 _MEMORY = {"H100": ("80Gi", 81559), "A100": ("40Gi", 40960), "L4": ("24Gi", 23034)}
 _DRIVER_VERSIONS = ("550.127.8", "570.86.15", "580.95.5")
 _TAINT_KEYS = ("example.com/unhealthy", "example.com/maintenance")
+# (profile, multiprocessors, memory slice starts, memory slices) of an A100-40GB's MIG.
+_PLACEMENTS = (
+    ("1g", 14, range(7), 1),
+    ("2g", 28, (0, 2, 4), 2),
+    ("3g", 42, (0, 4), 4),
+    ("4g", 56, (0,), 4),
+    ("7g", 98, (0,), 8),
+)
 
 # Class selectors (all compile; some fail at runtime on a device without the attribute).
 _CLASS_SELECTORS = {
@@ -178,6 +190,31 @@ class _Gen:
                 self.slice(f"{pool}-{driver}-old", driver, pool, generation - 1, 1, where, old)
             )
         return out
+
+    def mig_pool(self, node: str) -> list[dict[str, Any]]:
+        """A pool of one GPU's placements and the counter set they consume."""
+        pool = f"{node}-mig"
+        counters = {f"memory-slice-{i}": {"value": "1"} for i in range(8)}
+        counters["multiprocessors"] = {"value": "98"}
+        counter_set = {"name": "gpu-0-counters", "counters": counters}
+        devices: list[dict[str, Any]] = []
+        for profile, sms, starts, size in _PLACEMENTS:
+            for start in starts:
+                if self.chance(0.3):
+                    continue
+                device = self.gpu(f"gpu-0-mig-{profile}-{start}", node, 0)
+                consumed = {f"memory-slice-{i}": {"value": "1"} for i in range(start, start + size)}
+                consumed["multiprocessors"] = {"value": str(sms)}
+                device["consumesCounters"] = [
+                    {"counterSet": "gpu-0-counters", "counters": consumed}
+                ]
+                devices.append(device)
+                self.devices.append((GPU, pool, device["name"]))
+        where = {"nodeName": node}
+        counter_slice = self.slice(f"{pool}-counters", GPU, pool, 1, 2, where, [])
+        del counter_slice["spec"]["devices"]
+        counter_slice["spec"]["sharedCounters"] = [counter_set]
+        return [counter_slice, self.slice(f"{pool}-devices", GPU, pool, 1, 2, where, devices)]
 
     def per_device_slice(self, nodes: list[str]) -> dict[str, Any]:
         """A pool whose devices each say where they are (DRAPartitionableDevices, 1.36)."""
@@ -331,6 +368,8 @@ def case(rng: random.Random, version: str) -> dict[str, Any]:
         slices += gen.pool_slices(GPU, node["name"], node["name"], {"nodeName": node["name"]})
         if gen.chance(0.3):
             slices += gen.pool_slices(NIC, node["name"], node["name"], {"nodeName": node["name"]})
+        if version != "1.34" and gen.chance(0.3):
+            slices += gen.mig_pool(node["name"])
     if gen.chance(0.2):
         where: dict[str, Any] = {"allNodes": True}
         if gen.chance(0.5):

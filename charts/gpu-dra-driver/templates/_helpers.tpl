@@ -47,3 +47,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpu-dra.gpuSelector" -}}
 device.driver == {{ .Values.driverName | quote }} && device.attributes[{{ .Values.driverName | quote }}].type == "gpu"
 {{- end }}
+
+{{/* The CEL selector of the MIG class: MIG devices of our driver. */}}
+{{- define "gpu-dra.migSelector" -}}
+device.driver == {{ .Values.driverName | quote }} && device.attributes[{{ .Values.driverName | quote }}].type == "mig"
+{{- end }}

@@ -5,6 +5,7 @@ faults.py), so that the C side parses only ``key value`` lines of numbers and sh
 """
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import pynvml
 
@@ -32,9 +33,14 @@ def _one_line(text: str) -> str:
 
 
 def hardware_text(
-    profile: Profile, gpus: Iterable[SimGpu], faults: Faults, fabric_cluster: bytes
+    profile: Profile,
+    gpus: Iterable[SimGpu],
+    faults: Faults,
+    fabric_cluster: bytes,
+    root: Path | None = None,
 ) -> str:
-    """The file for ``gpus`` of ``profile`` with ``faults`` (already layered) applied."""
+    """The file for ``gpus`` of ``profile`` with ``faults`` (already layered) applied;
+    instances created at run time get their access files under ``root``."""
     fabric = faults.fabric or profile.fabric
     state, status = _FABRIC[fabric]
     lines = [
@@ -51,6 +57,16 @@ def hardware_text(
     if len(gpus) > MAX_GPUS:
         raise SimulationConfigError(f"profile {profile.name}: more than {MAX_GPUS} GPUs")
     minors = {gpu.minor for gpu in gpus}
+    if root is not None:
+        lines.append(f"root {root}")
+    if profile.mig_capable:
+        for m in profile.mig_profiles:
+            lines.append(
+                f"migprofile {m.index} {m.id} {_one_line(m.name).replace(' ', '')} "
+                f"{m.compute_slices} {m.memory_slices} {m.instances} {m.multiprocessors} "
+                f"{m.copy_engines} {m.decoders} {m.encoders} {m.jpeg_engines} "
+                f"{m.ofa_engines} {m.memory_mib} {','.join(str(s) for s in m.starts)}"
+            )
     for gpu in gpus:
         major, minor = gpu.compute_capability
         lines += [
@@ -63,9 +79,11 @@ def hardware_text(
             f"memory {gpu.memory_bytes}",
             f"pci {gpu.pci_bus_id}",
             f"pcidevid {PCI_DEVICE_ID:#x}",
-            f"mig {int(gpu.mig_capable)} {int(gpu.mig_enabled)}",
+            f"mig {int(gpu.mig_capable)} {int(gpu.mig_enabled)} {int(gpu.mig_pending)}",
             f"present {int(gpu.minor not in removed)}",
         ]
+        for mig in gpu.mig_instances:
+            lines.append(f"gi {mig.gi_id} {mig.profile.index} {mig.start} {mig.ci_id} {mig.uuid}")
         for link in gpu.nvlinks:
             remote = f" {link.remote_pci_bus_id}" if link.remote_pci_bus_id else ""
             lines.append(f"link {link.remote_type}{remote}")

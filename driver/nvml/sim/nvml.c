@@ -13,8 +13,22 @@
  *   fabric <NVML_GPU_FABRIC_STATE_*> <status>   clique 7   cluster <32 hex digits>
  *   gpu <minor>                        starts a GPU; the lines below describe it:
  *     uuid GPU-...   name ...   brand 14   arch 9   cc 9 0   memory <bytes>
- *     pci 0000:53:00.0   pcidevid <n>   mig <capable 0|1> <enabled 0|1>   present 0|1
+ *     pci 0000:53:00.0   pcidevid <n>   present 0|1
+ *     mig <capable 0|1> <current mode 0|1> [<pending mode 0|1>]   (pending: current when absent)
  *     link <NVML_NVLINK_DEVICE_TYPE_*> [<remote pci bus id>]
+ *     gi <GI id> <GI profile index> <placement start> <CI id> <MIG device UUID>
+ *                                  a GPU instance with one compute instance spanning it
+ *   migprofile <profile index> <profile id> <name> <compute slices> <memory slices>
+ *              <instances> <SMs> <copy engines> <decoders> <encoders> <jpeg> <ofa>
+ *              <memory MiB> <placement starts, comma separated>
+ *                                  a GPU instance profile of every MIG-capable GPU; before
+ *                                  the first "gpu" line
+ *   root <path>                        the fake driver root, where instances created at run
+ *                                  time get their capability access files
+ *
+ * GPU and compute instances created through NVML live in this process (as the driver's
+ * would, they survive a re-init while their GPU stays in MIG mode) and get their access
+ * files under the root; destroying them removes those.
  *   fail <minor> <pynvml function name> <nvmlReturn_t>
  *   xid <minor> <xid>                  an XID event, delivered to each event set once
  *
@@ -22,19 +36,30 @@
  * handle kept across a re-init stays safe: its GPU is then gone (GPU_IS_LOST) or refreshed.
  * Bad input (a malformed file, a null or foreign pointer, a short buffer) gets an error code.
  */
+#include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 typedef int nvmlReturn_t;
 enum {
     OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6,
     INSUFFICIENT_SIZE = 7, TIMEOUT = 10, GPU_IS_LOST = 15, MEMORY = 20,
-    ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999,
+    IN_USE = 19, INSUFFICIENT_RESOURCES = 23, ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999,
 };
+#define GI_PROFILE_COUNT 0x12 /* NVML_GPU_INSTANCE_PROFILE_COUNT */
+#define CI_PROFILE_COUNT 0x9  /* NVML_COMPUTE_INSTANCE_PROFILE_COUNT */
+#define MAX_STARTS 8
+#define MAX_MIG 1024          /* MIG devices of the whole node */
+#define DYNAMIC_BASE (MAX_MIG / 2) /* slots of instances created at run time */
+#define GI_SLOTS 15           /* per GPU, as the driver's capability minors count them */
+#define CI_SLOTS 8
 
 #define MAX_GPUS 512
 #define MAX_LINKS 36
@@ -60,10 +85,32 @@ typedef struct nvmlDevice_st {
     int cc_major, cc_minor;
     unsigned long long memory;
     unsigned domain, bus, device, function, pci_device_id;
-    int mig_capable, mig_enabled;
+    int mig_capable, mig_enabled, mig_pending;
+    int is_mig;      /* a MIG device handle: minor is its parent's, slot its GI's */
+    unsigned slot;
     unsigned nlinks;
     struct link links[MAX_LINKS];
 } *nvmlDevice_t;
+
+struct mig_profile {
+    int defined;
+    unsigned id, slices, memslices, instances, sms, ce, dec, enc, jpeg, ofa;
+    unsigned long long mem_mib;
+    char name[32];
+    unsigned nstarts, starts[MAX_STARTS];
+};
+
+/* A GPU instance, and its one compute instance, share a slot with their MIG device. */
+typedef struct nvmlGpuInstance_st {
+    int defined;
+    unsigned parent, id, profile, start; /* parent minor; profile index */
+    int created; /* at run time, through NVML */
+} *nvmlGpuInstance_t;
+
+typedef struct nvmlComputeInstance_st {
+    int defined;
+    unsigned id;
+} *nvmlComputeInstance_t;
 
 struct fail { unsigned minor; char call[64]; nvmlReturn_t code; };
 struct xid { unsigned minor; unsigned long long xid; };
@@ -81,6 +128,12 @@ struct hardware {
     unsigned nfails;
     struct xid xids[MAX_XIDS];
     unsigned nxids;
+    struct mig_profile profiles[GI_PROFILE_COUNT]; /* by profile index */
+    struct nvmlGpuInstance_st gis[MAX_MIG];
+    struct nvmlComputeInstance_st cis[MAX_MIG];
+    struct nvmlDevice_st migs[MAX_MIG];
+    unsigned nmig;
+    char root[400];
 };
 
 typedef struct nvmlEventSet_st {
@@ -104,6 +157,35 @@ typedef struct {
     unsigned cliqueId, state;
 } nvmlGpuFabricInfo_t;
 
+typedef struct { unsigned start, size; } nvmlGpuInstancePlacement_t;
+typedef struct { unsigned start, size; } nvmlComputeInstancePlacement_t;
+
+#define GI_PROFILE_FIELDS                                                                    \
+    unsigned id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount,             \
+        copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;                    \
+    unsigned long long memorySizeMB;
+typedef struct { GI_PROFILE_FIELDS } nvmlGpuInstanceProfileInfo_t;
+typedef struct { unsigned version; GI_PROFILE_FIELDS char name[96]; } nvmlGpuInstanceProfileInfo_v2_t;
+
+#define CI_PROFILE_FIELDS                                                                    \
+    unsigned id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,      \
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+typedef struct { CI_PROFILE_FIELDS } nvmlComputeInstanceProfileInfo_t;
+typedef struct { unsigned version; CI_PROFILE_FIELDS char name[96]; } nvmlComputeInstanceProfileInfo_v2_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned id, profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
 typedef struct {
     unsigned version;
     unsigned char clusterUuid[16];
@@ -121,6 +203,8 @@ typedef struct {
 #define FABRIC_INFO_V2 (0x02000000u | 36u)
 #define FABRIC_INFO_V3 (0x03000000u | 40u)
 #define MEMORY_V2 (0x02000000u | (unsigned)sizeof(nvmlMemory_v2_t))
+#define GI_PROFILE_V2 (0x02000000u | (unsigned)sizeof(nvmlGpuInstanceProfileInfo_v2_t))
+#define CI_PROFILE_V2 (0x02000000u | (unsigned)sizeof(nvmlComputeInstanceProfileInfo_v2_t))
 #define EVENT_XID 0x8ull
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -166,6 +250,49 @@ static int parse_hex16(const char *s, unsigned char out[16]) {
         if (sscanf(pair, "%2x", &v) != 1) return -1;
         out[i] = (unsigned char)v;
     }
+    return 0;
+}
+
+/* "migprofile ..." (see the file format above) into h->profiles. */
+static int parse_mig_profile(struct hardware *h, const char *value) {
+    unsigned index;
+    char name[32], starts[64];
+    struct mig_profile p;
+    memset(&p, 0, sizeof p);
+    if (sscanf(value, "%u %u %31s %u %u %u %u %u %u %u %u %u %llu %63s", &index, &p.id, name,
+               &p.slices, &p.memslices, &p.instances, &p.sms, &p.ce, &p.dec, &p.enc, &p.jpeg,
+               &p.ofa, &p.mem_mib, starts) != 14)
+        return -1;
+    if (index >= GI_PROFILE_COUNT || h->profiles[index].defined || !p.memslices) return -1;
+    char *save = NULL;
+    for (char *tok = strtok_r(starts, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        unsigned long long n;
+        if (p.nstarts == MAX_STARTS || parse_uint(tok, MAX_STARTS - 1, &n)) return -1;
+        p.starts[p.nstarts++] = (unsigned)n;
+    }
+    copy_text(p.name, sizeof p.name, name);
+    p.defined = 1;
+    h->profiles[index] = p;
+    return 0;
+}
+
+/* "gi <id> <profile index> <start> <ci id> <uuid>": one more MIG device of GPU g. */
+static int parse_gpu_instance(struct hardware *h, struct nvmlDevice_st *g, const char *value) {
+    unsigned id, profile, start, ci;
+    char uuid[TEXT];
+    if (h->nmig == DYNAMIC_BASE) return -1;
+    if (sscanf(value, "%u %u %u %u %95s", &id, &profile, &start, &ci, uuid) != 5) return -1;
+    if (profile >= GI_PROFILE_COUNT || !h->profiles[profile].defined || !g->mig_capable) return -1;
+    unsigned slot = h->nmig++;
+    h->gis[slot] = (struct nvmlGpuInstance_st){1, g->minor, id, profile, start, 0};
+    h->cis[slot] = (struct nvmlComputeInstance_st){1, ci};
+    struct nvmlDevice_st *m = &h->migs[slot];
+    m->defined = m->present = m->is_mig = 1;
+    m->minor = g->minor;
+    m->slot = slot;
+    m->memory = h->profiles[profile].mem_mib << 20;
+    copy_text(m->uuid, sizeof m->uuid, uuid);
+    copy_text(m->name, sizeof m->name, g->name);
     return 0;
 }
 
@@ -221,8 +348,15 @@ static int parse_line(struct hardware *h, char *line, struct nvmlDevice_st **gpu
         h->nxids++;
         return 0;
     }
+    if (!strcmp(key, "migprofile")) return *gpu ? -1 : parse_mig_profile(h, value);
+    if (!strcmp(key, "root")) {
+        if (strlen(value) >= sizeof h->root) return -1;
+        copy_text(h->root, sizeof h->root, value);
+        return 0;
+    }
     struct nvmlDevice_st *g = *gpu;
     if (!g) return -1; /* a GPU line before any "gpu" */
+    if (!strcmp(key, "gi")) return parse_gpu_instance(h, g, value);
     if (!strcmp(key, "uuid")) { copy_text(g->uuid, sizeof g->uuid, value); return 0; }
     if (!strcmp(key, "name")) { copy_text(g->name, sizeof g->name, value); return 0; }
     if (!strcmp(key, "brand")) {
@@ -243,7 +377,11 @@ static int parse_line(struct hardware *h, char *line, struct nvmlDevice_st **gpu
         g->pci_device_id = (unsigned)n;
         return 0;
     }
-    if (!strcmp(key, "mig")) return sscanf(value, "%d %d", &g->mig_capable, &g->mig_enabled) == 2 ? 0 : -1;
+    if (!strcmp(key, "mig")) {
+        int fields = sscanf(value, "%d %d %d", &g->mig_capable, &g->mig_enabled, &g->mig_pending);
+        if (fields == 2) g->mig_pending = g->mig_enabled;
+        return fields >= 2 ? 0 : -1;
+    }
     if (!strcmp(key, "present")) {
         if (parse_uint(value, 1, &n)) return -1;
         g->present = (int)n;
@@ -309,6 +447,21 @@ static nvmlReturn_t device(nvmlDevice_t handle, const char *call) {
     return OK;
 }
 
+static int in_table(const void *handle, const void *base, size_t size, size_t each) {
+    uintptr_t p = (uintptr_t)handle, b = (uintptr_t)base;
+    return handle && p >= b && p < b + size && (p - b) % each == 0;
+}
+
+/* A whole GPU or a MIG device handle; a MIG device answers for its parent's faults. */
+static nvmlReturn_t any_device(nvmlDevice_t handle, const char *call) {
+    if (!refcount) return UNINITIALIZED;
+    if (in_table(handle, hw.migs, sizeof hw.migs, sizeof hw.migs[0])) {
+        if (!handle->defined) return INVALID_ARGUMENT;
+        return device(&hw.gpus[handle->minor], call);
+    }
+    return device(handle, call);
+}
+
 #define LOCKED(expr) do { pthread_mutex_lock(&mu); nvmlReturn_t r_ = (expr); \
     pthread_mutex_unlock(&mu); return r_; } while (0)
 
@@ -351,6 +504,16 @@ static nvmlReturn_t init_locked(void) {
         nvmlReturn_t r = next->init;
         free(next);
         return r;
+    }
+    /* Instances made through NVML stay while their GPU is still in MIG mode. */
+    for (unsigned s = DYNAMIC_BASE; s < MAX_MIG; s++) {
+        const struct nvmlDevice_st *g = &next->gpus[hw.gis[s].parent];
+        if (hw.gis[s].defined && hw.gis[s].created && g->defined && g->present &&
+            g->mig_enabled && next->profiles[hw.gis[s].profile].defined) {
+            next->gis[s] = hw.gis[s];
+            next->cis[s] = hw.cis[s];
+            next->migs[s] = hw.migs[s];
+        }
     }
     /* Copied over the table in place, so that handles stay where they point. */
     memcpy(&hw, next, sizeof hw);
@@ -507,12 +670,22 @@ QUERY(nvmlDeviceGetMinorNumber, "nvmlDeviceGetMinorNumber", unsigned *,
 QUERY(nvmlDeviceGetBrand, "nvmlDeviceGetBrand", int *, { *out = g->brand; return OK; })
 QUERY(nvmlDeviceGetArchitecture, "nvmlDeviceGetArchitecture", unsigned *,
       { *out = g->arch; return OK; })
-QUERY(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", nvmlMemory_t *, {
+/* Like QUERY, for the queries that MIG device handles answer too. */
+#define ANY_QUERY(symbol, call, out_type, body)                                          \
+    static nvmlReturn_t symbol##_locked(nvmlDevice_t g, out_type out) {                  \
+        nvmlReturn_t r = any_device(g, call);                                            \
+        if (r != OK) return r;                                                           \
+        if (!out) return INVALID_ARGUMENT;                                               \
+        body                                                                             \
+    }                                                                                    \
+    EXPORT nvmlReturn_t symbol(nvmlDevice_t g, out_type out) { LOCKED(symbol##_locked(g, out)); }
+
+ANY_QUERY(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", nvmlMemory_t *, {
     out->total = out->free = g->memory;
     out->used = 0;
     return OK;
 })
-QUERY(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo", nvmlMemory_v2_t *, {
+ANY_QUERY(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo", nvmlMemory_v2_t *, {
     if (out->version != MEMORY_V2) return ARGUMENT_VERSION_MISMATCH;
     out->total = out->free = g->memory;
     out->reserved = out->used = 0;
@@ -552,16 +725,19 @@ QUERY(nvmlDeviceGetGpuFabricInfo, "nvmlDeviceGetGpuFabricInfo", nvmlGpuFabricInf
 })
 QUERY(nvmlDeviceGetSupportedEventTypes, "nvmlDeviceGetSupportedEventTypes",
       unsigned long long *, { *out = EVENT_XID; return OK; })
-QUERY(nvmlDeviceIsMigDeviceHandle, "nvmlDeviceIsMigDeviceHandle", unsigned *,
-      { *out = 0; return OK; })
+ANY_QUERY(nvmlDeviceIsMigDeviceHandle, "nvmlDeviceIsMigDeviceHandle", unsigned *,
+          { *out = (unsigned)g->is_mig; return OK; })
 QUERY(nvmlDeviceGetMaxMigDeviceCount, "nvmlDeviceGetMaxMigDeviceCount", unsigned *, {
     if (!g->mig_capable) return NOT_SUPPORTED;
-    *out = 0; /* no MIG devices until the MIG work brings them */
+    *out = 0; /* the most instances any profile allows; 0 without a profile table */
+    for (unsigned p = 0; p < GI_PROFILE_COUNT; p++)
+        if (hw.profiles[p].defined && hw.profiles[p].instances > *out)
+            *out = hw.profiles[p].instances;
     return OK;
 })
 
 static nvmlReturn_t text_locked(nvmlDevice_t g, const char *call, char *out, unsigned size) {
-    nvmlReturn_t r = device(g, call);
+    nvmlReturn_t r = any_device(g, call);
     if (r != OK) return r;
     return put_text(out, size, !strcmp(call, "nvmlDeviceGetUUID") ? g->uuid : g->name);
 }
@@ -589,7 +765,8 @@ static nvmlReturn_t mig_mode_locked(nvmlDevice_t g, unsigned *current, unsigned 
     if (r != OK) return r;
     if (!current || !pending) return INVALID_ARGUMENT;
     if (!g->mig_capable) return NOT_SUPPORTED;
-    *current = *pending = g->mig_enabled ? 1 : 0;
+    *current = g->mig_enabled ? 1 : 0;
+    *pending = g->mig_pending ? 1 : 0;
     return OK;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t g, unsigned *current, unsigned *pending) {
@@ -730,32 +907,479 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
     LOCKED(wait_locked(set, data, timeout_ms));
 }
 
-/* ---- MIG: queries answer "no MIG devices", lifecycle calls are not supported yet -------- */
+/* ---- MIG: the instances the hardware file configures; the plugin never creates them ---- */
 
+/* A MIG-capable GPU of the bus, checked as device() checks it. */
+static nvmlReturn_t mig_gpu(nvmlDevice_t g, const char *call) {
+    nvmlReturn_t r = device(g, call);
+    if (r != OK) return r;
+    return g->mig_capable ? OK : NOT_SUPPORTED;
+}
+
+/* A GPU instance handle, checked: ours, live, its GPU on the bus and without a fault. */
+static nvmlReturn_t gpu_instance(nvmlGpuInstance_t gi, const char *call) {
+    if (!refcount) return UNINITIALIZED;
+    if (!in_table(gi, hw.gis, sizeof hw.gis, sizeof hw.gis[0]) || !gi->defined)
+        return INVALID_ARGUMENT;
+    return device(&hw.gpus[gi->parent], call);
+}
+
+static unsigned slot_of_gi(nvmlGpuInstance_t gi) { return (unsigned)(gi - hw.gis); }
+
+static nvmlReturn_t compute_instance(nvmlComputeInstance_t ci, const char *call) {
+    if (!refcount) return UNINITIALIZED;
+    if (!in_table(ci, hw.cis, sizeof hw.cis, sizeof hw.cis[0]) || !ci->defined)
+        return INVALID_ARGUMENT;
+    return device(&hw.gpus[hw.gis[ci - hw.cis].parent], call);
+}
+
+/* The GI profile at `index`: INVALID_ARGUMENT past the table's end (how callers find it),
+ * NOT_SUPPORTED for a profile this GPU does not have. */
+static nvmlReturn_t profile_at(unsigned index, struct mig_profile **out) {
+    if (index >= GI_PROFILE_COUNT) return INVALID_ARGUMENT;
+    if (!hw.profiles[index].defined) return NOT_SUPPORTED;
+    *out = &hw.profiles[index];
+    return OK;
+}
+
+/* The GI profile whose unique id is `id`. */
+static nvmlReturn_t profile_by_id(unsigned id, unsigned *index) {
+    for (unsigned p = 0; p < GI_PROFILE_COUNT; p++)
+        if (hw.profiles[p].defined && hw.profiles[p].id == id) {
+            *index = p;
+            return OK;
+        }
+    return INVALID_ARGUMENT;
+}
+
+static void fill_gi_profile(nvmlGpuInstanceProfileInfo_t *o, const struct mig_profile *p) {
+    memset(o, 0, sizeof *o);
+    o->id = p->id;
+    o->isP2pSupported = 0;
+    o->sliceCount = p->slices;
+    o->instanceCount = p->instances;
+    o->multiprocessorCount = p->sms;
+    o->copyEngineCount = p->ce;
+    o->decoderCount = p->dec;
+    o->encoderCount = p->enc;
+    o->jpegCount = p->jpeg;
+    o->ofaCount = p->ofa;
+    o->memorySizeMB = p->mem_mib;
+}
+
+static nvmlReturn_t gi_profile_locked(nvmlDevice_t g, unsigned index, void *out, int v2) {
+    struct mig_profile *p;
+    nvmlGpuInstanceProfileInfo_t info;
+    nvmlReturn_t r = mig_gpu(g, v2 ? "nvmlDeviceGetGpuInstanceProfileInfoV"
+                                   : "nvmlDeviceGetGpuInstanceProfileInfo");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if ((r = profile_at(index, &p)) != OK) return r;
+    fill_gi_profile(&info, p);
+    if (!v2) {
+        memcpy(out, &info, sizeof info);
+        return OK;
+    }
+    nvmlGpuInstanceProfileInfo_v2_t *o = out;
+    if (o->version != GI_PROFILE_V2) return ARGUMENT_VERSION_MISMATCH;
+    memcpy(&o->id, &info.id, offsetof(nvmlGpuInstanceProfileInfo_t, memorySizeMB));
+    o->memorySizeMB = info.memorySizeMB;
+    memset(o->name, 0, sizeof o->name);
+    snprintf(o->name, sizeof o->name, "MIG %s", p->name);
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t g, unsigned p, void *info) {
+    LOCKED(gi_profile_locked(g, p, info, 0));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t g, unsigned p, void *info) {
+    LOCKED(gi_profile_locked(g, p, info, 1));
+}
+
+/* placements NULL: *count is set to how many there are; else *count is the array's size. */
+static nvmlReturn_t placements_locked(nvmlDevice_t g, unsigned id,
+                                      nvmlGpuInstancePlacement_t *out, unsigned *count) {
+    unsigned index;
+    nvmlReturn_t r = mig_gpu(g, "nvmlDeviceGetGpuInstancePossiblePlacements_v2");
+    if (r != OK) return r;
+    if (!count) return INVALID_ARGUMENT;
+    if ((r = profile_by_id(id, &index)) != OK) return r;
+    const struct mig_profile *p = &hw.profiles[index];
+    if (!out) {
+        *count = p->nstarts;
+        return OK;
+    }
+    if (*count < p->nstarts) {
+        *count = p->nstarts;
+        return INSUFFICIENT_SIZE;
+    }
+    for (unsigned i = 0; i < p->nstarts; i++) {
+        out[i].start = p->starts[i];
+        out[i].size = p->memslices;
+    }
+    *count = p->nstarts;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    nvmlDevice_t g, unsigned id, nvmlGpuInstancePlacement_t *out, unsigned *count) {
+    LOCKED(placements_locked(g, id, out, count));
+}
+
+/* The caller's array holds the profile's instanceCount entries, as NVML documents. */
+static nvmlReturn_t gpu_instances_locked(nvmlDevice_t g, unsigned id, nvmlGpuInstance_t *out,
+                                         unsigned *count) {
+    unsigned index;
+    nvmlReturn_t r = mig_gpu(g, "nvmlDeviceGetGpuInstances");
+    if (r != OK) return r;
+    if (!out || !count) return INVALID_ARGUMENT;
+    if ((r = profile_by_id(id, &index)) != OK) return r;
+    if (!g->mig_enabled) return INVALID_ARGUMENT; /* NVML: "MIG mode is not enabled" */
+    unsigned n = 0;
+    for (unsigned s = 0; s < MAX_MIG && n < hw.profiles[index].instances; s++)
+        if (hw.gis[s].defined && hw.gis[s].parent == g->minor && hw.gis[s].profile == index)
+            out[n++] = &hw.gis[s];
+    *count = n;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t g, unsigned id, nvmlGpuInstance_t *out,
+                                              unsigned *count) {
+    LOCKED(gpu_instances_locked(g, id, out, count));
+}
+
+static nvmlReturn_t gpu_instance_by_id_locked(nvmlDevice_t g, unsigned id, nvmlGpuInstance_t *out) {
+    nvmlReturn_t r = mig_gpu(g, "nvmlDeviceGetGpuInstanceById");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if (!g->mig_enabled) return INVALID_ARGUMENT;
+    for (unsigned s = 0; s < MAX_MIG; s++)
+        if (hw.gis[s].defined && hw.gis[s].parent == g->minor && hw.gis[s].id == id) {
+            *out = &hw.gis[s];
+            return OK;
+        }
+    return NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t g, unsigned id, nvmlGpuInstance_t *out) {
+    LOCKED(gpu_instance_by_id_locked(g, id, out));
+}
+
+static nvmlReturn_t gi_info_locked(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *out) {
+    nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceGetInfo");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    const struct mig_profile *p = &hw.profiles[gi->profile];
+    memset(out, 0, sizeof *out);
+    out->device = &hw.gpus[gi->parent];
+    out->id = gi->id;
+    out->profileId = p->id;
+    out->placement.start = gi->start;
+    out->placement.size = p->memslices;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *out) {
+    LOCKED(gi_info_locked(gi, out));
+}
+
+/* Compute slices per CI profile index; 0: a profile the simulator does not offer. */
+static const unsigned ci_slices[CI_PROFILE_COUNT] = {1, 2, 3, 4, 7, 8, 6, 0, 0};
+
+/* The simulator offers one CI profile per GI: the one spanning all its compute slices. */
+static int ci_profile_fits(nvmlGpuInstance_t gi, unsigned ci_profile) {
+    return ci_slices[ci_profile] && ci_slices[ci_profile] == hw.profiles[gi->profile].slices;
+}
+
+static nvmlReturn_t ci_profile_locked(nvmlGpuInstance_t gi, unsigned ci_profile, unsigned engine,
+                                      void *out, int v2) {
+    nvmlReturn_t r = gpu_instance(gi, v2 ? "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
+                                         : "nvmlGpuInstanceGetComputeInstanceProfileInfo");
+    if (r != OK) return r;
+    if (!out || ci_profile >= CI_PROFILE_COUNT || engine != 0) return INVALID_ARGUMENT;
+    if (!ci_profile_fits(gi, ci_profile)) return NOT_SUPPORTED;
+    const struct mig_profile *p = &hw.profiles[gi->profile];
+    nvmlComputeInstanceProfileInfo_t info = {
+        .id = ci_profile, .sliceCount = p->slices, .instanceCount = 1,
+        .multiprocessorCount = p->sms, .sharedCopyEngineCount = p->ce,
+        .sharedDecoderCount = p->dec, .sharedEncoderCount = p->enc,
+        .sharedJpegCount = p->jpeg, .sharedOfaCount = p->ofa,
+    };
+    if (!v2) {
+        memcpy(out, &info, sizeof info);
+        return OK;
+    }
+    nvmlComputeInstanceProfileInfo_v2_t *o = out;
+    if (o->version != CI_PROFILE_V2) return ARGUMENT_VERSION_MISMATCH;
+    memcpy(&o->id, &info, sizeof info);
+    memset(o->name, 0, sizeof o->name);
+    snprintf(o->name, sizeof o->name, "MIG %s", p->name);
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gi, unsigned p,
+                                                                 unsigned e, void *info) {
+    LOCKED(ci_profile_locked(gi, p, e, info, 0));
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gi, unsigned p,
+                                                                  unsigned e, void *info) {
+    LOCKED(ci_profile_locked(gi, p, e, info, 1));
+}
+
+static nvmlReturn_t compute_instances_locked(nvmlGpuInstance_t gi, unsigned ci_profile,
+                                             nvmlComputeInstance_t *out, unsigned *count) {
+    nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceGetComputeInstances");
+    if (r != OK) return r;
+    if (!out || !count || ci_profile >= CI_PROFILE_COUNT) return INVALID_ARGUMENT;
+    unsigned slot = slot_of_gi(gi), n = 0;
+    if (ci_profile_fits(gi, ci_profile) && hw.cis[slot].defined) out[n++] = &hw.cis[slot];
+    *count = n;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gi, unsigned p,
+                                                       nvmlComputeInstance_t *out, unsigned *count) {
+    LOCKED(compute_instances_locked(gi, p, out, count));
+}
+
+static nvmlReturn_t compute_instance_by_id_locked(nvmlGpuInstance_t gi, unsigned id,
+                                                  nvmlComputeInstance_t *out) {
+    nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceGetComputeInstanceById");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    unsigned slot = slot_of_gi(gi);
+    if (!hw.cis[slot].defined || hw.cis[slot].id != id) return NOT_FOUND;
+    *out = &hw.cis[slot];
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gi, unsigned id,
+                                                          nvmlComputeInstance_t *out) {
+    LOCKED(compute_instance_by_id_locked(gi, id, out));
+}
+
+/* device is the MIG device handle, as NVIDIA's own DRA driver relies on. */
+static nvmlReturn_t ci_info_locked(nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_t *out) {
+    nvmlReturn_t r = compute_instance(ci, "nvmlComputeInstanceGetInfo_v2");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    unsigned slot = (unsigned)(ci - hw.cis);
+    const struct mig_profile *p = &hw.profiles[hw.gis[slot].profile];
+    memset(out, 0, sizeof *out);
+    out->device = &hw.migs[slot];
+    out->gpuInstance = &hw.gis[slot];
+    out->id = ci->id;
+    for (unsigned c = 0; c < CI_PROFILE_COUNT; c++)
+        if (ci_profile_fits(&hw.gis[slot], c)) out->profileId = c;
+    out->placement.start = 0;
+    out->placement.size = p->slices;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t ci,
+                                                  nvmlComputeInstanceInfo_t *out) {
+    LOCKED(ci_info_locked(ci, out));
+}
+
+/* The MIG devices of GPU g in slot order; NOT_FOUND past the last. */
+static nvmlReturn_t mig_by_index_locked(nvmlDevice_t g, unsigned index, nvmlDevice_t *out) {
+    nvmlReturn_t r = mig_gpu(g, "nvmlDeviceGetMigDeviceHandleByIndex");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if (!g->mig_enabled) return INVALID_ARGUMENT;
+    unsigned n = 0;
+    for (unsigned s = 0; s < MAX_MIG; s++)
+        if (hw.migs[s].defined && hw.migs[s].minor == g->minor && n++ == index) {
+            *out = &hw.migs[s];
+            return OK;
+        }
+    return NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t g, unsigned i,
+                                                        nvmlDevice_t *out) {
+    LOCKED(mig_by_index_locked(g, i, out));
+}
+
+static nvmlReturn_t parent_locked(nvmlDevice_t mig, nvmlDevice_t *out) {
+    nvmlReturn_t r = any_device(mig, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
+    if (r != OK) return r;
+    if (!out || !mig->is_mig) return INVALID_ARGUMENT;
+    *out = &hw.gpus[mig->minor];
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,
+                                                                 nvmlDevice_t *out) {
+    LOCKED(parent_locked(mig, out));
+}
+
+static nvmlReturn_t instance_id_locked(nvmlDevice_t mig, unsigned *out, int compute) {
+    nvmlReturn_t r = any_device(mig, compute ? "nvmlDeviceGetComputeInstanceId"
+                                             : "nvmlDeviceGetGpuInstanceId");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if (!mig->is_mig) return NOT_SUPPORTED;
+    *out = compute ? hw.cis[mig->slot].id : hw.gis[mig->slot].id;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t mig, unsigned *out) {
+    LOCKED(instance_id_locked(mig, out, 0));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t mig, unsigned *out) {
+    LOCKED(instance_id_locked(mig, out, 1));
+}
+
+
+/* ---- MIG at run time: create and destroy, as the driver checks them --------------------- */
+
+static unsigned cap_minor(unsigned gpu, unsigned gi, int ci) {
+    unsigned base = 3 + gpu * GI_SLOTS * (1 + CI_SLOTS) + gi * (1 + CI_SLOTS);
+    return ci < 0 ? base : base + 1 + (unsigned)ci;
+}
+
+static void make_dirs(char *path) {
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0755) && errno != EEXIST) { *p = '/'; return; }
+        *p = '/';
+    }
+    mkdir(path, 0755);
+}
+
+/* The access file of a GI (ci < 0) or CI, and its /dev/nvidia-caps node, under the root. */
+static void write_access(unsigned gpu, unsigned gi, int ci) {
+    char dir[600], file[640];
+    if (!hw.root[0]) return;
+    if (ci < 0)
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u", hw.root, gpu, gi);
+    else
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u/ci%d", hw.root,
+                 gpu, gi, ci);
+    make_dirs(dir);
+    snprintf(file, sizeof file, "%s/access", dir);
+    FILE *f = fopen(file, "w");
+    if (f) {
+        fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+                cap_minor(gpu, gi, ci));
+        fclose(f);
+    }
+    snprintf(dir, sizeof dir, "%s/dev/nvidia-caps", hw.root);
+    make_dirs(dir);
+    snprintf(file, sizeof file, "%s/nvidia-cap%u", dir, cap_minor(gpu, gi, ci));
+    if ((f = fopen(file, "a"))) fclose(f);
+}
+
+static void remove_access(unsigned gpu, unsigned gi, int ci) {
+    char dir[600], file[640];
+    if (!hw.root[0]) return;
+    if (ci < 0)
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u", hw.root, gpu, gi);
+    else
+        snprintf(dir, sizeof dir, "%s/proc/driver/nvidia/capabilities/gpu%u/mig/gi%u/ci%d", hw.root,
+                 gpu, gi, ci);
+    snprintf(file, sizeof file, "%s/access", dir);
+    unlink(file);
+    rmdir(dir);
+}
+
+static nvmlReturn_t create_gi_locked(nvmlDevice_t g, unsigned id,
+                                     const nvmlGpuInstancePlacement_t *placement,
+                                     nvmlGpuInstance_t *out) {
+    unsigned index, count = 0, compute = 0;
+    nvmlReturn_t r = mig_gpu(g, "nvmlDeviceCreateGpuInstanceWithPlacement");
+    if (r != OK) return r;
+    if (!placement || !out) return INVALID_ARGUMENT;
+    if (!g->mig_enabled) return NOT_SUPPORTED;
+    if ((r = profile_by_id(id, &index)) != OK) return r;
+    const struct mig_profile *p = &hw.profiles[index];
+    int valid = 0; /* a placement the profile lists, of its size */
+    for (unsigned i = 0; i < p->nstarts; i++) valid |= p->starts[i] == placement->start;
+    if (!valid || placement->size != p->memslices) return INVALID_ARGUMENT;
+    int used_ids[GI_SLOTS + 1] = {0};
+    for (unsigned s = 0; s < MAX_MIG; s++) {
+        const struct nvmlGpuInstance_st *o = &hw.gis[s];
+        if (!o->defined || o->parent != g->minor) continue;
+        const struct mig_profile *q = &hw.profiles[o->profile];
+        if (placement->start < o->start + q->memslices && o->start < placement->start + p->memslices)
+            return INSUFFICIENT_RESOURCES; /* an occupied memory slice */
+        if (o->profile == index) count++;
+        compute += q->slices;
+        if (o->id <= GI_SLOTS) used_ids[o->id] = 1;
+    }
+    if (count >= p->instances || compute + p->slices > 7) return INSUFFICIENT_RESOURCES;
+    unsigned gi_id = 1;
+    while (gi_id <= GI_SLOTS && used_ids[gi_id]) gi_id++;
+    unsigned slot = DYNAMIC_BASE;
+    while (slot < MAX_MIG && hw.gis[slot].defined) slot++;
+    if (gi_id > GI_SLOTS || slot == MAX_MIG) return INSUFFICIENT_RESOURCES;
+    hw.gis[slot] = (struct nvmlGpuInstance_st){1, g->minor, gi_id, index, placement->start, 1};
+    hw.cis[slot].defined = 0;
+    hw.migs[slot].defined = 0;
+    write_access(g->minor, gi_id, -1);
+    *out = &hw.gis[slot];
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
+    nvmlDevice_t g, unsigned id, const nvmlGpuInstancePlacement_t *placement,
+    nvmlGpuInstance_t *out) {
+    LOCKED(create_gi_locked(g, id, placement, out));
+}
+
+static unsigned uuid_serial;
+
+static nvmlReturn_t create_ci_locked(nvmlGpuInstance_t gi, unsigned ci_profile,
+                                     nvmlComputeInstance_t *out) {
+    nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceCreateComputeInstance");
+    if (r != OK) return r;
+    if (!out || ci_profile >= CI_PROFILE_COUNT) return INVALID_ARGUMENT;
+    if (!ci_profile_fits(gi, ci_profile)) return NOT_SUPPORTED;
+    unsigned slot = slot_of_gi(gi);
+    if (hw.cis[slot].defined) return INSUFFICIENT_RESOURCES; /* one full CI per GI */
+    hw.cis[slot] = (struct nvmlComputeInstance_st){1, 0};
+    struct nvmlDevice_st *m = &hw.migs[slot];
+    const struct nvmlDevice_st *parent = &hw.gpus[gi->parent];
+    memset(m, 0, sizeof *m);
+    m->defined = m->present = m->is_mig = 1;
+    m->minor = gi->parent;
+    m->slot = slot;
+    m->memory = hw.profiles[gi->profile].mem_mib << 20;
+    /* A new UUID for every instance made, as the driver gives. */
+    unsigned long long h = 1469598103934665603ull;
+    for (const char *c = parent->uuid; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ gi->id) * 1099511628211ull;
+    h = (h ^ ++uuid_serial) * 1099511628211ull;
+    snprintf(m->uuid, sizeof m->uuid, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", h >> 32,
+             (h >> 16) & 0xffff, h & 0xffff, (h >> 48) ^ uuid_serial, (h * 31) & 0xffffffffffffull);
+    memcpy(m->name, parent->name, sizeof m->name);
+    write_access(gi->parent, gi->id, 0);
+    *out = &hw.cis[slot];
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned p,
+                                                         nvmlComputeInstance_t *out) {
+    LOCKED(create_ci_locked(gi, p, out));
+}
+
+static nvmlReturn_t destroy_ci_locked(nvmlComputeInstance_t ci) {
+    nvmlReturn_t r = compute_instance(ci, "nvmlComputeInstanceDestroy");
+    if (r != OK) return r;
+    unsigned slot = (unsigned)(ci - hw.cis);
+    remove_access(hw.gis[slot].parent, hw.gis[slot].id, (int)ci->id);
+    ci->defined = 0;
+    hw.migs[slot].defined = 0;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
+    LOCKED(destroy_ci_locked(ci));
+}
+
+static nvmlReturn_t destroy_gi_locked(nvmlGpuInstance_t gi) {
+    nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceDestroy");
+    if (r != OK) return r;
+    if (hw.cis[slot_of_gi(gi)].defined) return IN_USE; /* its compute instance goes first */
+    remove_access(gi->parent, gi->id, -1);
+    gi->defined = 0;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { LOCKED(destroy_gi_locked(gi)); }
+
+/* MIG mode is never changed by the plugin; creating without a placement is not simulated. */
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 #define NOT_YET(symbol, ...) \
     EXPORT nvmlReturn_t symbol(__VA_ARGS__) { return NOT_SUPPORTED; }
 
 NOT_YET(nvmlDeviceSetMigMode, nvmlDevice_t g, unsigned mode, nvmlReturn_t *status)
-NOT_YET(nvmlDeviceGetMigDeviceHandleByIndex, nvmlDevice_t g, unsigned i, nvmlDevice_t *out)
-NOT_YET(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, nvmlDevice_t g, nvmlDevice_t *out)
-NOT_YET(nvmlDeviceGetGpuInstanceProfileInfo, nvmlDevice_t g, unsigned p, void *info)
-NOT_YET(nvmlDeviceGetGpuInstanceProfileInfoV, nvmlDevice_t g, unsigned p, void *info)
-NOT_YET(nvmlDeviceGetGpuInstancePossiblePlacements_v2, nvmlDevice_t g, unsigned p, void *pl,
-        unsigned *n)
 NOT_YET(nvmlDeviceGetGpuInstanceRemainingCapacity, nvmlDevice_t g, unsigned p, unsigned *n)
 NOT_YET(nvmlDeviceCreateGpuInstance, nvmlDevice_t g, unsigned p, void **gi)
-NOT_YET(nvmlDeviceCreateGpuInstanceWithPlacement, nvmlDevice_t g, unsigned p, const void *pl,
-        void **gi)
-NOT_YET(nvmlDeviceGetGpuInstances, nvmlDevice_t g, unsigned p, void **gis, unsigned *n)
-NOT_YET(nvmlDeviceGetGpuInstanceById, nvmlDevice_t g, unsigned id, void **gi)
-NOT_YET(nvmlGpuInstanceGetInfo, void *gi, void *info)
-NOT_YET(nvmlGpuInstanceDestroy, void *gi)
-NOT_YET(nvmlGpuInstanceGetComputeInstanceProfileInfo, void *gi, unsigned p, unsigned e, void *i)
-NOT_YET(nvmlGpuInstanceGetComputeInstanceProfileInfoV, void *gi, unsigned p, unsigned e, void *i)
 NOT_YET(nvmlGpuInstanceGetComputeInstanceRemainingCapacity, void *gi, unsigned p, unsigned *n)
-NOT_YET(nvmlGpuInstanceCreateComputeInstance, void *gi, unsigned p, void **ci)
-NOT_YET(nvmlGpuInstanceGetComputeInstances, void *gi, unsigned p, void **cis, unsigned *n)
-NOT_YET(nvmlGpuInstanceGetComputeInstanceById, void *gi, unsigned id, void **ci)
-NOT_YET(nvmlComputeInstanceGetInfo_v2, void *ci, void *info)
-NOT_YET(nvmlComputeInstanceDestroy, void *ci)

@@ -6,6 +6,11 @@ counts when its ``nodeName`` is that node, it has ``allNodes``, or its
 ``nodeSelector`` matches; per pool only the slices of the highest generation
 count; a pool with fewer slices than ``resourceSliceCount`` is incomplete and a
 pool with a duplicate device name is invalid. Both are skipped by allocation.
+
+Partitionable devices (KEP-4815): a pool's ``sharedCounters`` are gathered from all its
+slices (in the device slices on 1.34, in counter-only slices from 1.35), and a device's
+``consumesCounters`` must name counters the pool has; a pool that repeats a counter set or
+lacks one a device consumes is invalid.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.errors import PermanentError
+from driver.quantity import Quantity
 from driver.tools.allocation.capacity import CapacityProblem, DeviceCapacity, device_capacities
 from driver.tools.cel import CelDevice
 
@@ -20,6 +26,8 @@ from driver.tools.cel import CelDevice
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 # An attribute value as ("string"|"int"|"bool"|"version", value).
 AttributeValue = tuple[str, Any]
+# Counter amounts by (counter set, counter).
+Counters = dict[tuple[str, str], Quantity]
 
 _VALUE_KINDS = ("string", "int", "bool", "version")
 
@@ -38,6 +46,7 @@ class Device:
     node_selector: Mapping[str, Any] | None = None
     _cel: CelDevice | None = field(default=None, repr=False)
     _capacities: dict[str, DeviceCapacity] | None = field(default=None, repr=False)
+    _consumes: Counters | None = field(default=None, repr=False)
 
     @property
     def key(self) -> DeviceKey:
@@ -62,6 +71,18 @@ class Device:
     def taints(self) -> Sequence[Mapping[str, Any]]:
         taints: Sequence[Mapping[str, Any]] = self.data.get("taints") or ()
         return taints
+
+    def consumes(self) -> Counters:
+        """What this device takes of its pool's shared counters, by (set, counter)."""
+        if self._consumes is not None:
+            return self._consumes
+        out: Counters = {}
+        for entry in self.data.get("consumesCounters") or ():
+            for counter, amount in (entry.get("counters") or {}).items():
+                key = (str(entry.get("counterSet", "")), str(counter))
+                out[key] = out.get(key, Quantity.parse("0")) + Quantity.parse(str(amount["value"]))
+        self._consumes = out
+        return out
 
     def cel(self) -> CelDevice:
         """The CEL view of this device, built once on first use."""
@@ -103,6 +124,7 @@ class _Slice:
     node_selector: Mapping[str, Any] | None
     per_device: bool
     devices: list[Device]
+    counter_sets: list[Mapping[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -115,6 +137,7 @@ class Pool:
     expected_slices: int
     slices: list[_Slice]
     invalid: str | None = None  # why the pool is invalid, e.g. a duplicate device name
+    counters: Counters = field(default_factory=dict)  # the shared counters' totals
 
     @property
     def incomplete(self) -> bool:
@@ -224,6 +247,7 @@ class Cluster:
             node_selector=selector,
             per_device=per_device,
             devices=[],
+            counter_sets=list(spec.get("sharedCounters") or ()),
         )
         for raw in spec.get("devices") or ():
             device = Device(
@@ -274,7 +298,28 @@ class Cluster:
                     if d.name in seen:
                         pool.invalid = f"duplicate device name {d.name}"
                     seen.add(d.name)
+            _gather_counters(pool)
         return result
+
+
+def _gather_counters(pool: Pool) -> None:
+    sets: set[str] = set()
+    for s in pool.slices:
+        for counter_set in s.counter_sets:
+            name = str(counter_set.get("name", ""))
+            if name in sets:
+                pool.invalid = pool.invalid or f"duplicate counter set {name}"
+            sets.add(name)
+            for counter, amount in (counter_set.get("counters") or {}).items():
+                pool.counters[(name, str(counter))] = Quantity.parse(str(amount["value"]))
+    for s in pool.slices:
+        for d in s.devices:
+            for key in d.consumes():
+                if key not in pool.counters:
+                    pool.invalid = pool.invalid or (
+                        f"device {d.name} consumes counter {key[1]} of counter set {key[0]}, "
+                        "which the pool does not have"
+                    )
 
 
 def node_selector_matches(

@@ -78,6 +78,28 @@ def failure_reasons(search: NodeSearch, problem: str | None) -> list[str]:
     return reasons
 
 
+def _counter_reason(search: NodeSearch, prefix: str, blocked: list[Device]) -> str:
+    """Which shared counters the first blocked device lacks, and who consumes them."""
+    device = blocked[0]
+    left = search.counters_left[(device.driver, device.pool)]
+    consumes = device.consumes()
+    short = sorted(k for k, amount in left.items() if amount < consumes.get(k, amount - amount))
+    holders = [
+        f"{device_label(d, search.node)} (claim {search.in_use[d.key]})"
+        for pool in search.pools
+        if (pool.driver, pool.name) == (device.driver, device.pool)
+        for d in pool.evaluated()
+        if d.key in search.in_use and any(k in d.consumes() for k in short)
+    ]
+    counters = _names(f"{name} of {counter_set}" for counter_set, name in short)
+    labels = _names(device_label(d, search.node) for d in blocked)
+    return (
+        f"{prefix}: {_plural(len(blocked), 'device')} without the shared counters they "
+        f"consume [{labels}]: {device_label(device, search.node)} needs {counters}, held by "
+        f"{_names(holders) or 'no other claim (more than the pool has)'}"
+    )
+
+
 def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], bool]:
     """Lines about one request or subrequest, and whether it cannot be met on its own."""
     prefix = f"request {request.name}"
@@ -86,6 +108,7 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
     first: dict[tuple[str, bool | str], Rejection] = {}
     taken: list[Device] = []
     tainted: list[str] = []
+    short_counters: list[Device] = []
     lacking: dict[int, list[Device]] = defaultdict(list)
     short_of: list[str] = []
     matching: list[Device] = []
@@ -108,6 +131,9 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
         taint = request.blocking_taint(device)
         if taint is not None:
             tainted.append(f"{label} ({_taint(taint)})")
+            continue
+        if not request.all_mode and not search.counters_fit(device):
+            short_counters.append(device)
             continue
         missing = [c for c in covering if device.attribute(c.attribute) is None]
         if missing and not request.all_mode:
@@ -146,6 +172,8 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
             lines.append(
                 f"{prefix}: ... and {len(short_of) - _LISTED} more devices without the capacity"
             )
+    if short_counters:
+        lines.append(_counter_reason(search, prefix, short_counters))
     for constraint in covering:
         missing_devices = lacking.get(constraint.position)
         if missing_devices:

@@ -6,7 +6,9 @@ structured/internal/stable/allocator_stable.go, ``allocateOne`` and
 order, devices in pool/slice order; a device is skipped when already taken (by
 another claim unless admin access, or by this claim), when a selector is false,
 when it has a NoSchedule/NoExecute taint no toleration matches, or when adding
-it breaks a constraint; the first complete solution wins. Devices of a slice with
+it breaks a constraint, or when the counters it consumes (KEP-4815 partitionable
+devices) are not left in its pool after what other claims' devices and this claim's
+earlier picks consume; the first complete solution wins. Devices of a slice with
 per-device node selection that sit on another node are skipped only after the
 selectors ran on them (incubating allocator, ``isSelectable``). A CEL runtime error
 on a device the search reaches stops allocation on the node, as Allocate
@@ -37,10 +39,11 @@ from driver.tools.allocation.claims import (
     Request,
     RequestGroup,
 )
-from driver.tools.allocation.pools import Cluster, Device, DeviceKey, Pool
+from driver.tools.allocation.pools import Cluster, Counters, Device, DeviceKey, Pool
 from driver.tools.allocation.selectors import Selectors
 
 DEFAULT_BUDGET = 100_000
+_ZERO = Quantity.parse("0")
 
 
 class SearchAborted(Exception):
@@ -119,6 +122,40 @@ class NodeSearch:
         self._feasible: dict[int, bool] = {}
         self._all: dict[int, list[Device]] = {}
         self._covering: dict[int, list[Constraint]] = {}
+        # Counters left per pool once other claims' devices took theirs.
+        self.counters_left: dict[tuple[str, str], Counters] = {}
+        for pool in self.pools:
+            if not pool.counters:
+                continue
+            left = dict(pool.counters)
+            for device in pool.evaluated():
+                if device.key in in_use:
+                    for key, amount in device.consumes().items():
+                        if key in left:
+                            left[key] = left[key] - amount
+            self.counters_left[(pool.driver, pool.name)] = left
+
+    def counters_fit(self, device: Device) -> bool:
+        """Whether its pool's counters stay non-negative with ``device`` added.
+
+        As the scheduler checks it: every counter of the pool, not only the device's, so a
+        pool that other claims over-consume (a negative counter) gives no more devices that
+        consume counters. A device that consumes none is not checked.
+        """
+        consumes = device.consumes()
+        left = self.counters_left.get((device.driver, device.pool))
+        if not consumes or left is None:
+            return True
+        zero = _ZERO
+        return all(not (amount < consumes.get(key, zero)) for key, amount in left.items())
+
+    def _take_counters(self, device: Device, sign: int) -> None:
+        left = self.counters_left.get((device.driver, device.pool))
+        if left is None:
+            return
+        for key, amount in device.consumes().items():
+            if key in left:  # a counter the pool lacks is not counted, as upstream
+                left[key] = left[key] - amount if sign > 0 else left[key] + amount
 
     def capacity_shortfall(
         self, request: Request, device: Device, *, allocating: bool = False
@@ -230,11 +267,18 @@ class NodeSearch:
         Raises SearchAborted or BudgetExceeded.
         """
         try:
-            # The scheduler works out every "All" request before searching.
+            # The scheduler works out every "All" request before searching, and counts
+            # the devices the claim needs at least with them.
+            minimum = 0
             for group in self.claim.groups:
-                for request in group.alternatives:
-                    if request.all_mode:
-                        self.all_devices(request)
+                minimum += min(
+                    len(self.all_devices(r)) if r.all_mode else r.count for r in group.alternatives
+                )
+            if minimum > MAX_RESULTS:
+                raise SearchAborted(
+                    f"number of requested devices {minimum} exceeds the claim limit of "
+                    f"{MAX_RESULTS}"
+                )
             return self._group(0)
         finally:
             for constraint in self.claim.constraints:
@@ -297,6 +341,7 @@ class NodeSearch:
                 device.index in self._allocating
                 or (not request.admin and device.key in self.in_use)
                 or request.blocking_taint(device) is not None
+                or not self.counters_fit(device)
             ):
                 complete = False  # the order does not matter: one missing device ends it
                 break
@@ -320,6 +365,8 @@ class NodeSearch:
     def _push(self, request: Request, device: Device) -> str | None:
         """Take ``device`` for ``request``; None, or what refused it: "constraint" or
         "capacity" (checked in the scheduler's order, constraints first)."""
+        if not self.counters_fit(device):
+            return "counters"
         added: list[Constraint] = []
         for constraint in self.covering(request):
             if not constraint.add(device.attribute(constraint.attribute)):
@@ -337,6 +384,7 @@ class NodeSearch:
             self._held.setdefault(device.index, Use()).add(share)
         else:
             self._allocating.add(device.index)
+        self._take_counters(device, +1)
         self.results.append((request, device))
         self.shares.append(share)
         return None
@@ -349,4 +397,5 @@ class NodeSearch:
             self._held[device.index].subtract(share)
         else:
             self._allocating.discard(device.index)
+        self._take_counters(device, -1)
         self.results.pop()

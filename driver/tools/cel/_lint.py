@@ -66,8 +66,13 @@ def suggest(name: str, known: list[str] | set[str] | frozenset[str]) -> str | No
     if close:
         return close[0]
     # An abbreviation: mem for memory, cuda for cudaDriverVersion is too vague (two match).
-    longer = [k for k in known if len(name) >= 3 and k.lower().startswith(name.lower())]
-    return longer[0] if len(longer) == 1 else None
+    # Names that extend another match (memorySlice0 extends memory) do not make it vague.
+    longer = sorted(
+        (k for k in known if len(name) >= 3 and k.lower().startswith(name.lower())), key=len
+    )
+    if longer and all(k.lower().startswith(longer[0].lower()) for k in longer):
+        return longer[0]
+    return None
 
 
 def _did_you_mean(name: str | None) -> str:
