@@ -43,6 +43,11 @@ HEALTH_TIMEOUT = 30.0
 HEALTH_REDIAL = 5.0
 _HEALTH_NAMES = {health_v1.UNKNOWN: "Unknown", health_v1.HEALTHY: "Healthy"}
 
+# Every dial its own connection, as the kubelet's Go client makes one per plugin: gRPC
+# Python shares subchannels process-wide, so a new channel to a restarted plugin's socket
+# would otherwise inherit the backoff of the dead instance's connection and fail at once.
+_OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
+
 log = logging.getLogger(__name__)
 
 
@@ -106,7 +111,9 @@ class KubeletSim:
         ``known_versions`` narrows what this kubelet speaks, e.g. to an older kubelet's;
         ``rpc_timeout`` is the deadline of every call (the kubelet's is 45 s).
         """
-        async with grpc.aio.insecure_channel(f"unix://{registration_socket}") as channel:
+        async with grpc.aio.insecure_channel(
+            f"unix://{registration_socket}", options=_OWN_CONNECTION
+        ) as channel:
             stub = reg_grpc.RegistrationStub(channel)
             info = await stub.GetInfo(reg_pb.InfoRequest(), timeout=rpc_timeout)
             problem = reject_reason if not accept else _check_info(info)
@@ -122,7 +129,7 @@ class KubeletSim:
             )
         if problem:
             raise PermanentError(f"registration of {info.name!r} failed: {problem}")
-        channel = grpc.aio.insecure_channel(f"unix://{info.endpoint}")
+        channel = grpc.aio.insecure_channel(f"unix://{info.endpoint}", options=_OWN_CONNECTION)
         return cls(Registration(info=info, version=version), channel, rpc_timeout)
 
     async def close(self) -> None:
@@ -200,7 +207,9 @@ class HealthWatch:
         while True:
             self.dials += 1
             try:
-                async with grpc.aio.insecure_channel(f"unix://{self._endpoint}") as channel:
+                async with grpc.aio.insecure_channel(
+                    f"unix://{self._endpoint}", options=_OWN_CONNECTION
+                ) as channel:
                     async for message in self._stream(channel):
                         self._record(message)
             except grpc.aio.AioRpcError as exc:
