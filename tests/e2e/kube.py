@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -139,3 +140,17 @@ def install_chart(cp: ControlPlane) -> None:
     for obj in chart_objects(cp.minor):
         if obj["kind"] != "Namespace":
             cp.create(obj, NAMESPACE)
+
+
+WORKLOADS = ("Job", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
+
+
+def as_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    """A workload's pod, as its controller would create it (no controller is needed here)."""
+    if obj["kind"] not in WORKLOADS:
+        return obj
+    template = obj["spec"]["template"]
+    spec = copy.deepcopy(template["spec"])
+    spec.setdefault("restartPolicy", "Never")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": obj["metadata"]["name"]},
+            "spec": spec}  # fmt: skip

@@ -35,6 +35,7 @@ from tests.e2e.kube import (
     DRIVER,
     EXTENDED_RESOURCE_MINORS,
     SA,
+    as_pod,
     await_until,
     install_chart,
     node_object,
@@ -158,20 +159,6 @@ async def test_plugins_publish_through_the_real_api_server(
 
 
 # ---- examples x nodes: the real scheduler beside explain -----------------------------------
-
-
-WORKLOADS = ("Job", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
-
-
-def as_pod(obj: dict[str, Any]) -> dict[str, Any]:
-    """A workload's pod, as its controller would create it (no controller is needed here)."""
-    if obj["kind"] not in WORKLOADS:
-        return obj
-    template = obj["spec"]["template"]
-    spec = copy.deepcopy(template["spec"])
-    spec.setdefault("restartPolicy", "Never")
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": obj["metadata"]["name"]},
-            "spec": spec}  # fmt: skip
 
 
 def _examples() -> Iterator[tuple[str, list[dict[str, Any]]]]:

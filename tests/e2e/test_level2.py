@@ -27,10 +27,11 @@ import yaml
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
-from tests.e2e.kube import PLUGIN_POD_IMAGE, await_until, install_chart, plugin_token
+from tests.e2e.kube import PLUGIN_POD_IMAGE, as_pod, await_until, install_chart, plugin_token
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
 from tests.pluginharness import NodeDirs, PluginProcess
 from tests.simroot import fake_root
+from tests.test_mps import Control
 from tests.test_timeslicing import Smi, sliced
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
@@ -45,6 +46,8 @@ GPUS = 4 + 4 * 3  # devices published
 REPORT = (
     'echo "uuids=$GPU_DRA_VISIBLE_GPU_UUIDS visible=$NVIDIA_VISIBLE_DEVICES'
     ' migs=$GPU_DRA_VISIBLE_MIG_UUIDS caps=$(ls /dev/nvidia-caps 2>/dev/null | sort | tr "\\n" ",")'
+    " mps=$CUDA_MPS_PIPE_DIRECTORY:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+    ':$(ls ${CUDA_MPS_PIPE_DIRECTORY:-/none} 2>/dev/null | tr "\\n" ",")'
     ' devices=$(ls /dev | grep nvidia | sort | tr "\\n" " ")" > /dev/termination-log'
 )
 
@@ -139,6 +142,11 @@ def plugin_smi(dirs: NodeDirs) -> Smi:
     return Smi(dirs.root / "nvidia-smi")
 
 
+def plugin_mps(dirs: NodeDirs) -> Control:
+    """The plugin's nvidia-cuda-mps-control: a stand-in daemon that records its calls."""
+    return Control(dirs.root / "mps-control")
+
+
 def start_plugin(dirs: NodeDirs, config: Path, pod_uid: str | None = None) -> PluginProcess:
     return PluginProcess(
         dirs,
@@ -151,6 +159,7 @@ def start_plugin(dirs: NodeDirs, config: Path, pod_uid: str | None = None) -> Pl
         extra_args=(
             f"--nvidia-driver-root={dirs.root / 'driver-root'}",
             f"--nvidia-smi={plugin_smi(dirs).path}",
+            f"--mps-control={plugin_mps(dirs).path}",
         ),
     )
 
@@ -180,11 +189,11 @@ async def wait_finished(
 
 
 def reports(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """container -> what it printed: uuids, visible, devices."""
+    """container -> what it printed: uuids, visible, migs, caps, mps, devices."""
     out = {}
     for status in pod["status"]["containerStatuses"]:
         message = status["state"]["terminated"].get("message", "")
-        fields = dict(part.split("=", 1) for part in message.strip().split(" ", 4))
+        fields = dict(part.split("=", 1) for part in message.strip().split(" ", 5))
         out[status["name"]] = fields
     return out
 
@@ -303,6 +312,40 @@ async def test_two_pods_time_slice_one_gpu(node: RealNode, plugin: PluginProcess
     await delete_namespace_claims(cp, "time-sliced")
     await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
     assert smi.calls() == sliced(uuid, 1) + sliced(uuid, 0)
+
+
+async def test_mps_pods_reach_their_daemons_pipe(node: RealNode, plugin: PluginProcess) -> None:
+    cp, ns = node.cp, "mps"
+    smi, control = plugin_smi(plugin.dirs), plugin_mps(plugin.dirs)
+    smi.calls(), control.calls()  # what earlier tests left
+    docs = _docs("mps-memory-limit.yaml")
+    (template,) = (d for d in docs if d["kind"] == "ResourceClaimTemplate")
+    (deployment,) = (d for d in docs if d["kind"] == "Deployment")
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    await await_until(
+        f"default SA in {ns}",
+        lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200,
+    )
+    cp.create(template, ns)
+    names = [f"mps-{i}" for i in range(deployment["spec"]["replicas"])]
+    for name in names:  # the Deployment's pods, as its ReplicaSet would make them
+        pod = runnable(as_pod(deployment))
+        pod["metadata"]["name"] = name
+        cp.create(pod, ns)
+    got = [reports(await wait_finished(cp, ns, name))["cuda"] for name in names]
+    # Without consumable capacity each claim is a GPU of its own, under its own daemon.
+    uuids = [r["uuids"] for r in got]
+    assert len(set(uuids)) == 2 and all(u.startswith("GPU-") for u in uuids)
+    for report in got:
+        pipe, threads, listing = report["mps"].split(":")
+        assert pipe and threads == "50"
+        assert "control" in listing.split(",")  # the host daemon's pipe, mounted in
+    assert sorted(control.calls()) == sorted(f"-f CUDA_VISIBLE_DEVICES={u}" for u in uuids)
+    assert sorted(smi.calls()) == sorted(f"-i {u} -c EXCLUSIVE_PROCESS" for u in uuids)
+    await delete_namespace_claims(cp, ns)
+    await await_until("specs removed by unprepare", lambda: not spec_files(node), 60)
+    assert control.calls() == ["quit", "quit"]  # each daemon stopped with its last claim
+    assert sorted(smi.calls()) == sorted(f"-i {u} -c DEFAULT" for u in uuids)
 
 
 async def test_two_pods_share_one_claim(node: RealNode, plugin: PluginProcess) -> None:
