@@ -238,7 +238,14 @@ async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: in
         await create_claim(api, f"single-{i}", node=NODE, devices=[f"gpu-{i}"])
         for i in range(CONCURRENCY)
     ]
-    plugin = PluginProcess(dirs, kubeconfig=kubeconfig, node_name=NODE, profile="p5.48xlarge")
+    # Metrics served, as the chart runs the daemon by default.
+    plugin = PluginProcess(
+        dirs,
+        kubeconfig=kubeconfig,
+        node_name=NODE,
+        profile="p5.48xlarge",
+        extra_args=("--metrics-port=0",),
+    )
     payload = b"x" * 2048
     try:
         await plugin.wait_ready()
