@@ -116,6 +116,8 @@ class NodeSearch:
         # Per result, what its share consumes; None for a device taken whole.
         self.shares: list[dict[str, Quantity] | None] = []
         self._held: dict[int, Use] = {}  # shares this search took, by device index
+        self._share_counts: dict[int, int] = {}  # how many, by device index
+        self._reserved: list[bool] = []  # per result: whether it took its device's counters
         self.chosen: dict[str, Request] = {}
         self._allocating: set[int] = set()
         self._candidates: dict[int, list[Candidate]] = {}
@@ -129,7 +131,8 @@ class NodeSearch:
                 continue
             left = dict(pool.counters)
             for device in pool.evaluated():
-                if device.key in in_use:
+                # A device others hold whole or in shares took its counters once.
+                if device.key in in_use or device.key in self.shared:
                     for key, amount in device.consumes().items():
                         if key in left:
                             left[key] = left[key] - amount
@@ -144,10 +147,17 @@ class NodeSearch:
         """
         consumes = device.consumes()
         left = self.counters_left.get((device.driver, device.pool))
-        if not consumes or left is None:
+        if not consumes or left is None or self._counters_taken(device):
             return True
         zero = _ZERO
         return all(not (amount < consumes.get(key, zero)) for key, amount in left.items())
+
+    def _counters_taken(self, device: Device) -> bool:
+        """A shared device some share already uses has its counters (upstream skips the
+        check: the first share took them, the others take none)."""
+        return device.shared and (
+            device.key in self.shared or self._share_counts.get(device.index, 0) > 0
+        )
 
     def _take_counters(self, device: Device, sign: int) -> None:
         left = self.counters_left.get((device.driver, device.pool))
@@ -365,7 +375,8 @@ class NodeSearch:
     def _push(self, request: Request, device: Device) -> str | None:
         """Take ``device`` for ``request``; None, or what refused it: "constraint" or
         "capacity" (checked in the scheduler's order, constraints first)."""
-        if not self.counters_fit(device):
+        reserve = bool(device.consumes()) and not self._counters_taken(device)
+        if reserve and not self.counters_fit(device):
             return "counters"
         added: list[Constraint] = []
         for constraint in self.covering(request):
@@ -382,11 +393,14 @@ class NodeSearch:
                 return "capacity"
             share = consumption(request.capacity, device.capacities())
             self._held.setdefault(device.index, Use()).add(share)
+            self._share_counts[device.index] = self._share_counts.get(device.index, 0) + 1
         else:
             self._allocating.add(device.index)
-        self._take_counters(device, +1)
+        if reserve:
+            self._take_counters(device, +1)
         self.results.append((request, device))
         self.shares.append(share)
+        self._reserved.append(reserve)
         return None
 
     def _pop(self, request: Request, device: Device) -> None:
@@ -395,7 +409,9 @@ class NodeSearch:
         share = self.shares.pop()
         if share is not None:
             self._held[device.index].subtract(share)
+            self._share_counts[device.index] -= 1
         else:
             self._allocating.discard(device.index)
-        self._take_counters(device, -1)
+        if self._reserved.pop():
+            self._take_counters(device, -1)
         self.results.pop()
