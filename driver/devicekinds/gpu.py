@@ -63,21 +63,15 @@ def nvlink_domain(gpu: Gpu, *, node_name: str) -> str | None:
     return value
 
 
-def build_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> dict[str, Any]:
-    """The v1 Device of one GPU.
-
-    A device does not spell the driver: unqualified attribute names belong to its domain.
-    """
+def physical_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """What a GPU and every MIG device carved from it say alike: the board, its driver, and
+    where it sits (PCIe, NUMA)."""
     attributes: dict[str, dict[str, Any]] = {
-        "type": {"string": "gpu"},
-        "uuid": {"string": gpu.uuid},
         "productName": {"string": gpu.product_name},
         "model": {"string": model_name(gpu.product_name)},
         "brand": {"string": gpu.brand},
         "architecture": {"string": gpu.architecture},
         "index": {"int": gpu.index},
-        "minor": {"int": gpu.minor},
-        "memory": {"int": gpu.memory_bytes // (1024 * 1024)},
         "cudaComputeCapability": {"version": "{}.{}.0".format(*gpu.cuda_compute_capability)},
         "cudaDriverVersion": {"version": "{}.{}.0".format(*inventory.cuda_driver_version)},
         f"{STANDARD_DOMAIN}/pciBusID": {"string": gpu.pci_bus_id},
@@ -92,6 +86,21 @@ def build_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> dict[str,
         attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     if gpu.pcie_root is not None:
         attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": gpu.pcie_root}
+    return attributes
+
+
+def build_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> dict[str, Any]:
+    """The v1 Device of one GPU.
+
+    A device does not spell the driver: unqualified attribute names belong to its domain.
+    """
+    attributes: dict[str, dict[str, Any]] = {
+        "type": {"string": "gpu"},
+        "uuid": {"string": gpu.uuid},
+        "minor": {"int": gpu.minor},
+        "memory": {"int": gpu.memory_bytes // (1024 * 1024)},
+        **physical_attributes(gpu, inventory),
+    }
     domain = nvlink_domain(gpu, node_name=node_name)
     if domain is not None:
         attributes["nvlinkDomain"] = {"string": domain}
