@@ -65,15 +65,23 @@ def admit(
     driver: str = "gpu.nvidia.com",
     user: str | None = None,
     pool: str | None = None,
+    name: str | None = None,
 ) -> list[str]:
     """The denial messages for one request; [] when admitted (or when the policy does not match).
 
-    The slice's pool is named after its node unless ``pool`` says otherwise.
+    The slice's pool is named after its node unless ``pool`` says otherwise, and the slice
+    as the controller names it unless ``name`` says otherwise.
     """
     spec: dict[str, Any] = {"driver": driver, "pool": {"name": pool or slice_node or "p"}}
     if slice_node is not None:
         spec["nodeName"] = slice_node
-    obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "spec": spec}
+    name = name or f"00000-{driver}-{slice_node or 'p'}"
+    obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
     return evaluate(policy, operation=operation, obj=obj, user_node=user_node, user=user)
 
 
@@ -167,6 +175,67 @@ def test_other_users_are_not_matched(policy: Policy) -> None:
         )
         == []
     )
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "00000-gpu.nvidia.com-node-b",  # node-b's first slice: squatted, node-b's create 409s
+        "00000-gpu.nvidia.com-node-a-b",
+        "intruder-node-a",
+        "0000g-gpu.nvidia.com-node-a",
+        "x00000-gpu.nvidia.com-node-a",
+        "gpu.nvidia.com-node-a",
+    ],
+)
+def test_a_slice_on_its_own_node_under_another_name_is_denied(
+    policy: Policy, operation: str, name: str
+) -> None:
+    assert admit(
+        policy, operation=operation, slice_node="node-a", user_node="node-a", name=name
+    ) == [
+        f"the kubelet plugin on node node-a may not modify ResourceSlice {name}: its slices "
+        "are named <hex index>-gpu.nvidia.com-node-a"
+    ]
+
+
+def test_every_name_the_controller_writes_is_admitted(tmp_path: Path) -> None:
+    """The policy's name rule and driver.resourceslice must agree, or every write is denied."""
+    from driver.resourceslice import slice_name
+
+    for count in (1, 3, 20, 70000):
+        for index in {0, 1, count - 1}:
+            name = slice_name(index, count, "gpu.nvidia.com", "ip-10-0-0-1.ec2.internal")
+            assert name is not None
+            assert (
+                admit(
+                    policy_for_names(),
+                    operation="CREATE",
+                    slice_node="ip-10-0-0-1.ec2.internal",
+                    user_node="ip-10-0-0-1.ec2.internal",
+                    name=name,
+                )
+                == []
+            )
+    # A node name so long that the controller falls back to generateName: any name goes.
+    long_node = "n" * 240
+    assert slice_name(0, 1, "gpu.nvidia.com", long_node) is None
+    generated = "00000-gpu.nvidia.com-" + "n" * 30 + "x7k2p"
+    assert (
+        admit(
+            policy_for_names(),
+            operation="CREATE",
+            slice_node=long_node,
+            user_node=long_node,
+            name=generated,
+        )
+        == []
+    )
+
+
+def policy_for_names() -> Policy:
+    return _policy("resourceslices")
 
 
 def test_the_pool_the_policy_allows_is_the_one_the_node_publishes(tmp_path: Path) -> None:

@@ -346,11 +346,12 @@ async def test_outcome_table(cluster: ControlPlane) -> None:
 # ---- RBAC and admission, from the real API server --------------------------------------------
 
 
-def _slice_on(node: str) -> dict[str, Any]:
+def _slice_on(node: str, name: str | None = None) -> dict[str, Any]:
+    # Named by the controller's rule, with an index no real slice of the node has.
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"intruder-{node}"},
+        "metadata": {"name": name or f"fffff-{DRIVER}-{node}"},
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
@@ -392,6 +393,22 @@ async def test_a_plugin_may_write_its_own_nodes_slice(
         token=installed["g6"],
     )  # fmt: skip
     assert code == 201, out
+
+
+async def test_a_plugin_cannot_squat_another_nodes_slice_name(
+    cluster: ControlPlane, installed: dict[str, str]
+) -> None:
+    """A slice on its own node under g6's first slice name would make g6's creates 409."""
+    squat = _slice_on("p5", name=f"00000-{DRIVER}-g6")
+    code, out = cluster.raw(
+        "POST", "/apis/resource.k8s.io/v1/resourceslices?dryRun=All", squat, token=installed["p5"]
+    )
+    body = json.loads(out)
+    assert (code, body["reason"]) == (422, "Invalid"), body
+    assert (
+        f"may not modify ResourceSlice 00000-{DRIVER}-g6: its slices are named "
+        f"<hex index>-{DRIVER}-p5" in body["message"]
+    )
 
 
 async def test_a_plugin_cannot_read_secrets(
