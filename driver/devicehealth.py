@@ -6,11 +6,17 @@ an application error the same key with effect None (informational), a lost GPU
 ``gpu.nvidia.com/gpu-lost`` NoSchedule, and a GPU whose events cannot be
 registered ``gpu.nvidia.com/unmonitored`` None. A later event never weakens a
 taint: an application XID after XID 79 leaves the NoSchedule taint as it is.
+
+NVML reports events per physical GPU. On a GPU in MIG mode, whose published devices are
+its MIG devices, :func:`placed` moves each event onto the MIG devices it concerns (keyed
+by MIG UUID from then on): an XID naming a GPU instance (and compute instance) hits the
+MIG devices of that instance only; one naming none, a lost GPU, or a GPU that cannot be
+monitored hits every MIG device of the GPU.
 """
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 XID_KEY = "gpu.nvidia.com/xid"
@@ -43,6 +49,19 @@ class Taint:
 class Xid:
     uuid: str
     xid: int
+    # On a MIG-mode GPU, the GPU and compute instance NVML names; None: the whole GPU
+    # (NVML's 0xFFFFFFFF), or the whole GPU instance for ``ci``.
+    gi: int | None = None
+    ci: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlacement:
+    """A published MIG device: its UUID and the GPU and compute instance it is."""
+
+    uuid: str
+    gi: int
+    ci: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +77,27 @@ class Unmonitored:
 
 Event = Xid | GpuLost | Unmonitored
 Taints = Mapping[str, tuple[Taint, ...]]
+# Parent GPU UUID -> its MIG devices, for the GPUs in MIG mode only.
+Placements = Mapping[str, Sequence[MigPlacement]]
+
+
+def placed(events: Iterable[Event], migs: Placements) -> tuple[list[Event], list[Xid]]:
+    """``events`` on the devices they concern, and the XIDs naming an instance that is
+    not published (created after discovery, or gone): those taint nothing."""
+    out: list[Event] = []
+    unplaced: list[Xid] = []
+    for event in events:
+        devices = migs.get(event.uuid)
+        if not devices:  # a whole GPU: it is the device, whatever the event names
+            out.append(event)
+            continue
+        hit = list(devices)
+        if isinstance(event, Xid) and event.gi is not None:
+            hit = [m for m in devices if m.gi == event.gi and event.ci in (None, m.ci)]
+            if not hit:
+                unplaced.append(event)
+        out.extend(replace(event, uuid=m.uuid) for m in hit)
+    return out, unplaced
 
 
 def parse_xids(text: str) -> frozenset[int]:

@@ -5,7 +5,8 @@ blocks). The monitor coalesces them: the first event of a quiet period opens a
 ``window``; at its end every event of the window is applied at once, with one
 summary log line, and only a real change costs a state write, a health-stream
 message and one publish. A storm of any size is thus one change and one log line
-per window.
+per window. Events of a GPU in MIG mode land on its MIG devices
+(:func:`driver.devicehealth.placed`); taints are kept by published device UUID.
 
 The taints are persisted in ``health.json`` in the plugin's directory, so a
 restarted plugin publishes a broken GPU tainted from its first slice. An admin
@@ -20,16 +21,53 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from driver import devicehealth
-from driver.devicehealth import Event, Taint, Xid
+from driver.devicehealth import Event, MigPlacement, Taint, Xid
+from driver.devicekinds import gpu, mig
+from driver.devicekinds.base import NodeDevice
+from driver.inventory import Inventory
 from driver.logs import kv
 from kubeletplugin.health import DeviceHealth, HealthBoard
 from kubeletplugin.records import write_atomic
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """What the health watcher follows of the published devices."""
+
+    devices: Mapping[str, str]  # GPU or MIG device UUID -> published device name
+    migs: Mapping[str, tuple[MigPlacement, ...]]  # GPU in MIG mode -> its MIG devices
+    gpus: tuple[str, ...]  # the physical GPUs whose NVML events are registered
+
+    @classmethod
+    def of(cls, current: Mapping[str, NodeDevice], inventory: Inventory | None) -> "Watched":
+        instances = {
+            m.uuid: (m.gi_id, m.ci_id)
+            for g in (inventory.gpus if inventory else ())
+            for m in g.mig_devices
+        }
+        devices: dict[str, str] = {}
+        migs: dict[str, list[MigPlacement]] = {}
+        for device in current.values():
+            if gpu.UUID_KEY in device.identity:
+                devices[device.identity[gpu.UUID_KEY]] = device.name
+            elif (uuid := device.identity.get(mig.UUID_KEY, "")) in instances:
+                devices[uuid] = device.name
+                parent = migs.setdefault(device.identity[mig.PARENT_KEY], [])
+                parent.append(MigPlacement(uuid, *instances[uuid]))
+        whole = [u for u in devices if u not in instances]
+        return cls(
+            devices=devices,
+            migs={p: tuple(ms) for p, ms in sorted(migs.items())},
+            gpus=tuple(sorted({*whole, *migs})),
+        )
+
 
 STATE_FILE = "health.json"
 CLEAR_FILE = "health-clear"
@@ -57,7 +95,8 @@ class HealthMonitor:
         self._pending: list[Event] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
-        self._devices: dict[str, str] = {}  # GPU UUID -> device name
+        self._devices: dict[str, str] = {}  # GPU or MIG device UUID -> device name
+        self._migs: dict[str, tuple[MigPlacement, ...]] = {}  # GPUs in MIG mode
         self.taints: dict[str, tuple[Taint, ...]] = self._load()
         self.events_by_xid: collections.Counter[int] = collections.Counter()
         self.changes = 0
@@ -79,9 +118,13 @@ class HealthMonitor:
     def _save(self) -> None:
         write_atomic(self._dir / STATE_FILE, devicehealth.dumps(self.taints).encode(), fsync=True)
 
-    def set_devices(self, uuid_to_device: Mapping[str, str]) -> None:
-        """The published GPUs; their health goes on the board."""
+    def set_devices(
+        self, uuid_to_device: Mapping[str, str], migs: devicehealth.Placements | None = None
+    ) -> None:
+        """The published devices (GPUs and MIG devices, by UUID), their health on the board;
+        ``migs``: the MIG devices of each GPU in MIG mode, where its events land."""
         self._devices = dict(uuid_to_device)
+        self._migs = {parent: tuple(devices) for parent, devices in (migs or {}).items()}
         self._publish_board()
 
     def _publish_board(self) -> None:
@@ -146,7 +189,8 @@ class HealthMonitor:
         self.windows += 1
         xids = collections.Counter(e.xid for e in events if isinstance(e, Xid))
         self.events_by_xid.update(xids)
-        new = devicehealth.apply(self.taints, events, self._ignored)
+        on_devices, unplaced = devicehealth.placed(events, self._migs)
+        new = devicehealth.apply(self.taints, on_devices, self._ignored)
         changed = new != self.taints
         log.warning(
             "NVML health events",
@@ -155,6 +199,9 @@ class HealthMonitor:
                 xids=",".join(f"{x}x{n}" for x, n in sorted(xids.items())),
                 other=len(events) - sum(xids.values()),
                 gpus=",".join(sorted({e.uuid for e in events})),
+                devices=len({e.uuid for e in on_devices}),
+                # XIDs naming a MIG instance that is not published: they taint nothing
+                unplaced=len(unplaced),
                 changed=changed,
             ),
         )
@@ -180,6 +227,8 @@ class HealthMonitor:
         uuids: Iterable[str] | None = [line.strip() for line in text.splitlines() if line.strip()]
         if not uuids:
             uuids = None
+        else:  # a GPU UUID clears its MIG devices too
+            uuids = [*uuids, *(m.uuid for u in uuids for m in self._migs.get(u, ()))]
         new = devicehealth.cleared(self.taints, uuids)
         log.warning(
             "health cleared by request",

@@ -32,7 +32,7 @@ from driver.inventory import Inventory
 from driver.kubeapi import errors_of
 from driver.logs import kv
 from kubeletplugin import draservice, health
-from kubeletplugin.healthmonitor import HealthMonitor
+from kubeletplugin.healthmonitor import HealthMonitor, Watched
 from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
@@ -273,7 +273,8 @@ class _Node:
             ignored=cfg.ignored_xids,
             on_change=lambda: controller.trigger(),
         )
-        monitor.set_devices(self._gpu_uuids())
+        watched = self._watched()
+        monitor.set_devices(watched.devices, watched.migs)
         metrics = Metrics(
             board=self._health,
             events_by_xid=lambda: monitor.events_by_xid,
@@ -281,31 +282,30 @@ class _Node:
             slice_write_failures=lambda: controller.stats.failures,
             api_errors=lambda: errors_of(self._api),
         )
-        by_name = {name: uuid for uuid, name in self._gpu_uuids().items()}
-        watched = dict(self._gpu_uuids())
+        by_name = {name: uuid for uuid, name in watched.devices.items()}
         assert self._devices is not None
         discovered = self._devices.published
 
         async def published() -> list[dict[str, Any]]:
-            # Each resync rediscovers; GPUs that came or went change what is watched.
+            # Each resync rediscovers; devices that came or went change what is watched.
+            nonlocal watched
             devices = await discovered()
-            now = self._gpu_uuids()
+            now = self._watched()
             if now != watched:
                 log.info(
                     "GPU inventory changed: following it with the health watcher",
                     extra=kv(
                         node=cfg.node_name,
-                        added=len(now.keys() - watched.keys()),
-                        removed=len(watched.keys() - now.keys()),
+                        added=len(now.devices.keys() - watched.devices.keys()),
+                        removed=len(watched.devices.keys() - now.devices.keys()),
                     ),
                 )
-                watched.clear()
-                watched.update(now)
-                monitor.set_devices(now)
+                if self._watcher is not None and now.gpus != watched.gpus:
+                    self._watcher[1].watch(now.gpus)
+                watched = now
+                monitor.set_devices(now.devices, now.migs)
                 by_name.clear()
-                by_name.update({name: uuid for uuid, name in now.items()})
-                if self._watcher is not None:
-                    self._watcher[1].watch(sorted(now))
+                by_name.update({name: uuid for uuid, name in now.devices.items()})
             return devices
 
         dra = grpc.aio.server()
@@ -347,22 +347,16 @@ class _Node:
             asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )
 
-    def _gpu_uuids(self) -> dict[str, str]:
-        from driver.devicekinds.gpu import UUID_KEY
-
+    def _watched(self) -> Watched:
         assert self._devices is not None
-        return {
-            d.identity[UUID_KEY]: d.name
-            for d in self._devices.current.values()
-            if UUID_KEY in d.identity
-        }
+        return Watched.of(self._devices.current, self._devices.inventory)
 
     def _start_watcher(self, monitor: HealthMonitor) -> None:
         from driver.nvml.events import EventNvml, EventWatcher
 
         assert self._backend is not None
         nvml = cast(EventNvml, self._backend[0])
-        watcher = EventWatcher(nvml, sorted(self._gpu_uuids()), monitor.submit)
+        watcher = EventWatcher(nvml, self._watched().gpus, monitor.submit)
         # A thread of its own: the wait blocks in C for up to 5 s at a time.
         thread = threading.Thread(target=watcher.run, name="nvml-events", daemon=True)
         thread.start()
