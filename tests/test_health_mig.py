@@ -58,7 +58,7 @@ def test_an_xid_naming_an_unpublished_instance_taints_nothing_and_is_reported() 
 
 
 def test_on_a_whole_gpu_the_gpu_is_the_device_whatever_the_event_names() -> None:
-    events = [Xid("GPU-w", 79, gi=1, ci=0), GpuLost("GPU-w")]
+    events: list[devicehealth.Event] = [Xid("GPU-w", 79, gi=1, ci=0), GpuLost("GPU-w")]
     assert placed(events, MIGS) == (events, [])
 
 
