@@ -29,6 +29,14 @@ UNMONITORED_KEY = "gpu.nvidia.com/unmonitored"
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 # A double-bit ECC event is what XID 48 reports; it gets that XID's taint.
 DOUBLE_BIT_ECC_XID = 48
+# Automatic recovery (off by default) may clear only these: XIDs whose immediate action in
+# NVIDIA's XID catalog is RESTART_APP (the GPU itself needs nothing) and that the ignore list
+# does not already make informational: 8 GPU stopped processing (idle timeout), 11 invalid
+# or corrupted push buffer stream.
+DEFAULT_RECOVERABLE_XIDS = frozenset({8, 11})
+# Never cleared automatically, whatever is configured: 79 (fallen off the bus) and 48
+# (double-bit ECC) need a reset or a repair. A lost GPU has no XID and is never recovered.
+NEVER_RECOVERABLE_XIDS = frozenset({DOUBLE_BIT_ECC_XID, 79})
 
 Effect = Literal["NoSchedule", "None"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
@@ -158,6 +166,36 @@ def _describe(taint: Taint) -> str:
     if taint.key == GPU_LOST_KEY:
         return "GPU is lost (NVML_ERROR_GPU_IS_LOST)"
     return taint.key
+
+
+def parse_recoverable_xids(text: str) -> frozenset[int]:
+    """As :func:`parse_xids`; ValueError for an XID that is never recovered automatically."""
+    xids = parse_xids(text)
+    never = sorted(xids & NEVER_RECOVERABLE_XIDS)
+    if never:
+        raise ValueError(f"XIDs {never} are never recovered automatically (a reset is needed)")
+    return xids
+
+
+def recoverable(taints: Iterable[Taint], xids: frozenset[int]) -> bool:
+    """True when the device is unschedulable only for XIDs of ``xids``: healthy probes may
+    then clear it. Never for a lost GPU, nor for an XID of NEVER_RECOVERABLE_XIDS."""
+    fatal = [t for t in taints if t.effect == "NoSchedule"]
+    allowed = {str(x) for x in xids - NEVER_RECOVERABLE_XIDS}
+    return bool(fatal) and all(t.key == XID_KEY and t.value in allowed for t in fatal)
+
+
+def recovered(taints: Taints, uuids: Iterable[str]) -> dict[str, tuple[Taint, ...]]:
+    """Without the NoSchedule taints of ``uuids`` (which :func:`recoverable` allowed);
+    informational taints stay, they never made the device unschedulable."""
+    drop = set(uuids)
+    out: dict[str, tuple[Taint, ...]] = {}
+    for uuid, ts in taints.items():
+        if uuid in drop:
+            ts = tuple(t for t in ts if t.effect != "NoSchedule")
+        if ts:
+            out[uuid] = ts
+    return out
 
 
 def cleared(taints: Taints, uuids: Iterable[str] | None) -> dict[str, tuple[Taint, ...]]:

@@ -13,6 +13,12 @@ restarted plugin publishes a broken GPU tainted from its first slice. An admin
 clears them by creating ``health-clear`` in that directory (on the host, or with
 ``kubectl exec``): empty for every GPU, else one GPU UUID per line. The plugin
 reads and removes it; no write permission beyond its own directory is needed.
+
+With a :class:`Recovery` (off by default), a device unschedulable only for XIDs that
+NVIDIA resolves by restarting the application is cleared after ``probes`` consecutive
+healthy probes ``period`` seconds apart (NVML answers for its GPU, and no event for it
+meanwhile): any event or failed probe starts the count again. A lost GPU, XID 79 or 48
+are never cleared this way.
 """
 
 import asyncio
@@ -74,6 +80,15 @@ CLEAR_FILE = "health-clear"
 WINDOW = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    probes: int  # consecutive healthy probes that clear a device
+    period: float  # seconds between two probes
+    xids: frozenset[int] = devicehealth.DEFAULT_RECOVERABLE_XIDS
+    # From any thread: True when the physical GPU of this UUID answers NVML.
+    probe: Callable[[str], bool] = lambda uuid: False
+
+
 class HealthMonitor:
     def __init__(
         self,
@@ -84,6 +99,7 @@ class HealthMonitor:
         ignored: frozenset[int] = devicehealth.DEFAULT_IGNORED_XIDS,
         window: float = WINDOW,
         on_change: Callable[[], None] = lambda: None,
+        recovery: Recovery | None = None,
     ) -> None:
         self._dir = plugin_dir
         self._board = board
@@ -101,6 +117,9 @@ class HealthMonitor:
         self.events_by_xid: collections.Counter[int] = collections.Counter()
         self.changes = 0
         self.windows = 0
+        self._recovery = recovery
+        self._streaks: dict[str, int] = {}  # device UUID -> consecutive healthy probes
+        self.recoveries = 0
 
     # -- state ----------------------------------------------------------------
 
@@ -190,6 +209,8 @@ class HealthMonitor:
         xids = collections.Counter(e.xid for e in events if isinstance(e, Xid))
         self.events_by_xid.update(xids)
         on_devices, unplaced = devicehealth.placed(events, self._migs)
+        for event in on_devices:  # anything new about a device starts its count again
+            self._streaks.pop(event.uuid, None)
         new = devicehealth.apply(self.taints, on_devices, self._ignored)
         changed = new != self.taints
         log.warning(
@@ -214,6 +235,51 @@ class HealthMonitor:
         self._save()
         self._publish_board()
         self._on_change()
+
+    async def run_recovery(self) -> None:
+        """Probes the recoverable devices every ``period``; returns at once without one."""
+        if self._recovery is None:
+            return
+        while True:
+            await asyncio.sleep(self._recovery.period)
+            await self.probe_once()
+
+    async def probe_once(self) -> None:
+        recovery = self._recovery
+        assert recovery is not None
+        parents = {m.uuid: gpu_uuid for gpu_uuid, ms in self._migs.items() for m in ms}
+        candidates = [
+            uuid for uuid, ts in self.taints.items() if devicehealth.recoverable(ts, recovery.xids)
+        ]
+        self._streaks = {u: n for u, n in self._streaks.items() if u in candidates}
+        answers: dict[str, bool] = {}
+        for uuid in candidates:
+            gpu_uuid = parents.get(uuid, uuid)
+            if gpu_uuid not in answers:
+                answers[gpu_uuid] = await asyncio.to_thread(recovery.probe, gpu_uuid)
+            if uuid not in self.taints or not answers[gpu_uuid]:
+                self._streaks.pop(uuid, None)
+                continue
+            self._streaks[uuid] = self._streaks.get(uuid, 0) + 1
+        # Events applied while the probes ran dropped their devices' counts: re-checked here.
+        done = sorted(
+            u
+            for u, n in self._streaks.items()
+            if n >= recovery.probes
+            and devicehealth.recoverable(self.taints.get(u, ()), recovery.xids)
+        )
+        if not done:
+            return
+        for uuid in done:
+            del self._streaks[uuid]
+        log.warning(
+            "health recovered after healthy probes",
+            extra=kv(
+                devices=",".join(self._devices.get(u, u) for u in done), probes=recovery.probes
+            ),
+        )
+        self.recoveries += len(done)
+        self._set(devicehealth.recovered(self.taints, done))
 
     def _check_clear(self) -> None:
         path = self._dir / CLEAR_FILE

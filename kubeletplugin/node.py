@@ -24,7 +24,7 @@ from kubernetes.aio import client
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME, kubeclient
 from driver.controller import SliceController
-from driver.devicehealth import DEFAULT_IGNORED_XIDS
+from driver.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS
 from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
@@ -32,7 +32,7 @@ from driver.inventory import Inventory
 from driver.kubeapi import errors_of
 from driver.logs import kv
 from kubeletplugin import draservice, health
-from kubeletplugin.healthmonitor import HealthMonitor, Watched
+from kubeletplugin.healthmonitor import HealthMonitor, Recovery, Watched
 from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
@@ -71,6 +71,11 @@ class NodeConfig:
     sim_state: Path | None = None
     healthcheck_port: int = 51515
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    # Automatic recovery of devices tainted for recoverable XIDs: after this many
+    # consecutive healthy probes, recovery_period apart; 0: off (an admin clears them).
+    recovery_probes: int = 0
+    recoverable_xids: frozenset[int] = DEFAULT_RECOVERABLE_XIDS
+    recovery_period: float = 10.0
     # Prometheus metrics on this TCP port (0: a free one); None: not served.
     metrics_port: int | None = None
     slice_resync_period: float = 600.0
@@ -272,6 +277,7 @@ class _Node:
             pool=cfg.node_name,
             ignored=cfg.ignored_xids,
             on_change=lambda: controller.trigger(),
+            recovery=self._recovery(),
         )
         watched = self._watched()
         monitor.set_devices(watched.devices, watched.migs)
@@ -336,6 +342,8 @@ class _Node:
             self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
             await self._metrics.start()
         self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
+        if cfg.recovery_probes > 0:
+            self._tasks.append(asyncio.create_task(monitor.run_recovery(), name="health-recovery"))
         if self._hup is not None:
             self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))
         self._start_watcher(monitor)
@@ -345,6 +353,21 @@ class _Node:
         )
         self._tasks.append(
             asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
+        )
+
+    def _recovery(self) -> Recovery | None:
+        from driver.nvml.events import EventNvml, probe
+
+        cfg = self._config
+        if cfg.recovery_probes <= 0:
+            return None
+        assert self._backend is not None
+        nvml = cast(EventNvml, self._backend[0])
+        return Recovery(
+            probes=cfg.recovery_probes,
+            period=cfg.recovery_period,
+            xids=cfg.recoverable_xids,
+            probe=lambda uuid: probe(nvml, uuid),
         )
 
     def _watched(self) -> Watched:

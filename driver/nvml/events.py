@@ -211,3 +211,17 @@ class EventWatcher:
             except pynvml.NVMLError:
                 continue
         return lost or set(handles)
+
+
+def probe(nvml: EventNvml, uuid: str) -> bool:
+    """A recovery probe: True when NVML finds the GPU ``uuid`` and answers for it."""
+    try:
+        nvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    try:
+        return _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByUUID(uuid))) == uuid
+    except pynvml.NVMLError:
+        return False
+    finally:
+        nvml.nvmlShutdown()
