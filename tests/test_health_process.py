@@ -215,3 +215,35 @@ async def test_on_mig_an_xid_taints_the_mig_devices_it_names(
         assert writes() - before == 1
     finally:
         proc.kill()
+
+
+async def test_auto_recovery_clears_a_recoverable_xid_and_keeps_xid_79(
+    apiserver: Any, kube: tuple[Any, Path], dirs: NodeDirs
+) -> None:
+    api, kubeconfig = kube
+
+    def writes() -> int:
+        return len(apiserver.requests.writes("resourceslices"))
+
+    state = dirs.root / "sim-state.yaml"
+    write_state_file(state, {})
+    proc = PluginProcess(
+        dirs,
+        kubeconfig=kubeconfig,
+        node_name=NODE,
+        extra_env={"GPU_DRA_SIM_STATE": str(state)},
+        extra_args=("--auto-recover-probes=3", "--auto-recover-period=0.2"),
+    )
+    try:
+        await proc.wait_ready()
+        await _until_taints(api, lambda t: len(t) == 8)
+        before = writes()
+        write_state_file(state, {"xidEvents": [{"gpu": 2, "xid": 8}, {"gpu": 3, "xid": 79}]})
+        proc.proc.send_signal(signal.SIGHUP)
+        # Both taints land in one window; three probes 0.2 s apart later, XID 8's goes.
+        await proc.wait_log("health recovered after healthy probes")
+        taints = await _until_taints(api, lambda t: sum(map(bool, t.values())) == 1)
+        assert [ts for ts in taints.values() if ts] == [[XID79]]
+        assert writes() - before == 2  # the taints, then the recovery
+    finally:
+        proc.kill()

@@ -95,7 +95,13 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "GPU_DRA_AUTO_RECOVER_PROBES",
         "0",
         "clear a device tainted only for a recoverable XID (--recoverable-xids) after this "
-        "many consecutive healthy NVML probes, 10 s apart, with no new event; 0: off",
+        "many consecutive healthy NVML probes (--auto-recover-period apart) with no new "
+        "event; 0: off",
+    ),
+    "--auto-recover-period": (
+        "GPU_DRA_AUTO_RECOVER_PERIOD",
+        "10",
+        "seconds between two recovery probes (with --auto-recover-probes)",
     ),
     "--recoverable-xids": (
         "GPU_DRA_RECOVERABLE_XIDS",
@@ -156,6 +162,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             kwargs["type"] = int
         if flag == "--auto-recover-probes":
             kwargs["type"] = _probes
+        if flag == "--auto-recover-period":
+            kwargs["type"] = _seconds
         if flag == "--recoverable-xids":
             kwargs["type"] = _recoverable_xids
         if flag == "--feature-gates":
@@ -210,6 +218,16 @@ def _probes(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, more than 0")
+    return value
+
+
 def _boolean(text: str) -> bool:
     if text.lower() in ("true", "1"):
         return True
@@ -258,6 +276,7 @@ def _run(args: argparse.Namespace) -> int:
         ignored_xids=DEFAULT_IGNORED_XIDS | (args.additional_xids_to_ignore or frozenset()),
         recovery_probes=args.auto_recover_probes,
         recoverable_xids=args.recoverable_xids,
+        recovery_period=args.auto_recover_period,
     )
     if args.feature_gates:
         import logging
