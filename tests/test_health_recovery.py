@@ -149,3 +149,13 @@ def test_the_probe_asks_nvml_for_the_gpu(tmp_path: Path) -> None:
     assert not probe(node.nvml, uuid)
     write_state_file(state, {})
     assert probe(node.nvml, uuid)
+
+
+def test_recovery_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubeletplugin.cli import build_parser
+
+    for env in ("AUTO_RECOVER_PROBES", "AUTO_RECOVER_PERIOD", "RECOVERABLE_XIDS"):
+        monkeypatch.delenv(f"GPU_DRA_{env}", raising=False)
+    args = build_parser().parse_args(["kubelet-plugin"])
+    assert args.auto_recover_probes == 0 and args.recoverable_xids == {8, 11}
+    assert args.auto_recover_period == 10.0
