@@ -6,11 +6,17 @@ an application error the same key with effect None (informational), a lost GPU
 ``gpu.nvidia.com/gpu-lost`` NoSchedule, and a GPU whose events cannot be
 registered ``gpu.nvidia.com/unmonitored`` None. A later event never weakens a
 taint: an application XID after XID 79 leaves the NoSchedule taint as it is.
+
+NVML reports events per physical GPU. On a GPU in MIG mode, whose published devices are
+its MIG devices, :func:`placed` moves each event onto the MIG devices it concerns (keyed
+by MIG UUID from then on): an XID naming a GPU instance (and compute instance) hits the
+MIG devices of that instance only; one naming none, a lost GPU, or a GPU that cannot be
+monitored hits every MIG device of the GPU.
 """
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 XID_KEY = "gpu.nvidia.com/xid"
@@ -23,6 +29,14 @@ UNMONITORED_KEY = "gpu.nvidia.com/unmonitored"
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 # A double-bit ECC event is what XID 48 reports; it gets that XID's taint.
 DOUBLE_BIT_ECC_XID = 48
+# Automatic recovery (off by default) may clear only these: XIDs whose immediate action in
+# NVIDIA's XID catalog is RESTART_APP (the GPU itself needs nothing) and that the ignore list
+# does not already make informational: 8 GPU stopped processing (idle timeout), 11 invalid
+# or corrupted push buffer stream.
+DEFAULT_RECOVERABLE_XIDS = frozenset({8, 11})
+# Never cleared automatically, whatever is configured: 79 (fallen off the bus) and 48
+# (double-bit ECC) need a reset or a repair. A lost GPU has no XID and is never recovered.
+NEVER_RECOVERABLE_XIDS = frozenset({DOUBLE_BIT_ECC_XID, 79})
 
 Effect = Literal["NoSchedule", "None"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
@@ -43,6 +57,19 @@ class Taint:
 class Xid:
     uuid: str
     xid: int
+    # On a MIG-mode GPU, the GPU and compute instance NVML names; None: the whole GPU
+    # (NVML's 0xFFFFFFFF), or the whole GPU instance for ``ci``.
+    gi: int | None = None
+    ci: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlacement:
+    """A published MIG device: its UUID and the GPU and compute instance it is."""
+
+    uuid: str
+    gi: int
+    ci: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +85,27 @@ class Unmonitored:
 
 Event = Xid | GpuLost | Unmonitored
 Taints = Mapping[str, tuple[Taint, ...]]
+# Parent GPU UUID -> its MIG devices, for the GPUs in MIG mode only.
+Placements = Mapping[str, Sequence[MigPlacement]]
+
+
+def placed(events: Iterable[Event], migs: Placements) -> tuple[list[Event], list[Xid]]:
+    """``events`` on the devices they concern, and the XIDs naming an instance that is
+    not published (created after discovery, or gone): those taint nothing."""
+    out: list[Event] = []
+    unplaced: list[Xid] = []
+    for event in events:
+        devices = migs.get(event.uuid)
+        if not devices:  # a whole GPU: it is the device, whatever the event names
+            out.append(event)
+            continue
+        hit = list(devices)
+        if isinstance(event, Xid) and event.gi is not None:
+            hit = [m for m in devices if m.gi == event.gi and event.ci in (None, m.ci)]
+            if not hit:
+                unplaced.append(event)
+        out.extend(replace(event, uuid=m.uuid) for m in hit)
+    return out, unplaced
 
 
 def parse_xids(text: str) -> frozenset[int]:
@@ -118,6 +166,36 @@ def _describe(taint: Taint) -> str:
     if taint.key == GPU_LOST_KEY:
         return "GPU is lost (NVML_ERROR_GPU_IS_LOST)"
     return taint.key
+
+
+def parse_recoverable_xids(text: str) -> frozenset[int]:
+    """As :func:`parse_xids`; ValueError for an XID that is never recovered automatically."""
+    xids = parse_xids(text)
+    never = sorted(xids & NEVER_RECOVERABLE_XIDS)
+    if never:
+        raise ValueError(f"XIDs {never} are never recovered automatically (a reset is needed)")
+    return xids
+
+
+def recoverable(taints: Iterable[Taint], xids: frozenset[int]) -> bool:
+    """True when the device is unschedulable only for XIDs of ``xids``: healthy probes may
+    then clear it. Never for a lost GPU, nor for an XID of NEVER_RECOVERABLE_XIDS."""
+    fatal = [t for t in taints if t.effect == "NoSchedule"]
+    allowed = {str(x) for x in xids - NEVER_RECOVERABLE_XIDS}
+    return bool(fatal) and all(t.key == XID_KEY and t.value in allowed for t in fatal)
+
+
+def recovered(taints: Taints, uuids: Iterable[str]) -> dict[str, tuple[Taint, ...]]:
+    """Without the NoSchedule taints of ``uuids`` (which :func:`recoverable` allowed);
+    informational taints stay, they never made the device unschedulable."""
+    drop = set(uuids)
+    out: dict[str, tuple[Taint, ...]] = {}
+    for uuid, ts in taints.items():
+        if uuid in drop:
+            ts = tuple(t for t in ts if t.effect != "NoSchedule")
+        if ts:
+            out[uuid] = ts
+    return out
 
 
 def cleared(taints: Taints, uuids: Iterable[str] | None) -> dict[str, tuple[Taint, ...]]:

@@ -24,7 +24,7 @@ from kubernetes.aio import client
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME, kubeclient
 from driver.controller import SliceController
-from driver.devicehealth import DEFAULT_IGNORED_XIDS
+from driver.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS
 from driver.devicekinds import NodeDevices
 from driver.discovery import discover
 from driver.errors import DriverError, PermanentError
@@ -32,7 +32,7 @@ from driver.inventory import Inventory
 from driver.kubeapi import errors_of
 from driver.logs import kv
 from kubeletplugin import draservice, health
-from kubeletplugin.healthmonitor import HealthMonitor
+from kubeletplugin.healthmonitor import HealthMonitor, Recovery, Watched
 from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
@@ -71,6 +71,11 @@ class NodeConfig:
     sim_state: Path | None = None
     healthcheck_port: int = 51515
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    # Automatic recovery of devices tainted for recoverable XIDs: after this many
+    # consecutive healthy probes, recovery_period apart; 0: off (an admin clears them).
+    recovery_probes: int = 0
+    recoverable_xids: frozenset[int] = DEFAULT_RECOVERABLE_XIDS
+    recovery_period: float = 10.0
     # Prometheus metrics on this TCP port (0: a free one); None: not served.
     metrics_port: int | None = None
     slice_resync_period: float = 600.0
@@ -272,8 +277,10 @@ class _Node:
             pool=cfg.node_name,
             ignored=cfg.ignored_xids,
             on_change=lambda: controller.trigger(),
+            recovery=self._recovery(),
         )
-        monitor.set_devices(self._gpu_uuids())
+        watched = self._watched()
+        monitor.set_devices(watched.devices, watched.migs)
         metrics = Metrics(
             board=self._health,
             events_by_xid=lambda: monitor.events_by_xid,
@@ -281,31 +288,30 @@ class _Node:
             slice_write_failures=lambda: controller.stats.failures,
             api_errors=lambda: errors_of(self._api),
         )
-        by_name = {name: uuid for uuid, name in self._gpu_uuids().items()}
-        watched = dict(self._gpu_uuids())
+        by_name = {name: uuid for uuid, name in watched.devices.items()}
         assert self._devices is not None
         discovered = self._devices.published
 
         async def published() -> list[dict[str, Any]]:
-            # Each resync rediscovers; GPUs that came or went change what is watched.
+            # Each resync rediscovers; devices that came or went change what is watched.
+            nonlocal watched
             devices = await discovered()
-            now = self._gpu_uuids()
+            now = self._watched()
             if now != watched:
                 log.info(
                     "GPU inventory changed: following it with the health watcher",
                     extra=kv(
                         node=cfg.node_name,
-                        added=len(now.keys() - watched.keys()),
-                        removed=len(watched.keys() - now.keys()),
+                        added=len(now.devices.keys() - watched.devices.keys()),
+                        removed=len(watched.devices.keys() - now.devices.keys()),
                     ),
                 )
-                watched.clear()
-                watched.update(now)
-                monitor.set_devices(now)
+                if self._watcher is not None and now.gpus != watched.gpus:
+                    self._watcher[1].watch(now.gpus)
+                watched = now
+                monitor.set_devices(now.devices, now.migs)
                 by_name.clear()
-                by_name.update({name: uuid for uuid, name in now.items()})
-                if self._watcher is not None:
-                    self._watcher[1].watch(sorted(now))
+                by_name.update({name: uuid for uuid, name in now.devices.items()})
             return devices
 
         dra = grpc.aio.server()
@@ -336,6 +342,8 @@ class _Node:
             self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
             await self._metrics.start()
         self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
+        if cfg.recovery_probes > 0:
+            self._tasks.append(asyncio.create_task(monitor.run_recovery(), name="health-recovery"))
         if self._hup is not None:
             self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))
         self._start_watcher(monitor)
@@ -347,22 +355,31 @@ class _Node:
             asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )
 
-    def _gpu_uuids(self) -> dict[str, str]:
-        from driver.devicekinds.gpu import UUID_KEY
+    def _recovery(self) -> Recovery | None:
+        from driver.nvml.events import EventNvml, probe
 
+        cfg = self._config
+        if cfg.recovery_probes <= 0:
+            return None
+        assert self._backend is not None
+        nvml = cast(EventNvml, self._backend[0])
+        return Recovery(
+            probes=cfg.recovery_probes,
+            period=cfg.recovery_period,
+            xids=cfg.recoverable_xids,
+            probe=lambda uuid: probe(nvml, uuid),
+        )
+
+    def _watched(self) -> Watched:
         assert self._devices is not None
-        return {
-            d.identity[UUID_KEY]: d.name
-            for d in self._devices.current.values()
-            if UUID_KEY in d.identity
-        }
+        return Watched.of(self._devices.current, self._devices.inventory)
 
     def _start_watcher(self, monitor: HealthMonitor) -> None:
         from driver.nvml.events import EventNvml, EventWatcher
 
         assert self._backend is not None
         nvml = cast(EventNvml, self._backend[0])
-        watcher = EventWatcher(nvml, sorted(self._gpu_uuids()), monitor.submit)
+        watcher = EventWatcher(nvml, self._watched().gpus, monitor.submit)
         # A thread of its own: the wait blocks in C for up to 5 s at a time.
         thread = threading.Thread(target=watcher.run, name="nvml-events", daemon=True)
         thread.start()

@@ -149,6 +149,24 @@ def test_every_flag_the_daemonset_sets_has_an_environment_variable(
             "'DRAExtendedResource': expected Name=true or Name=false",
         ),
         (
+            ["kubelet-plugin", "--node-name", "n", "--recoverable-xids", "8,79"],
+            {},
+            2,
+            "XIDs [79] are never recovered automatically",
+        ),
+        (
+            ["kubelet-plugin", "--node-name", "n"],
+            {"GPU_DRA_AUTO_RECOVER_PROBES": "-1"},
+            2,
+            "'-1': expected a number of probes, 0 for off",
+        ),
+        (
+            ["kubelet-plugin", "--node-name", "n", "--auto-recover-period", "0"],
+            {},
+            2,
+            "'0': expected seconds, more than 0",
+        ),
+        (
             ["kubelet-plugin", "--node-name", "n"],
             {"GPU_DRA_NVML": "fake"},
             2,

@@ -157,3 +157,93 @@ async def test_a_gpu_found_by_a_rediscovery_is_watched(
         assert [ts for ts in taints.values() if ts] == [[XID79]], taints
     finally:
         proc.kill()
+
+
+async def test_on_mig_an_xid_taints_the_mig_devices_it_names(
+    apiserver: Any, kube: tuple[Any, Path], dirs: NodeDirs
+) -> None:
+    """p4d.24xlarge-mig: GPUs 0-3 each hold GPU instances 1 (3g.20gb), 2 (2g.10gb) and
+    3 (1g.10gb), compute instance 0 each; GPUs 4-7 are whole. 16 devices."""
+    api, kubeconfig = kube
+
+    def writes() -> int:
+        return len(apiserver.requests.writes("resourceslices"))
+
+    state = dirs.root / "sim-state.yaml"
+    write_state_file(state, {})
+    env = {"GPU_DRA_SIM_STATE": str(state)}
+    proc = PluginProcess(
+        dirs, kubeconfig=kubeconfig, node_name=NODE, profile="p4d.24xlarge-mig", extra_env=env
+    )
+    xid48 = {"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}
+    try:
+        await proc.wait_ready()
+        await proc.wait_log(r"watching NVML events\"? gpus=8 ")  # MIG parents too
+        taints = await _until_taints(api, lambda t: len(t) == 16)
+        assert all(v == [] for v in taints.values())
+        async with await KubeletSim.register(proc.paths.registration) as kubelet:
+            watch = kubelet.watch_health()
+            async with watching(watch):
+                await watch.wait_for(lambda v: len(v) == 16 and set(v.values()) == {"Healthy"})
+                before = writes()
+                # GPU 1, GPU instance 2 (its 2g.10gb), compute instance 0
+                events = [{"gpu": 1, "xid": 79, "gi": 2, "ci": 0}]
+                write_state_file(state, {"xidEvents": events})
+                proc.proc.send_signal(signal.SIGHUP)  # rediscovery: nvmlInit re-reads the state
+                taints = await _until_taints(api, lambda t: any(t.values()))
+                view = await watch.wait_for(lambda v: "Unhealthy" in v.values())
+                tainted = {name: ts for name, ts in taints.items() if ts}
+                assert list(tainted) == [n for n in taints if n.startswith("gpu-1-mig-2g10gb-")]
+                assert list(tainted.values()) == [[XID79]], taints
+                assert [d for (_, d), h in view.items() if h == "Unhealthy"] == list(tainted)
+                assert writes() - before == 1
+
+                # An XID naming no instance (here a double-bit ECC error): all of GPU 2.
+                before = writes()
+                write_state_file(state, {"xidEvents": [*events, {"gpu": 2, "xid": 48}]})
+                proc.proc.send_signal(signal.SIGHUP)
+                taints = await _until_taints(api, lambda t: sum(map(bool, t.values())) == 4)
+                view = await watch.wait_for(
+                    lambda v: sum(h == "Unhealthy" for h in v.values()) == 4
+                )
+        gpu2 = sorted(n for n in taints if n.startswith("gpu-2-mig-"))
+        assert len(gpu2) == 3 and all(taints[n] == [xid48] for n in gpu2), taints
+        assert sorted(d for (_, d), h in view.items() if h == "Unhealthy") == sorted(
+            [*tainted, *gpu2]
+        )
+        assert not any(taints[n] for n in taints if not n.startswith(("gpu-1-mig-2g", "gpu-2-")))
+        assert writes() - before == 1
+    finally:
+        proc.kill()
+
+
+async def test_auto_recovery_clears_a_recoverable_xid_and_keeps_xid_79(
+    apiserver: Any, kube: tuple[Any, Path], dirs: NodeDirs
+) -> None:
+    api, kubeconfig = kube
+
+    def writes() -> int:
+        return len(apiserver.requests.writes("resourceslices"))
+
+    state = dirs.root / "sim-state.yaml"
+    write_state_file(state, {})
+    proc = PluginProcess(
+        dirs,
+        kubeconfig=kubeconfig,
+        node_name=NODE,
+        extra_env={"GPU_DRA_SIM_STATE": str(state)},
+        extra_args=("--auto-recover-probes=3", "--auto-recover-period=0.2"),
+    )
+    try:
+        await proc.wait_ready()
+        await _until_taints(api, lambda t: len(t) == 8)
+        before = writes()
+        write_state_file(state, {"xidEvents": [{"gpu": 2, "xid": 8}, {"gpu": 3, "xid": 79}]})
+        proc.proc.send_signal(signal.SIGHUP)
+        # Both taints land in one window; three probes 0.2 s apart later, XID 8's goes.
+        await proc.wait_log("health recovered after healthy probes")
+        taints = await _until_taints(api, lambda t: sum(map(bool, t.values())) == 1)
+        assert [ts for ts in taints.values() if ts] == [[XID79]]
+        assert writes() - before == 2  # the taints, then the recovery
+    finally:
+        proc.kill()

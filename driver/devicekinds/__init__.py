@@ -81,6 +81,7 @@ class NodeDevices:
         self._consumable = consumable_capacity
         self._current: Mapping[str, NodeDevice] = MappingProxyType({})
         self._published: list[dict[str, Any]] = []
+        self._inventory: Inventory | None = None
 
     @classmethod
     def of(
@@ -93,11 +94,13 @@ class NodeDevices:
 
         devices = cls(same, node_name=node_name, consumable_capacity=consumable_capacity)
         devices._set(
-            node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity)
+            inventory,
+            node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity),
         )
         return devices
 
-    def _set(self, devices: Sequence[NodeDevice]) -> None:
+    def _set(self, inventory: Inventory, devices: Sequence[NodeDevice]) -> None:
+        self._inventory = inventory
         self._current = MappingProxyType({d.name: d for d in devices})
         self._published = [dict(d.published) for d in devices]
 
@@ -105,13 +108,18 @@ class NodeDevices:
     def current(self) -> Mapping[str, NodeDevice]:
         return self._current
 
+    @property
+    def inventory(self) -> Inventory | None:
+        """What the last discovery found; None before the first."""
+        return self._inventory
+
     async def refresh(self) -> Sequence[NodeDevice]:
         """Rediscover; raises what discovery raises and then keeps the last result."""
         inventory = await self._discover()
         devices = node_devices(
             inventory, node_name=self._node, consumable_capacity=self._consumable
         )
-        self._set(devices)
+        self._set(inventory, devices)
         return devices
 
     async def published(self) -> list[dict[str, Any]]:

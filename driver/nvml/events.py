@@ -17,7 +17,7 @@ the inventory the thread moves the rest to a fresh event set, so they are watche
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, SupportsInt
 
 import pynvml
 
@@ -30,6 +30,7 @@ XID_CRITICAL = pynvml.nvmlEventTypeXidCriticalError
 DOUBLE_BIT_ECC = pynvml.nvmlEventTypeDoubleBitEccError
 MASK = XID_CRITICAL | DOUBLE_BIT_ECC
 WAIT_MS = 5000
+NO_INSTANCE = 0xFFFFFFFF
 
 
 class EventNvml(Protocol):
@@ -42,6 +43,13 @@ class EventNvml(Protocol):
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any, /) -> int: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any, /) -> None: ...
     def nvmlDeviceGetUUID(self, handle: Any, /) -> str: ...
+
+
+def _instance(value: SupportsInt) -> int | None:
+    """A GPU or compute instance ID of an event; None for NVML's "none" (0xFFFFFFFF),
+    which an event concerning the whole GPU carries."""
+    number = int(value)
+    return None if number == NO_INSTANCE else number
 
 
 def _text(value: object) -> str:
@@ -186,10 +194,11 @@ class EventWatcher:
             except pynvml.NVMLError:
                 self._emit([GpuLost(u) for u in handles])
                 continue
+            gi, ci = _instance(data.gpuInstanceId), _instance(data.computeInstanceId)
             if data.eventType & XID_CRITICAL:
-                self._emit([Xid(uuid, int(data.eventData))])
+                self._emit([Xid(uuid, int(data.eventData), gi, ci)])
             elif data.eventType & DOUBLE_BIT_ECC:
-                self._emit([Xid(uuid, DOUBLE_BIT_ECC_XID)])
+                self._emit([Xid(uuid, DOUBLE_BIT_ECC_XID, gi, ci)])
 
     def _lost(self, handles: dict[str, Any]) -> set[str]:
         # The wait does not say which GPU: ask each handle; none answering lost means all.
@@ -202,3 +211,17 @@ class EventWatcher:
             except pynvml.NVMLError:
                 continue
         return lost or set(handles)
+
+
+def probe(nvml: EventNvml, uuid: str) -> bool:
+    """A recovery probe: True when NVML finds the GPU ``uuid`` and answers for it."""
+    try:
+        nvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    try:
+        return _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByUUID(uuid))) == uuid
+    except pynvml.NVMLError:
+        return False
+    finally:
+        nvml.nvmlShutdown()

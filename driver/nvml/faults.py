@@ -24,6 +24,8 @@ State file format (every key optional; a missing or empty file means no faults):
                                       # nodes with the same seed share one NVLink fabric
     xidEvents:                        # XID events of a GPU (minor), for nvmlEventSetWait
       - {gpu: 2, xid: 79}
+      - {gpu: 0, xid: 94, gi: 1, ci: 0}   # on a MIG-mode GPU: the GPU instance (and compute
+                                          # instance) it names; without: the whole GPU
     driverVersion: "535.104.05"       # as nvidia-smi prints it
     cudaDriverVersion: "12.2"         # CUDA driver API version
 """
@@ -86,6 +88,8 @@ class XidEvent:
 
     gpu: int
     xid: int
+    gi: int | None = None  # the GPU instance it names on a MIG-mode GPU; None: all of it
+    ci: int | None = None  # the compute instance of ``gi``; None: all of that GI
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +187,17 @@ def _query_fault(item: Any, where: str) -> QueryFault:
 def _xid_event(item: Any, where: str) -> XidEvent:
     if not isinstance(item, Mapping) or not {"gpu", "xid"} <= set(item):
         raise SimulationConfigError(f"{where}: each entry needs gpu and xid, got {item!r}")
-    gpu, xid = item["gpu"], item["xid"]
-    if not isinstance(gpu, int) or not isinstance(xid, int) or gpu < 0 or xid < 0:
-        raise SimulationConfigError(f"{where}: gpu and xid must be non-negative integers")
-    return XidEvent(gpu=gpu, xid=xid)
+    unknown = sorted(set(item) - {"gpu", "xid", "gi", "ci"})
+    if unknown:
+        raise SimulationConfigError(f"{where}: unknown keys {unknown} in {item!r}")
+    gpu, xid, gi, ci = item["gpu"], item["xid"], item.get("gi"), item.get("ci")
+    if not all(isinstance(v, int) and v >= 0 for v in (gpu, xid)) or not all(
+        v is None or (isinstance(v, int) and 0 <= v < 0xFFFFFFFF) for v in (gi, ci)
+    ):
+        raise SimulationConfigError(f"{where}: gpu, xid, gi and ci must be non-negative integers")
+    if ci is not None and gi is None:
+        raise SimulationConfigError(f"{where}: ci names a compute instance of a gi: give both")
+    return XidEvent(gpu=gpu, xid=xid, gi=gi, ci=ci)
 
 
 def cuda_version_number(text: str) -> int:

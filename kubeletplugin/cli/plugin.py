@@ -91,6 +91,24 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "XIDs that taint a GPU with effect None (informational) rather than NoSchedule, "
         "comma-separated, on top of NVIDIA's application errors 13,31,43,45,68,109",
     ),
+    "--auto-recover-probes": (
+        "GPU_DRA_AUTO_RECOVER_PROBES",
+        "0",
+        "clear a device tainted only for a recoverable XID (--recoverable-xids) after this "
+        "many consecutive healthy NVML probes (--auto-recover-period apart) with no new "
+        "event; 0: off",
+    ),
+    "--auto-recover-period": (
+        "GPU_DRA_AUTO_RECOVER_PERIOD",
+        "10",
+        "seconds between two recovery probes (with --auto-recover-probes)",
+    ),
+    "--recoverable-xids": (
+        "GPU_DRA_RECOVERABLE_XIDS",
+        "8,11",
+        "XIDs that --auto-recover-probes may clear, comma-separated (never 48 or 79, "
+        "nor a lost GPU)",
+    ),
     "--metrics-port": (
         "GPU_DRA_METRICS_PORT",
         None,
@@ -142,6 +160,12 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             kwargs["choices"] = ("system", "simulated")
         if flag in ("--healthcheck-port", "--metrics-port"):
             kwargs["type"] = int
+        if flag == "--auto-recover-probes":
+            kwargs["type"] = _probes
+        if flag == "--auto-recover-period":
+            kwargs["type"] = _seconds
+        if flag == "--recoverable-xids":
+            kwargs["type"] = _recoverable_xids
         if flag == "--feature-gates":
             kwargs["type"] = parse_feature_gates
         if flag == "--additional-xids-to-ignore":
@@ -173,6 +197,35 @@ def _xids(text: str) -> frozenset[int]:
         return parse_xids(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _recoverable_xids(text: str) -> frozenset[int]:
+    from driver.devicehealth import parse_recoverable_xids
+
+    try:
+        return parse_recoverable_xids(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _probes(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of probes, 0 for off")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, more than 0")
+    return value
 
 
 def _boolean(text: str) -> bool:
@@ -221,6 +274,9 @@ def _run(args: argparse.Namespace) -> int:
         healthcheck_port=args.healthcheck_port,
         metrics_port=args.metrics_port,
         ignored_xids=DEFAULT_IGNORED_XIDS | (args.additional_xids_to_ignore or frozenset()),
+        recovery_probes=args.auto_recover_probes,
+        recoverable_xids=args.recoverable_xids,
+        recovery_period=args.auto_recover_period,
     )
     if args.feature_gates:
         import logging

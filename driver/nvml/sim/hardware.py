@@ -93,5 +93,8 @@ def hardware_text(
             lines.append(f"fail {fault.gpu} {fault.call} {fault.code()}")
     for event in faults.xid_events or ():
         if event.gpu in minors:
-            lines.append(f"xid {event.gpu} {event.xid}")
+            placed = ""
+            if event.gi is not None:  # NVML's "none" for an ID is 0xffffffff
+                placed = f" {event.gi} {0xFFFFFFFF if event.ci is None else event.ci}"
+            lines.append(f"xid {event.gpu} {event.xid}{placed}")
     return "\n".join(lines) + "\n"

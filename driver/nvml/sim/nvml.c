@@ -30,7 +30,9 @@
  * would, they survive a re-init while their GPU stays in MIG mode) and get their access
  * files under the root; destroying them removes those.
  *   fail <minor> <pynvml function name> <nvmlReturn_t>
- *   xid <minor> <xid>                  an XID event, delivered to each event set once
+ *   xid <minor> <xid> [<gi> <ci>]      an XID event, delivered to each event set once; on a
+ *                                  MIG-mode GPU the GPU and compute instance IDs it names
+ *                                  (0xffffffff, the default: the whole GPU)
  *
  * Every query takes one mutex. Handles point into a static table that is never freed, so a
  * handle kept across a re-init stays safe: its GPU is then gone (GPU_IS_LOST) or refreshed.
@@ -113,7 +115,7 @@ typedef struct nvmlComputeInstance_st {
 } *nvmlComputeInstance_t;
 
 struct fail { unsigned minor; char call[64]; nvmlReturn_t code; };
-struct xid { unsigned minor; unsigned long long xid; };
+struct xid { unsigned minor; unsigned long long xid; unsigned gi, ci; };
 
 struct hardware {
     nvmlReturn_t init;
@@ -342,9 +344,13 @@ static int parse_line(struct hardware *h, char *line, struct nvmlDevice_st **gpu
     }
     if (!strcmp(key, "xid")) {
         if (h->nxids == MAX_XIDS) return -1;
-        if (sscanf(value, "%llu %llu", &n, &m) != 2 || n >= MAX_GPUS) return -1;
+        unsigned gi = 0xffffffffu, ci = 0xffffffffu;
+        int got = sscanf(value, "%llu %llu %u %u", &n, &m, &gi, &ci);
+        if ((got != 2 && got != 4) || n >= MAX_GPUS) return -1;
         h->xids[h->nxids].minor = (unsigned)n;
         h->xids[h->nxids].xid = m;
+        h->xids[h->nxids].gi = gi;
+        h->xids[h->nxids].ci = ci;
         h->nxids++;
         return 0;
     }
@@ -892,7 +898,8 @@ static nvmlReturn_t wait_locked(nvmlEventSet_t set, nvmlEventData_t *data, unsig
                 data->device = g;
                 data->eventType = EVENT_XID;
                 data->eventData = x->xid;
-                data->gpuInstanceId = data->computeInstanceId = 0xffffffffu;
+                data->gpuInstanceId = x->gi;
+                data->computeInstanceId = x->ci;
                 return OK;
             }
         }

@@ -1,0 +1,182 @@
+"""NVML events on GPUs in MIG mode: an XID lands on the MIG devices of the GPU and
+compute instance it names, or on every MIG device of the GPU when it names none; a lost
+GPU takes all of them. Over the simulated C library (p4d.24xlarge-mig: GPUs 0-3 hold a
+3g.20gb, a 2g.10gb and a 1g.10gb instance, GPU instances 1, 2, 3, each one compute
+instance 0)."""
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from driver import devicehealth
+from driver.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
+from driver.devicekinds import NodeDevices
+from driver.discovery import discover
+from driver.nvml.events import EventWatcher
+from driver.nvml.faults import Faults, SimulationConfigError, XidEvent, write_state_file
+from driver.nvml.simulated import SimulatedNode
+from kubeletplugin.health import HealthBoard
+from kubeletplugin.healthmonitor import CLEAR_FILE, HealthMonitor, Watched
+
+XID79 = Taint(devicehealth.XID_KEY, "79", "NoSchedule")
+LOST = Taint(devicehealth.GPU_LOST_KEY, "", "NoSchedule")
+MIGS = {
+    "GPU-m": (
+        MigPlacement("MIG-a", gi=1, ci=0),
+        MigPlacement("MIG-b", gi=2, ci=0),
+        MigPlacement("MIG-c", gi=2, ci=1),
+    )
+}
+
+
+def test_an_xid_naming_a_gpu_and_compute_instance_hits_that_mig_device_only() -> None:
+    events, unplaced = placed([Xid("GPU-m", 79, gi=2, ci=1)], MIGS)
+    assert events == [Xid("MIG-c", 79, gi=2, ci=1)] and unplaced == []
+
+
+def test_an_xid_naming_a_gpu_instance_only_hits_each_of_its_compute_instances() -> None:
+    events, _ = placed([Xid("GPU-m", 79, gi=2)], MIGS)
+    assert [e.uuid for e in events] == ["MIG-b", "MIG-c"]
+
+
+def test_an_xid_naming_no_instance_and_a_lost_or_unmonitored_gpu_hit_every_mig_device() -> None:
+    every = ["MIG-a", "MIG-b", "MIG-c"]
+    for event in (Xid("GPU-m", 48), GpuLost("GPU-m"), Unmonitored("GPU-m", "no events")):
+        events, unplaced = placed([event], MIGS)
+        assert [e.uuid for e in events] == every and unplaced == []
+        assert all(type(e) is type(event) for e in events)
+
+
+def test_an_xid_naming_an_unpublished_instance_taints_nothing_and_is_reported() -> None:
+    stray = Xid("GPU-m", 79, gi=7, ci=0)
+    assert placed([stray], MIGS) == ([], [stray])
+
+
+def test_on_a_whole_gpu_the_gpu_is_the_device_whatever_the_event_names() -> None:
+    events: list[devicehealth.Event] = [Xid("GPU-w", 79, gi=1, ci=0), GpuLost("GPU-w")]
+    assert placed(events, MIGS) == (events, [])
+
+
+def test_the_state_file_places_an_xid_and_refuses_a_compute_instance_alone() -> None:
+    faults = Faults.from_mapping(
+        {"xidEvents": [{"gpu": 1, "xid": 79, "gi": 2, "ci": 0}, {"gpu": 1, "xid": 48}]},
+        source="t",
+    )
+    assert faults.xid_events == (XidEvent(1, 79, 2, 0), XidEvent(1, 48))
+    for bad in ({"gpu": 1, "xid": 79, "ci": 0}, {"gpu": 1, "xid": 79, "gi": -1}):
+        with pytest.raises(SimulationConfigError, match="xidEvents"):
+            Faults.from_mapping({"xidEvents": [bad]}, source="t")
+    with pytest.raises(SimulationConfigError, match="unknown keys"):
+        Faults.from_mapping({"xidEvents": [{"gpu": 1, "xid": 79, "instance": 2}]}, source="t")
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> tuple[SimulatedNode, Path]:
+    state = tmp_path / "state.yaml"
+    write_state_file(state, {})
+    return SimulatedNode("p4d.24xlarge-mig", "mig", tmp_path / "root", state_file=state), state
+
+
+def _watched(sim: SimulatedNode) -> Watched:
+    inventory = discover(sim.nvml, sysfs_root=sim.sysfs_root)
+    devices = NodeDevices.of(inventory, node_name="mig")
+    return Watched.of(devices.current, inventory)
+
+
+def test_the_watcher_follows_mig_parents_and_whole_gpus(node: tuple[SimulatedNode, Path]) -> None:
+    watched = _watched(node[0])
+    assert len(watched.gpus) == 8 and len(watched.migs) == 4
+    assert len(watched.devices) == 4 * 3 + 4  # 3 MIG devices on GPUs 0-3, GPUs 4-7 whole
+    for parent, migs in watched.migs.items():
+        assert parent in watched.gpus and parent not in watched.devices
+        assert [(m.gi, m.ci) for m in migs] == [(1, 0), (2, 0), (3, 0)]
+        names = [watched.devices[m.uuid] for m in migs]
+        assert all("-mig-" in name for name in names), names
+
+
+def test_nvml_events_name_the_instance_they_hit(node: tuple[SimulatedNode, Path]) -> None:
+    sim, state = node
+    watched = _watched(sim)
+    got: list[devicehealth.Event] = []
+    cond = threading.Condition()
+
+    def emit(events: list[devicehealth.Event]) -> None:
+        with cond:
+            got.extend(events)
+            cond.notify_all()
+
+    watcher = EventWatcher(sim.nvml, watched.gpus, emit, wait_ms=50)
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    try:
+        assert watcher.ready.wait(10)
+        write_state_file(
+            state,
+            {"xidEvents": [{"gpu": 1, "xid": 79, "gi": 2, "ci": 0}, {"gpu": 2, "xid": 48}]},
+        )
+        sim.nvml.nvmlInit()  # the library re-reads its state at nvmlInit
+        sim.nvml.nvmlShutdown()
+        with cond:
+            assert cond.wait_for(lambda: len(got) >= 2, 15), got
+    finally:
+        watcher.stop()
+        thread.join(10)
+    sim.nvml.nvmlInit()
+    try:
+        by_minor = {
+            pynvml.nvmlDeviceGetMinorNumber(h): pynvml.nvmlDeviceGetUUID(h)
+            for h in (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8))
+        }
+    finally:
+        sim.nvml.nvmlShutdown()
+    assert got == [Xid(by_minor[1], 79, gi=2, ci=0), Xid(by_minor[2], 48)]
+
+
+async def _until(predicate: Any, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition never held")
+        await asyncio.sleep(0.01)
+
+
+async def test_the_monitor_taints_mig_devices_and_a_gpu_clear_clears_them(tmp_path: Path) -> None:
+    board = HealthBoard()
+    writes: list[int] = []
+    monitor = HealthMonitor(
+        tmp_path, board, pool="node-a", window=0.05, on_change=lambda: writes.append(1)
+    )
+    names = {"MIG-a": "gpu-0-mig-a", "MIG-b": "gpu-0-mig-b", "MIG-c": "gpu-0-mig-c"}
+    monitor.set_devices({**names, "GPU-w": "gpu-1"}, MIGS)
+    runner = asyncio.create_task(monitor.run(clear_check=0.05))
+    try:
+        monitor.submit([Xid("GPU-m", 79, gi=2, ci=1), Xid("GPU-m", 79, gi=9, ci=0)])
+        await _until(lambda: monitor.changes == 1)
+        assert monitor.taints == {"MIG-c": (XID79,)}
+        assert monitor.device_taints("gpu-0-mig-c") == [XID79.published()]
+        assert monitor.device_taints("gpu-0-mig-b") == []
+        health = {d.device: d.health for d in board.snapshot()[1]}
+        assert health == {
+            "gpu-0-mig-a": "Healthy",
+            "gpu-0-mig-b": "Healthy",
+            "gpu-0-mig-c": "Unhealthy",
+            "gpu-1": "Healthy",
+        }
+        monitor.submit([GpuLost("GPU-m")])
+        await _until(lambda: monitor.changes == 2)
+        assert monitor.taints == {
+            "MIG-a": (LOST,),
+            "MIG-b": (LOST,),
+            "MIG-c": (LOST, XID79),
+        }
+        (tmp_path / CLEAR_FILE).write_text("GPU-m\n")  # the parent's UUID, as nvidia-smi shows
+        await _until(lambda: not (tmp_path / CLEAR_FILE).exists())
+    finally:
+        runner.cancel()
+    assert monitor.taints == {} and monitor.changes == 3 and len(writes) == 3
+    assert {d.health for d in board.snapshot()[1]} == {"Healthy"}
