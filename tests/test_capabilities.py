@@ -75,7 +75,8 @@ async def test_dry_run_create_checks_and_stores_nothing(gated: Callable[..., Any
         query=[("dryRun", "All")],
         body=body,
     )
-    assert answer["metadata"]["name"].startswith(f"{DRIVER}-{NODE}-probe-")
+    # Named by the naming rule, which the slice admission policy enforces.
+    assert answer["metadata"]["name"] == f"fffff-{DRIVER}-{NODE}"
     assert "resourceVersion" not in answer["metadata"]
     assert answer["spec"]["devices"][0]["taints"][0]["key"] == "gpu-dra.io/capability-probe"
     assert server.objects("resourceslices") == []
@@ -115,9 +116,16 @@ async def test_dry_run_other_values_and_verbs_are_refused(gated: Callable[..., A
 async def test_a_gate_off_drops_its_fields_silently(gated: Callable[..., Any], gate: str) -> None:
     _, api = await gated(**{gate: False})
     probes = probe_slices(DRIVER, NODE)
+    # Stored for real (no dry run) to read back what the server kept: one name each.
     stored = [
-        await Client(api).request("POST", SLICES, verb="create", resource="rs", body=probes[g])
-        for g in ALL_GATES
+        await Client(api).request(
+            "POST",
+            SLICES,
+            verb="create",
+            resource="rs",
+            body={**probes[g], "metadata": {"name": f"stored-{i}"}},
+        )
+        for i, g in enumerate(ALL_GATES)
     ]
     [field] = [g for g in GATED_FIELDS if g.gate == gate]
     assert not any(field.used_by(s["spec"]) for s in stored)

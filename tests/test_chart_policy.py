@@ -234,6 +234,14 @@ def test_every_name_the_controller_writes_is_admitted(tmp_path: Path) -> None:
     )
 
 
+def test_the_capability_probes_are_admitted() -> None:
+    """The publisher's dry-run probes are slices of the plugin's own too."""
+    from driver.controller.capabilities import probe_slices
+
+    for body in probe_slices("gpu.nvidia.com", "node-a").values():
+        assert evaluate(policy_for_names(), operation="CREATE", obj=body, user_node="node-a") == []
+
+
 def policy_for_names() -> Policy:
     return _policy("resourceslices")
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from driver.errors import RetryableError
 from driver.kubeapi import ApiError, Client
 from driver.logs import kv
+from driver.resourceslice import generate_name, slice_name
 from driver.wire import Obj as _Obj
 
 log = logging.getLogger(__name__)
@@ -148,13 +149,25 @@ _EFFECT_NONE_PROBE: _Obj = {
 }
 
 
+# The probes' slice index: named by the one naming rule (the slice admission policy lets a
+# plugin write only such names), with an index no real slice reaches. Dry runs store
+# nothing, so two instances probing at once do not collide.
+_PROBE_INDEX = 0xFFFFF
+
+
 def probe_slices(driver_name: str, node_name: str) -> dict[str, _Obj]:
     """Per gate (and for effect None), a slice of this driver and node using its fields."""
+    name = slice_name(_PROBE_INDEX, 1, driver_name, node_name)
+    metadata = (
+        {"name": name}
+        if name is not None
+        else {"generateName": generate_name(_PROBE_INDEX, 1, driver_name, node_name)}
+    )
     return {
         gate: {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
-            "metadata": {"generateName": f"{driver_name}-{node_name}-probe-"},
+            "metadata": dict(metadata),
             "spec": {
                 "driver": driver_name,
                 "nodeName": node_name,
