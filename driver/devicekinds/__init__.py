@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from driver.devicekinds import capacity, gpu, mig
+from driver.devicekinds import capacity, dynmig, gpu, mig
 from driver.devicekinds.base import (
     DeviceKind,
     KindContext,
@@ -28,10 +28,11 @@ __all__ = [
     "PreparedClaim",
     "PreparedDevice",
     "by_name",
+    "counter_sets",
     "node_devices",
 ]
 
-KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND)
+KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND, dynmig.KIND)
 
 
 _index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})
@@ -61,6 +62,12 @@ def node_devices(
     return out
 
 
+def counter_sets(inventory: Inventory) -> list[dict[str, Any]]:
+    """The node's shared counter sets (``ResourceSliceSpec.sharedCounters``) that its
+    devices consume: dynamic MIG's, one per GPU it publishes."""
+    return dynmig.counter_sets(inventory)
+
+
 class NodeDevices:
     """The node's devices, one discovery for the slice publisher and the claim state.
 
@@ -81,6 +88,7 @@ class NodeDevices:
         self._consumable = consumable_capacity
         self._current: Mapping[str, NodeDevice] = MappingProxyType({})
         self._published: list[dict[str, Any]] = []
+        self._counter_sets: list[dict[str, Any]] = []
 
     @classmethod
     def of(
@@ -93,13 +101,15 @@ class NodeDevices:
 
         devices = cls(same, node_name=node_name, consumable_capacity=consumable_capacity)
         devices._set(
-            node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity)
+            node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity),
+            counter_sets(inventory),
         )
         return devices
 
-    def _set(self, devices: Sequence[NodeDevice]) -> None:
+    def _set(self, devices: Sequence[NodeDevice], sets: list[dict[str, Any]]) -> None:
         self._current = MappingProxyType({d.name: d for d in devices})
         self._published = [dict(d.published) for d in devices]
+        self._counter_sets = sets
 
     @property
     def current(self) -> Mapping[str, NodeDevice]:
@@ -111,10 +121,15 @@ class NodeDevices:
         devices = node_devices(
             inventory, node_name=self._node, consumable_capacity=self._consumable
         )
-        self._set(devices)
+        self._set(devices, counter_sets(inventory))
         return devices
 
     async def published(self) -> list[dict[str, Any]]:
         """The publisher's source of desired devices: rediscover, then what to publish."""
         await self.refresh()
         return list(self._published)
+
+    def counter_sets(self) -> list[dict[str, Any]]:
+        """The counter sets of what :meth:`published` last returned (none without
+        partitionable devices)."""
+        return list(self._counter_sets)
