@@ -10,7 +10,9 @@ and removing what is not there is done. A create that fails half-way removes wha
 NVML errors stay ``pynvml.NVMLError``; the caller classes them for the claim.
 """
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,32 @@ class MadeMig:
     ci_id: int
     gi_access_minor: int  # /dev/nvidia-caps/nvidia-cap<minor>
     ci_access_minor: int
+
+
+class Maker:
+    """What the dynamic MIG kind is given to make and remove instances with (it imports no
+    NVML code itself): this node's NVML, initialized around each call."""
+
+    def __init__(self, nvml: Nvml, proc_root: Path) -> None:
+        self._nvml = nvml
+        self._proc_root = proc_root
+
+    def make(self, parent_uuid: str, profile_id: int, start: int, size: int) -> MadeMig:
+        with self._initialized():
+            return make(self._nvml, parent_uuid, profile_id, start, size, self._proc_root)
+
+    def unmake(self, parent_uuid: str, profile_id: int, start: int) -> bool:
+        with self._initialized():
+            return unmake(self._nvml, parent_uuid, profile_id, start)
+
+    @contextlib.contextmanager
+    def _initialized(self) -> Iterator[None]:
+        self._nvml.nvmlInit()  # counted by the library: discovery's init and shutdown are apart
+        try:
+            yield
+        finally:
+            with contextlib.suppress(pynvml.NVMLError):
+                self._nvml.nvmlShutdown()
 
 
 def make(

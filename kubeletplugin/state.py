@@ -37,6 +37,7 @@ from driver.devicekinds import (
 )
 from driver.errors import DriverError
 from driver.logs import kv
+from driver.migmake import Maker
 from driver.nvml import library
 from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
@@ -130,8 +131,7 @@ def _attach_kinds(config: StateConfig, records: Records) -> None:
                 nvidia_smi=config.nvidia_smi,
                 mps_control=config.mps_control,
                 nvml_library=library.find(config.container_driver_root),
-                nvml=config.nvml,
-                proc_root=config.proc_root,
+                mig_maker=None if config.nvml is None else Maker(config.nvml, config.proc_root),
             )
         )
 

@@ -16,18 +16,16 @@ instance found on the GPU that no claim of this plugin made (created out of band
 every placement it overlaps out of the published set.
 """
 
-import contextlib
 import json
 import logging
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pynvml
 
-from driver import migmake
 from driver.devicekinds.base import KindContext, NodeDevice, PreparedClaim, PreparedDevice
 from driver.devicekinds.files import make_dir, write_atomic
 from driver.devicekinds.gpu import CONTROL_NODES, STANDARD_DOMAIN, model_name, semver
@@ -35,7 +33,6 @@ from driver.devicekinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV
 from driver.errors import PermanentError
 from driver.inventory import Gpu, Inventory, MigPartition
 from driver.logs import kv
-from driver.migdiscovery import MigStateError
 
 log = logging.getLogger(__name__)
 
@@ -202,9 +199,9 @@ class DynamicMigError(PermanentError):
 class DynamicMigKind:
     """Partitions of GPUs in MIG mode, published only with ``--dynamic-mig``.
 
-    Prepare makes each allocated partition's MIG device at exactly its placement
-    (:mod:`driver.migmake`), after the claim state wrote the claim's side-effect record,
-    and then keeps what it made (UUID, GI and CI IDs, the cap nodes' minors) in
+    Prepare makes each allocated partition's MIG device at exactly its placement (with
+    the ``driver.migmake.Maker`` given at attach), after the claim state wrote the claim's
+    side-effect record, and then keeps what it made (UUID, GI and CI IDs, the cap nodes' minors) in
     ``<state dir>/<claim uid>.json``, from which the claim's CDI edits are built.
     Unprepare removes the instances and that file; recovery after a crash before the CDI
     spec does the same (the kubelet prepares the claim again), so an instance is never
@@ -220,8 +217,7 @@ class DynamicMigKind:
         self._ours: frozenset[Placement] = frozenset()
         self._dir: Path | None = None
         self._boot = ""
-        self._nvml: Any = None
-        self._proc_root = Path("/")
+        self._maker: Any = None  # driver.migmake.Maker, given at attach
         self._lock = threading.Lock()
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
@@ -256,8 +252,7 @@ class DynamicMigKind:
         self._dir = context.state_dir
         make_dir(self._dir)
         self._boot = context.boot_id
-        self._nvml = context.nvml
-        self._proc_root = context.proc_root
+        self._maker = context.mig_maker
         ours: set[Placement] = set()
         for path in self._dir.glob("*.json"):
             try:
@@ -274,16 +269,15 @@ class DynamicMigKind:
         return any(d.kind == NAME for d in claim.devices)
 
     def prepare(self, claim: PreparedClaim) -> None:
-        nvml = self._ready()
+        maker = self._ready()
         made: dict[str, dict[str, Any]] = {}
         placements = [_placement(d) for d in _mine(claim)]
         with self._lock:
             self._ours = self._ours | {p[:3] for p in placements}
         for device, (parent, profile_id, start, size) in zip(_mine(claim), placements, strict=True):
             try:
-                with _initialized(nvml):
-                    mig = migmake.make(nvml, parent, profile_id, start, size, self._proc_root)
-            except (pynvml.NVMLError, MigStateError) as exc:
+                mig = maker.make(parent, profile_id, start, size)
+            except (pynvml.NVMLError, PermanentError) as exc:
                 raise DynamicMigError(
                     f"claim {claim}: cannot create MIG device {device.device_name} "
                     f"(profile ID {profile_id} at memory slice {start} of GPU {parent}): {exc}"
@@ -303,13 +297,12 @@ class DynamicMigKind:
         write_atomic(self._path(claim.uid), json.dumps(record, sort_keys=True) + "\n")
 
     def unprepare(self, claim: PreparedClaim) -> None:
-        nvml = self._ready()
+        maker = self._ready()
         placements = [_placement(d) for d in _mine(claim)]
         for device, (parent, profile_id, start, _) in zip(_mine(claim), placements, strict=True):
             try:
-                with _initialized(nvml):
-                    removed = migmake.unmake(nvml, parent, profile_id, start)
-            except pynvml.NVMLError as exc:
+                removed = maker.unmake(parent, profile_id, start)
+            except (pynvml.NVMLError, PermanentError) as exc:
                 raise DynamicMigError(
                     f"claim {claim}: cannot destroy MIG device {device.device_name} "
                     f"(profile ID {profile_id} at memory slice {start} of GPU {parent}): {exc}"
@@ -331,9 +324,9 @@ class DynamicMigKind:
         pass
 
     def _ready(self) -> Any:
-        if self._dir is None or self._nvml is None:
+        if self._dir is None or self._maker is None:
             raise DynamicMigError("dynamic MIG used before the claim state attached NVML")
-        return self._nvml
+        return self._maker
 
     def _path(self, uid: str) -> Path:
         if self._dir is None or not re.fullmatch(r"[0-9a-fA-F-]{1,64}", uid):
@@ -364,16 +357,6 @@ def _placement(device: PreparedDevice) -> tuple[str, int, int, int]:
         raise DynamicMigError(
             f"device {device.device_name}: its record lacks the placement ({exc})"
         ) from exc
-
-
-@contextlib.contextmanager
-def _initialized(nvml: Any) -> Iterator[None]:
-    nvml.nvmlInit()  # counted by the library: discovery's own init and shutdown are apart
-    try:
-        yield
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            nvml.nvmlShutdown()
 
 
 KIND = DynamicMigKind()
