@@ -101,15 +101,15 @@ class NodeDevices:
 
         devices = cls(same, node_name=node_name, consumable_capacity=consumable_capacity)
         devices._set(
+            inventory,
             node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity),
-            counter_sets(inventory),
         )
         return devices
 
-    def _set(self, devices: Sequence[NodeDevice], sets: list[dict[str, Any]]) -> None:
+    def _set(self, inventory: Inventory, devices: Sequence[NodeDevice]) -> None:
+        self._counter_sets = counter_sets(inventory)
         self._current = MappingProxyType({d.name: d for d in devices})
         self._published = [dict(d.published) for d in devices]
-        self._counter_sets = sets
 
     @property
     def current(self) -> Mapping[str, NodeDevice]:
@@ -121,7 +121,7 @@ class NodeDevices:
         devices = node_devices(
             inventory, node_name=self._node, consumable_capacity=self._consumable
         )
-        self._set(devices, counter_sets(inventory))
+        self._set(inventory, devices)
         return devices
 
     async def published(self) -> list[dict[str, Any]]:
