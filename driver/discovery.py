@@ -29,7 +29,13 @@ from driver import topology
 from driver.errors import PermanentError, RetryableError
 from driver.inventory import Gpu, Inventory, SkippedGpu
 from driver.logs import kv
-from driver.migdiscovery import MigStateError, check_not_pending, mig_mode, read_mig_devices
+from driver.migdiscovery import (
+    MigStateError,
+    check_not_pending,
+    mig_mode,
+    read_mig_devices,
+    read_partitions,
+)
 from driver.nvml import Nvml
 
 log = logging.getLogger(__name__)
@@ -97,20 +103,25 @@ class _Links:
 
 
 def discover(
-    nvml: Nvml, *, sysfs_root: Path = Path("/"), reported: set[str] | None = None
+    nvml: Nvml,
+    *,
+    sysfs_root: Path = Path("/"),
+    reported: set[str] | None = None,
+    dynamic_mig: bool = False,
 ) -> Inventory:
     """Everything this node's GPUs tell NVML and sysfs, as one immutable Inventory.
 
     ``reported`` (a daemon keeps one across its rediscoveries) holds the skips already
     warned about: a GPU that stays skipped for the same reason is warned about once, and
-    again only after it recovered and failed anew.
+    again only after it recovered and failed anew. With ``dynamic_mig``, a GPU in MIG mode
+    is also read with every profile's possible placements (``Gpu.mig_partitions``).
     """
     try:
         nvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise _init_error(exc) from exc
     try:
-        return _discover(nvml, sysfs_root, reported)
+        return _discover(nvml, sysfs_root, reported, dynamic_mig)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -139,7 +150,9 @@ def _system(call: str, fn: Any) -> Any:
         raise NvmlNotReadyError(f"NVML {call} failed: {exc}") from exc
 
 
-def _discover(nvml: Nvml, sysfs_root: Path, reported: set[str] | None) -> Inventory:
+def _discover(
+    nvml: Nvml, sysfs_root: Path, reported: set[str] | None, dynamic_mig: bool = False
+) -> Inventory:
     driver_version = _text(_system("nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion))
     cuda = int(_system("nvmlSystemGetCudaDriverVersion", nvml.nvmlSystemGetCudaDriverVersion))
     count = int(_system("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
@@ -153,7 +166,7 @@ def _discover(nvml: Nvml, sysfs_root: Path, reported: set[str] | None) -> Invent
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             bus_id = normalize_pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
-            gpu = _read_gpu(nvml, handle, index, bus_id, sysfs_root)
+            gpu = _read_gpu(nvml, handle, index, bus_id, sysfs_root, dynamic_mig)
             links[bus_id] = _read_links(nvml, handle)
         except (pynvml.NVMLError, MigStateError) as exc:
             reason = "MIG state" if isinstance(exc, MigStateError) else "NVML query failed"
@@ -180,7 +193,9 @@ def _discover(nvml: Nvml, sysfs_root: Path, reported: set[str] | None) -> Invent
     )
 
 
-def _read_gpu(nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path) -> Gpu:
+def _read_gpu(
+    nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path, dynamic_mig: bool
+) -> Gpu:
     major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
     brand = nvml.nvmlDeviceGetBrand(handle)
     arch = nvml.nvmlDeviceGetArchitecture(handle)
@@ -191,6 +206,7 @@ def _read_gpu(nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path
     check_not_pending(mig_current, mig_pending)
     # The driver's /proc is the host's in every container, as sysfs is.
     mig = read_mig_devices(nvml, handle, minor, sysfs_root) if mig_current else ()
+    partitions = read_partitions(nvml, handle) if mig_current and dynamic_mig else ()
     return Gpu(
         index=index,
         minor=minor,
@@ -207,6 +223,7 @@ def _read_gpu(nvml: Nvml, handle: Any, index: int, bus_id: str, sysfs_root: Path
         fabric_cluster_uuid=cluster_uuid,
         fabric_clique_id=clique_id,
         mig_devices=mig,
+        mig_partitions=partitions,
     )
 
 

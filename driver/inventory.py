@@ -31,6 +31,25 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class MigPartition:
+    """One GPU instance profile at one placement NVML says is possible (dynamic MIG):
+    what a MIG device made there would be, before it exists."""
+
+    profile: str  # "1g.10gb", NVML's profile name
+    profile_index: int  # NVML_GPU_INSTANCE_PROFILE_* (what GetGpuInstanceProfileInfo takes)
+    profile_id: int  # the profile's unique ID (what placements and create take)
+    placement_start: int  # in memory slices
+    placement_size: int
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
     index: int
     minor: int
@@ -54,6 +73,9 @@ class Gpu:
     # With MIG mode on: the MIG devices configured on it (the GPU is then published only
     # as these).
     mig_devices: tuple[MigDevice, ...] = ()
+    # With MIG mode on and dynamic MIG asked for: every profile at every possible placement,
+    # by placement (the GPU is then published only as these).
+    mig_partitions: tuple[MigPartition, ...] = ()
 
     @property
     def device_name(self) -> str:

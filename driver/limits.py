@@ -29,6 +29,10 @@ MAX_COUNTER_CONSUMPTIONS = 2
 MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
 MAX_BINDING_CONDITIONS = 4
+# Kubernetes 1.34 (counters in the slice of their devices): counters of all sets together,
+# and counters consumed by the slice's devices together.
+MAX_SHARED_COUNTERS_1_34 = 32
+MAX_CONSUMED_COUNTERS_1_34 = 1024
 
 # The one copy of Kubernetes' name rules (the local API server and the tools use them too).
 # Matched with fullmatch: ``$`` would also accept a trailing newline.
@@ -93,8 +97,12 @@ def _qualified_name_error(name: str) -> str | None:
     return None
 
 
-def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
-    """Every violation of the upstream limits in one ResourceSlice object; empty when valid."""
+def validate_resource_slice(
+    obj: Mapping[str, Any], *, release: tuple[int, int] = (1, 36)
+) -> list[str]:
+    """Every violation of the upstream limits in one ResourceSlice object; empty when valid.
+    ``release``: the Kubernetes minor whose rules apply (1.34 keeps shared counters in the
+    slice of the devices that consume them, with its own limits)."""
     errors: list[str] = []
     metadata = obj.get("metadata") or {}
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
@@ -103,11 +111,11 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[str]:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         return [*errors, "spec: required"]
-    _spec(spec, errors)
+    _spec(spec, errors, release)
     return errors
 
 
-def _spec(spec: Mapping[str, Any], errors: list[str]) -> None:
+def _spec(spec: Mapping[str, Any], errors: list[str], release: tuple[int, int]) -> None:
     driver = spec.get("driver")
     if not is_dns_subdomain(driver, MAX_DRIVER_NAME):
         errors.append(
@@ -118,12 +126,36 @@ def _spec(spec: Mapping[str, Any], errors: list[str]) -> None:
     _node_selection(spec, errors)
     devices = spec.get("devices")
     counters = spec.get("sharedCounters")
-    if devices is not None and counters is not None:
+    together = release < (1, 35)
+    if devices is not None and counters is not None and not together:
         errors.append("spec: only one of `sharedCounters` or `devices` is allowed")
     if devices is not None:
         _devices(devices, bool(spec.get("perDeviceNodeSelection")), errors)
     if counters is not None:
         _counter_sets(counters, errors)
+    if together:
+        _counters_1_34(counters, devices, errors)
+
+
+def _counters_1_34(counters: Any, devices: Any, errors: list[str]) -> None:
+    total = sum(len(c.get("counters") or {}) for c in counters or () if isinstance(c, Mapping))
+    if total > MAX_SHARED_COUNTERS_1_34:
+        errors.append(
+            f"spec.sharedCounters: {total} counters, must have at most "
+            f"{MAX_SHARED_COUNTERS_1_34} in all sets together"
+        )
+    consumed = sum(
+        len(c.get("counters") or {})
+        for d in devices or ()
+        if isinstance(d, Mapping)
+        for c in d.get("consumesCounters") or ()
+        if isinstance(c, Mapping)
+    )
+    if consumed > MAX_CONSUMED_COUNTERS_1_34:
+        errors.append(
+            f"spec.devices: {consumed} consumed counters, must have at most "
+            f"{MAX_CONSUMED_COUNTERS_1_34} in one slice"
+        )
 
 
 def _pool(pool: Any, errors: list[str]) -> None:

@@ -11,6 +11,7 @@ Every failure raises: a half-read MIG layout is never published. NVML errors sta
 ``pynvml.NVMLError``; what the driver's files lack is :class:`MigStateError`.
 """
 
+import ctypes
 import re
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pynvml
 
 from driver.errors import PermanentError
-from driver.inventory import MigDevice
+from driver.inventory import MigDevice, MigPartition
 from driver.nvml import Nvml
 
 _MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
@@ -61,9 +62,48 @@ def read_mig_devices(nvml: Nvml, handle: Any, minor: int, proc_root: Path) -> tu
     return tuple(sorted(devices, key=lambda d: (d.placement_start, d.profile_id, d.ci_id)))
 
 
-def _gi_profiles(nvml: Nvml, handle: Any) -> dict[int, Any]:
-    """GPU instance profile infos by profile ID, found by index until NVML says no more."""
-    profiles: dict[int, Any] = {}
+def read_partitions(nvml: Nvml, handle: Any) -> tuple[MigPartition, ...]:
+    """Every GPU instance profile at every placement NVML says is possible on the GPU
+    ``handle`` (MIG mode on), whatever is created now; ordered small to large, as the
+    scheduler picks first fit."""
+    partitions = []
+    for index, info in _gi_profiles_by_index(nvml, handle):
+        for start, size in possible_placements(nvml, handle, int(info.id)):
+            partitions.append(
+                MigPartition(
+                    profile=_text(info.name).removeprefix("MIG "),
+                    profile_index=index,
+                    profile_id=int(info.id),
+                    placement_start=start,
+                    placement_size=size,
+                    memory_bytes=int(info.memorySizeMB) << 20,
+                    multiprocessors=int(info.multiprocessorCount),
+                    copy_engines=int(info.copyEngineCount),
+                    decoders=int(info.decoderCount),
+                    encoders=int(info.encoderCount),
+                    jpeg_engines=int(info.jpegCount),
+                    ofa_engines=int(info.ofaCount),
+                )
+            )
+    return tuple(
+        sorted(partitions, key=lambda p: (p.placement_size, p.memory_bytes, p.multiprocessors,
+                                          p.ofa_engines, p.profile_id, p.placement_start))
+    )  # fmt: skip
+
+
+def possible_placements(nvml: Nvml, handle: Any, profile_id: int) -> list[tuple[int, int]]:
+    """(start, size) of each placement of the profile, asked twice as NVML wants: the count
+    first, then into an array of that size."""
+    count = ctypes.c_uint(0)
+    fn = nvml.nvmlDeviceGetGpuInstancePossiblePlacements
+    fn(handle, profile_id, None, ctypes.byref(count))
+    array = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+    fn(handle, profile_id, array, ctypes.byref(count))
+    return [(int(p.start), int(p.size)) for p in array[: count.value]]
+
+
+def _gi_profiles_by_index(nvml: Nvml, handle: Any) -> list[tuple[int, Any]]:
+    found = []
     for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
@@ -71,8 +111,13 @@ def _gi_profiles(nvml: Nvml, handle: Any) -> dict[int, Any]:
             continue
         except pynvml.NVMLError_InvalidArgument:
             break
-        profiles[int(info.id)] = info
-    return profiles
+        found.append((index, info))
+    return found
+
+
+def _gi_profiles(nvml: Nvml, handle: Any) -> dict[int, Any]:
+    """GPU instance profile infos by profile ID, found by index until NVML says no more."""
+    return {int(info.id): info for _, info in _gi_profiles_by_index(nvml, handle)}
 
 
 def _mig_device(

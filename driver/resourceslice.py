@@ -8,12 +8,13 @@ slice holds are split deterministically; the generation is the caller's (the
 controller's) business, passed through.
 """
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
-from driver.devicekinds import gpu, node_devices
+from driver.devicekinds import counter_sets, gpu, node_devices
 from driver.inventory import Inventory
-from driver.limits import max_devices
+from driver.limits import MAX_COUNTER_SETS, max_devices
 
 API_VERSION = "resource.k8s.io/v1"
 STANDARD_DOMAIN = gpu.STANDARD_DOMAIN
@@ -114,34 +115,93 @@ def build_resource_slices(
     node_name: str,
     generation: int = 1,
     consumable_capacity: bool = False,
+    counters_apart: bool = True,
 ) -> list[dict[str, Any]]:
     """The node's complete pool: ``resource.k8s.io/v1`` ResourceSlice objects."""
     devices = build_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity)
     return build_slices(
-        devices, driver_name=driver_name, node_name=node_name, generation=generation
+        devices,
+        driver_name=driver_name,
+        node_name=node_name,
+        generation=generation,
+        counter_sets=counter_sets(inventory),
+        counters_apart=counters_apart,
     )
 
 
-def build_slices(
-    devices: Sequence[dict[str, Any]], *, driver_name: str, node_name: str, generation: int = 1
+def counters_apart_for(server_version: str) -> bool:
+    """Whether shared counters go in slices of their own: Kubernetes 1.35 and later
+    (``Only one of Devices and SharedCounters can be set``); 1.34 wants them in the slice
+    of the devices that consume them. An unreadable version is taken as a current one."""
+    found = re.match(r"v?(\d+)\.(\d+)", server_version)
+    return found is None or (int(found.group(1)), int(found.group(2))) >= (1, 35)
+
+
+def layout(
+    devices: Sequence[dict[str, Any]],
+    counter_sets: Sequence[dict[str, Any]] = (),
+    *,
+    counters_apart: bool = True,
 ) -> list[dict[str, Any]]:
-    """The pool of ``devices`` (in publishing order), split into as many slices as it needs."""
-    chunks = split_devices(devices)
+    """The slice specs' ``devices``/``sharedCounters`` parts, in publishing order.
+
+    1.35+ (``counters_apart``): slices of at most 8 counter sets, then the devices in
+    chunks (64 a slice once any consumes counters). 1.34: each counter set in one slice
+    with every device that consumes it (at most 32 counters a slice, so one set of
+    dynamic MIG's 15), then the devices that consume none.
+    """
+    if not counter_sets:
+        return [{"devices": chunk} for chunk in split_devices(devices)]
+    if counters_apart:
+        sets = list(counter_sets)
+        parts: list[dict[str, Any]] = [
+            {"sharedCounters": sets[i : i + MAX_COUNTER_SETS]}
+            for i in range(0, len(sets), MAX_COUNTER_SETS)
+        ]
+        if devices:
+            parts.extend({"devices": chunk} for chunk in split_devices(devices))
+        return parts
+    by_set: dict[str, list[dict[str, Any]]] = {s["name"]: [] for s in counter_sets}
+    plain: list[dict[str, Any]] = []
+    for device in devices:
+        consumed = device.get("consumesCounters") or ()
+        if consumed:
+            by_set[consumed[0]["counterSet"]].append(device)
+        else:
+            plain.append(device)
+    parts = [{"sharedCounters": [s], "devices": by_set[s["name"]]} for s in counter_sets]
+    if plain:
+        parts.extend({"devices": chunk} for chunk in split_devices(plain))
+    return parts
+
+
+def build_slices(
+    devices: Sequence[dict[str, Any]],
+    *,
+    driver_name: str,
+    node_name: str,
+    generation: int = 1,
+    counter_sets: Sequence[dict[str, Any]] = (),
+    counters_apart: bool = True,
+) -> list[dict[str, Any]]:
+    """The pool of ``devices`` (in publishing order) and the counter sets they consume,
+    split into as many slices as it needs (:func:`layout`)."""
+    parts = layout(devices, counter_sets, counters_apart=counters_apart)
     return [
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": slice_metadata(i, len(chunks), driver_name, node_name),
+            "metadata": slice_metadata(i, len(parts), driver_name, node_name),
             "spec": {
                 "driver": driver_name,
                 "nodeName": node_name,
                 "pool": {
                     "name": node_name,
                     "generation": generation,
-                    "resourceSliceCount": len(chunks),
+                    "resourceSliceCount": len(parts),
                 },
-                "devices": chunk,
+                **part,
             },
         }
-        for i, chunk in enumerate(chunks)
+        for i, part in enumerate(parts)
     ]

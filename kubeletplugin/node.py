@@ -65,6 +65,8 @@ class NodeConfig:
     mps_control: Path | None = None
     # Publish GPUs for consumable capacity (driver.devicekinds.capacity).
     consumable_capacity: bool = False
+    # Publish GPUs in MIG mode as partitions, made at prepare (driver.devicekinds.dynmig).
+    dynamic_mig: bool = False
     pod_uid: str | None = None
     nvml: str = "system"
     profile: str | None = None
@@ -229,7 +231,11 @@ class _Node:
 
         async def _discover() -> Inventory:
             return await asyncio.to_thread(
-                discover, backend, sysfs_root=sysfs_root, reported=reported
+                discover,
+                backend,
+                sysfs_root=sysfs_root,
+                reported=reported,
+                dynamic_mig=cfg.dynamic_mig,
             )
 
         # One inventory for the publisher and the claim state, for the process's life.
@@ -248,8 +254,15 @@ class _Node:
             mps_control=cfg.mps_control,
             pod_uid=cfg.pod_uid,
             nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
+            nvml=backend,
+            proc_root=sysfs_root,
         )
-        return await DeviceState.open(state_config, self._api, self._devices)
+        state = await DeviceState.open(state_config, self._api, self._devices)
+        if cfg.dynamic_mig:
+            # Recovery may have destroyed the instances a crash left, which the first
+            # discovery took for out of band: their placements are free again.
+            await self._devices.refresh()
+        return state
 
     def _load_nvml(self) -> "tuple[Nvml, Path]":
         from driver import nvml
@@ -336,6 +349,7 @@ class _Node:
             node_name=cfg.node_name,
             driver_name=cfg.driver_name,
             devices=monitor.tainted(published),
+            counter_sets=self._devices.counter_sets,
             resync_period=cfg.slice_resync_period,
         )
         if cfg.metrics_port is not None:  # after the controller: its counts are scraped

@@ -37,6 +37,7 @@ from driver.devicekinds import (
 )
 from driver.errors import DriverError
 from driver.logs import kv
+from driver.migmake import Maker
 from driver.nvml import library
 from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
@@ -97,6 +98,8 @@ class StateConfig:
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
     nvidia_smi: Path | None = None  # for GPU settings NVML cannot make; default under the root
     mps_control: Path | None = None  # nvidia-cuda-mps-control; default under the root
+    nvml: Any = None  # the loaded NVML (driver.nvml.Nvml), for kinds that make MIG instances
+    proc_root: Path = Path("/")  # where the driver's /proc/driver/nvidia lies
 
 
 def _claim_kv(ref: ClaimRef | PreparedClaim | Holder) -> dict[str, Any]:
@@ -128,6 +131,7 @@ def _attach_kinds(config: StateConfig, records: Records) -> None:
                 nvidia_smi=config.nvidia_smi,
                 mps_control=config.mps_control,
                 nvml_library=library.find(config.container_driver_root),
+                mig_maker=None if config.nvml is None else Maker(config.nvml, config.proc_root),
             )
         )
 
@@ -360,6 +364,16 @@ class DeviceState:
                 for kind in kinds:
                     await asyncio.to_thread(kind.prepare, claim)
                 crashpoint("after-side-effects")
+                # What a side effect made (a MIG instance's device nodes) is in the edits.
+                spec = cdi.encode(
+                    cdi.build_claim_spec(
+                        claim,
+                        devices,
+                        self._base_edits,
+                        boot_id=self._records.boot_id,
+                        dev_root=self._dev_root,
+                    )
+                )
             # CDI: the spec is the claim's record; once it is in place the claim is prepared.
             await self._file_step(self._records.write_spec, ref.uid, spec)
         except BaseException:

@@ -277,6 +277,10 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
             in classes(o)["shared.gpu.nvidia.com"]["selectors"]
         ),
     ),
+    "mig.dynamic.enabled": (
+        ("mig.dynamic.enabled=true",),
+        lambda o: "--dynamic-mig=true" in args(o),
+    ),
     "deviceClasses.sharedGpu.name": (
         ("consumableCapacity.enabled=true", "deviceClasses.sharedGpu.name=shared.example.com"),
         lambda o: "shared.example.com" in classes(o),

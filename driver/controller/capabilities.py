@@ -316,10 +316,8 @@ class CapabilityGuard:
     def capabilities(self) -> Capabilities | None:
         return self._capabilities
 
-    async def fit(self, desired: list[_Obj]) -> list[_Obj]:
-        """``desired`` as this server will keep it; raises what the probe raises."""
-        if not uses_gated_fields(desired):
-            return desired
+    async def learn(self) -> Capabilities:
+        """The server's capabilities, probed on the first call; raises what the probe raises."""
         if self._capabilities is None:
             self._capabilities = await probe(
                 self._client, driver_name=self._driver, node_name=self._node
@@ -333,7 +331,13 @@ class CapabilityGuard:
                     taint_effect_none=self._capabilities.effect_none,
                 ),
             )
-        caps = self._capabilities
+        return self._capabilities
+
+    async def fit(self, desired: list[_Obj]) -> list[_Obj]:
+        """``desired`` as this server will keep it; raises what the probe raises."""
+        if not uses_gated_fields(desired):
+            return desired
+        caps = await self.learn()
         fitted, counts = fit(desired, caps.dropped, effect_none=caps.effect_none)
         if counts.get(EFFECT_NONE) and EFFECT_NONE not in self._reported:
             self._reported.add(EFFECT_NONE)
@@ -351,7 +355,7 @@ class CapabilityGuard:
                     f"devices that need them are {fallback}",
                     extra=kv(
                         node=self._node,
-                        server_version=self._capabilities.version,
+                        server_version=caps.version,
                         gate=g.gate,
                         devices=counts[g.gate],
                     ),

@@ -95,7 +95,9 @@ class SliceController:
     ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
     and closes it); ``devices`` is the source of desired devices (every device kind's,
     rediscovered on each call, ``driver.devicekinds.NodeDevices.published``) and may
-    raise (``RetryableError`` for "not yet"); the slices are built from them by
+    raise (``RetryableError`` for "not yet"); ``counter_sets`` (called right after it,
+    ``NodeDevices.counter_sets``) the shared counters those devices consume, whose layout
+    follows the server's version; the slices are built from them by
     ``driver.resourceslice.build_slices``, and the
     :class:`~driver.controller.capabilities.CapabilityGuard` fits them to what the server
     keeps.
@@ -127,6 +129,7 @@ class SliceController:
         node_name: str,
         driver_name: str,
         devices: Callable[[], Awaitable[list[dict[str, Any]]]],
+        counter_sets: Callable[[], list[dict[str, Any]]] | None = None,
         resync_period: float = 60.0,
         identity: str | None = None,
         namespace: str | None = None,
@@ -138,6 +141,7 @@ class SliceController:
         self._node = node_name
         self._driver = driver_name
         self._devices = devices
+        self._counter_sets = counter_sets
         self._guard = CapabilityGuard(self._client, driver_name=driver_name, node_name=node_name)
         self._resync_period = resync_period
         self._backoff_cap = backoff_cap
@@ -270,7 +274,7 @@ class SliceController:
     # -- discovery ----------------------------------------------------------------
 
     async def _discovery_loop(self) -> None:
-        from driver.resourceslice import build_slices
+        from driver.resourceslice import build_slices, counters_apart_for
 
         backoff = Backoff(cap=min(self._backoff_cap, self._resync_period))
         while True:
@@ -287,8 +291,18 @@ class SliceController:
                 )
                 await self._wait_discovery(backoff.next_delay())
                 continue
-            desired = build_slices(devices, driver_name=self._driver, node_name=self._node)
+            sets = self._counter_sets() if self._counter_sets is not None else []
             try:
+                apart = True
+                if sets:  # where counters go depends on the server's version
+                    apart = counters_apart_for((await self._guard.learn()).version)
+                desired = build_slices(
+                    devices,
+                    driver_name=self._driver,
+                    node_name=self._node,
+                    counter_sets=sets,
+                    counters_apart=apart,
+                )
                 desired = await self._guard.fit(desired)
             except (ApiError, RetryableError) as exc:
                 self._report(exc, what="learn the API server's capabilities")

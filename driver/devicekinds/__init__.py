@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from driver.devicekinds import capacity, gpu, mig
+from driver.devicekinds import capacity, dynmig, gpu, mig
 from driver.devicekinds.base import (
     DeviceKind,
     KindContext,
@@ -28,10 +28,11 @@ __all__ = [
     "PreparedClaim",
     "PreparedDevice",
     "by_name",
+    "counter_sets",
     "node_devices",
 ]
 
-KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND)
+KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND, dynmig.KIND)
 
 
 _index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})
@@ -61,6 +62,12 @@ def node_devices(
     return out
 
 
+def counter_sets(inventory: Inventory) -> list[dict[str, Any]]:
+    """The node's shared counter sets (``ResourceSliceSpec.sharedCounters``) that its
+    devices consume: dynamic MIG's, one per GPU it publishes."""
+    return dynmig.counter_sets(inventory)
+
+
 class NodeDevices:
     """The node's devices, one discovery for the slice publisher and the claim state.
 
@@ -82,6 +89,7 @@ class NodeDevices:
         self._current: Mapping[str, NodeDevice] = MappingProxyType({})
         self._published: list[dict[str, Any]] = []
         self._inventory: Inventory | None = None
+        self._counter_sets: list[dict[str, Any]] = []
 
     @classmethod
     def of(
@@ -101,6 +109,7 @@ class NodeDevices:
 
     def _set(self, inventory: Inventory, devices: Sequence[NodeDevice]) -> None:
         self._inventory = inventory
+        self._counter_sets = counter_sets(inventory)
         self._current = MappingProxyType({d.name: d for d in devices})
         self._published = [dict(d.published) for d in devices]
 
@@ -126,3 +135,8 @@ class NodeDevices:
         """The publisher's source of desired devices: rediscover, then what to publish."""
         await self.refresh()
         return list(self._published)
+
+    def counter_sets(self) -> list[dict[str, Any]]:
+        """The counter sets of what :meth:`published` last returned (none without
+        partitionable devices)."""
+        return list(self._counter_sets)

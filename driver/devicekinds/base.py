@@ -78,6 +78,9 @@ class KindContext:
     nvidia_smi: Path | None = None  # None: under the driver root
     mps_control: Path | None = None  # nvidia-cuda-mps-control; None: under the driver root
     nvml_library: Path | None = None  # the driver root's libnvidia-ml, for the tools it runs
+    # What makes and removes MIG instances (``driver.migmake.Maker`` over the node's NVML;
+    # None where no NVML is loaded): for the dynamic MIG kind, which imports no NVML code.
+    mig_maker: Any = None
 
     def nvidia_smi_tool(self) -> NvidiaSmi:
         """The driver root's nvidia-smi (or the one named), with the driver root's NVML."""

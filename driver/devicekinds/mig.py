@@ -97,7 +97,7 @@ class MigKind:
         return [
             node_device(gpu, mig, inventory)
             for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
-            if gpu.mig_enabled
+            if gpu.mig_enabled and not gpu.mig_partitions  # else dynamic MIG publishes it
             for mig in gpu.mig_devices
         ]
 

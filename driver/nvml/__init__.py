@@ -9,6 +9,7 @@ A *sysfs root* is the directory that holds ``sys/`` (``/`` on a host); simulated
 nodes write theirs into their fake driver root.
 """
 
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +56,28 @@ class Nvml(Protocol):
         self, gi: Any, profile: int, engProfile: int, /
     ) -> Any: ...
     def nvmlComputeInstanceGetInfo(self, computeInstance: Any, /) -> Any: ...
+    # Dynamic MIG (driver.migmake): placements, and making and removing instances there.
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: Any, profileId: int, placements: Any, count: Any, /
+    ) -> int: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str, /) -> Any: ...
+    def nvmlDeviceGetGpuInstances(
+        self, device: Any, profileId: int, instances: Any, count: Any, /
+    ) -> int: ...
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gpuInstance: Any, profileId: int, instances: Any, count: Any, /
+    ) -> int: ...
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: Any, profileId: int, placement: Any, /
+    ) -> Any: ...
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int, /) -> Any: ...
+    def nvmlComputeInstanceDestroy(self, computeInstance: Any, /) -> int: ...
+    def nvmlGpuInstanceDestroy(self, gpuInstance: Any, /) -> int: ...
+
+
+# The simulated node's root directory, kept across restarts of the process (as a real node
+# keeps its driver's state): where a test restarts a plugin over the same MIG instances.
+SIM_ROOT_ENV = "GPU_DRA_SIM_ROOT"
 
 
 @contextmanager
@@ -90,6 +113,12 @@ def backend(
         )
     from driver.nvml.simulated import SimulatedNode
 
+    kept = os.environ.get(SIM_ROOT_ENV)
+    if kept:  # a node whose driver state (MIG instances made) outlives this process
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        node = SimulatedNode(profile, node_name, Path(kept), state_file=state_file)
+        yield cast(Nvml, node.nvml), node.sysfs_root
+        return
     with tempfile.TemporaryDirectory(prefix="gpu-dra-sim-root-") as root:
         node = SimulatedNode(profile, node_name, Path(root), state_file=state_file)
         yield cast(Nvml, node.nvml), node.sysfs_root

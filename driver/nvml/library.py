@@ -70,6 +70,15 @@ REQUIRED_SYMBOLS = {
     "nvmlComputeInstanceGetInfo_v2": "R460",
     "nvmlDeviceGetGpuInstanceProfileInfoV": "R470",
     "nvmlGpuInstanceGetComputeInstanceProfileInfoV": "R470",
+    # Dynamic MIG (--dynamic-mig): placements, and making and removing instances.
+    "nvmlDeviceGetHandleByUUID": "R418",
+    "nvmlDeviceGetGpuInstances": "R450",
+    "nvmlGpuInstanceGetComputeInstances": "R450",
+    "nvmlGpuInstanceCreateComputeInstance": "R450",
+    "nvmlComputeInstanceDestroy": "R450",
+    "nvmlGpuInstanceDestroy": "R450",
+    "nvmlDeviceCreateGpuInstanceWithPlacement": "R470",
+    "nvmlDeviceGetGpuInstancePossiblePlacements_v2": "R470",
 }
 OPTIONAL_SYMBOLS = {"nvmlDeviceGetGpuFabricInfoV": "R550"}
 SYMLINK_HOPS = 40  # as the kernel's limit

@@ -47,6 +47,18 @@ def add_consumable_capacity(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consumable-capacity", action="store_true", help=CONSUMABLE_CAPACITY_HELP)
 
 
+DYNAMIC_MIG_HELP = (
+    "publish each GPU in MIG mode as partitionable devices (shared counters and one device "
+    "per profile and placement) and create the MIG device a claim gets at prepare "
+    "(Kubernetes 1.36, or 1.34/1.35 with the DRAPartitionableDevices gate on)"
+)
+
+
+def add_dynamic_mig(parser: argparse.ArgumentParser) -> None:
+    """``--dynamic-mig``, shared by ``discover`` and ``controller``."""
+    parser.add_argument("--dynamic-mig", action="store_true", help=DYNAMIC_MIG_HELP)
+
+
 def add_nvml_arguments(parser: argparse.ArgumentParser) -> None:
     """``--nvml``, ``--profile``, ``--sim-state``, ``--sysfs-root``, ``--container-driver-root``."""
     parser.add_argument(

@@ -59,6 +59,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     )
     nvml_args.add_nvml_arguments(parser)
     nvml_args.add_consumable_capacity(parser)
+    nvml_args.add_dynamic_mig(parser)
     parser.add_argument(
         "--resync-period",
         type=float,
@@ -97,21 +98,23 @@ async def _main(args: argparse.Namespace) -> int:
 
         async def discover_now() -> Inventory:
             # NVML calls block: keep them off the event loop.
-            return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
+            return await asyncio.to_thread(
+                discover, backend, sysfs_root=sysfs_root, dynamic_mig=args.dynamic_mig
+            )
 
         api_client = await kubeclient.api_client(
             args.kubeconfig or os.environ.get("KUBECONFIG"), component="controller"
+        )
+        node_devices = NodeDevices(
+            discover_now, node_name=node_name, consumable_capacity=args.consumable_capacity
         )
         try:
             controller = SliceController(
                 api_client,
                 node_name=node_name,
                 driver_name=args.driver_name,
-                devices=NodeDevices(
-                    discover_now,
-                    node_name=node_name,
-                    consumable_capacity=args.consumable_capacity,
-                ).published,
+                devices=node_devices.published,
+                counter_sets=node_devices.counter_sets,
                 resync_period=args.resync_period,
                 namespace=args.namespace,
             )

@@ -25,6 +25,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     )
     nvml_args.add_nvml_arguments(parser)
     nvml_args.add_consumable_capacity(parser)
+    nvml_args.add_dynamic_mig(parser)
     parser.add_argument(
         "--list-profiles", action="store_true", help="list the simulated hardware profiles and exit"
     )
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     node_name = nvml_args.node_name(args)
     try:
         with nvml_args.open_backend(args, node_name) as (backend, sysfs_root):
-            inventory = discover(backend, sysfs_root=sysfs_root)
+            inventory = discover(backend, sysfs_root=sysfs_root, dynamic_mig=args.dynamic_mig)
     except RetryableError as exc:
         print(f"gpu-dra discover: {exc}", file=sys.stderr)
         return EXIT_RETRYABLE

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from driver import DEFAULT_DRIVER_NAME
-from kubeletplugin.cli._nvmlargs import CONSUMABLE_CAPACITY_HELP
+from kubeletplugin.cli._nvmlargs import CONSUMABLE_CAPACITY_HELP, DYNAMIC_MIG_HELP
 
 # flag -> (environment variable, default, help). Each variable is GPU_DRA_<FLAG>; the
 # three with a conventional name of their own (the downward API's, kubectl's) also take it.
@@ -62,6 +62,11 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "GPU_DRA_CONSUMABLE_CAPACITY",
         "false",
         "true: " + CONSUMABLE_CAPACITY_HELP,
+    ),
+    "--dynamic-mig": (
+        "GPU_DRA_DYNAMIC_MIG",
+        "false",
+        "true: " + DYNAMIC_MIG_HELP,
     ),
     "--pod-uid": (
         "GPU_DRA_POD_UID",
@@ -170,7 +175,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             kwargs["type"] = parse_feature_gates
         if flag == "--additional-xids-to-ignore":
             kwargs["type"] = _xids
-        if flag == "--consumable-capacity":
+        if flag in ("--consumable-capacity", "--dynamic-mig"):
             kwargs["type"] = _boolean
         parser.add_argument(flag, **kwargs)
     parser.set_defaults(func=_run)
@@ -267,6 +272,7 @@ def _run(args: argparse.Namespace) -> int:
         nvidia_smi=_path(args.nvidia_smi),
         mps_control=_path(args.mps_control),
         consumable_capacity=bool(args.consumable_capacity),
+        dynamic_mig=bool(args.dynamic_mig),
         pod_uid=args.pod_uid or None,
         nvml=args.nvml,
         profile=args.profile,

@@ -209,7 +209,7 @@ class Store:
         else:
             errors += validation.immutable_errors(rt, old, obj)
         if not errors:
-            errors += validation.extra_errors(rt, obj)
+            errors += validation.extra_errors(rt, obj, self.version)
             errors += validation.taint_effect_errors(rt, obj, self.version)
         if errors:
             raise status.invalid(rt, name, errors)

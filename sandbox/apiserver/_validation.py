@@ -397,7 +397,7 @@ def taint_effect_errors(rt: ResourceType, obj: dict[str, Any], version: str) -> 
     return errors
 
 
-def extra_errors(rt: ResourceType, obj: dict[str, Any]) -> Errors:
+def extra_errors(rt: ResourceType, obj: dict[str, Any], version: str = DEFAULT_VERSION) -> Errors:
     """Rules the schemas do not carry (driver.limits, counts, CEL), as (field, message) pairs."""
     spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
     if rt.plural == "deviceclasses":
@@ -410,7 +410,7 @@ def extra_errors(rt: ResourceType, obj: dict[str, Any]) -> Errors:
     if rt.plural != "resourceslices":
         return []
     errors: Errors = []
-    for message in limits.validate_resource_slice(obj):
+    for message in limits.validate_resource_slice(obj, release=release(version)):
         field, sep, rest = message.partition(": ")
         if sep and re.fullmatch(r"[A-Za-z0-9_.\[\]/-]+", field):
             errors.append((field, rest))

@@ -492,6 +492,83 @@ static void fill_pci(nvmlPciInfo_t *info, unsigned d, unsigned b, unsigned dev, 
 
 /* ---- library ------------------------------------------------------------------------ */
 
+/* ---- instances created at run time, kept in the root as the driver keeps them -------- */
+
+/* The driver keeps instances across processes; so does this library, in a file of the root
+ * ("<root>/run/gpu-dra-sim/created": "<minor> <GI id> <profile index> <start> <CI id or -1>
+ * <MIG UUID>" a line), rewritten after every create and destroy, read back at nvmlInit. */
+static void make_dirs(char *path);
+
+static void created_path(const struct hardware *h, char *out, size_t size) {
+    snprintf(out, size, "%s/run/gpu-dra-sim/created", h->root);
+}
+
+static void fill_mig(struct hardware *h, unsigned slot, const char *uuid) {
+    const struct nvmlGpuInstance_st *gi = &h->gis[slot];
+    const struct nvmlDevice_st *parent = &h->gpus[gi->parent];
+    struct nvmlDevice_st *m = &h->migs[slot];
+    memset(m, 0, sizeof *m);
+    m->defined = m->present = m->is_mig = 1;
+    m->minor = gi->parent;
+    m->slot = slot;
+    m->memory = h->profiles[gi->profile].mem_mib << 20;
+    copy_text(m->uuid, sizeof m->uuid, uuid);
+    memcpy(m->name, parent->name, sizeof m->name);
+}
+
+static void save_created(void) {
+    char path[480], tmp[500];
+    if (!hw.root[0]) return;
+    created_path(&hw, path, sizeof path);
+    char dir[480];
+    snprintf(dir, sizeof dir, "%s/run/gpu-dra-sim", hw.root);
+    make_dirs(dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    for (unsigned s = DYNAMIC_BASE; s < MAX_MIG; s++) {
+        const struct nvmlGpuInstance_st *gi = &hw.gis[s];
+        if (!gi->defined || !gi->created) continue;
+        fprintf(f, "%u %u %u %u %d %s\n", gi->parent, gi->id, gi->profile, gi->start,
+                hw.cis[s].defined ? (int)hw.cis[s].id : -1,
+                hw.migs[s].defined ? hw.migs[s].uuid : "-");
+    }
+    fclose(f);
+    rename(tmp, path);
+}
+
+/* Instances another process created, into free run-time slots of *h. */
+static void load_created(struct hardware *h) {
+    char path[480], line[256], uuid[96];
+    if (!h->root[0]) return;
+    created_path(h, path, sizeof path);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    unsigned minor, id, profile, start;
+    int ci;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%u %u %u %u %d %95s", &minor, &id, &profile, &start, &ci, uuid) != 6)
+            continue;
+        if (minor >= MAX_GPUS || profile >= GI_PROFILE_COUNT) continue;
+        const struct nvmlDevice_st *g = &h->gpus[minor];
+        if (!g->defined || !g->present || !g->mig_enabled || !h->profiles[profile].defined)
+            continue;
+        int known = 0;
+        unsigned slot = MAX_MIG;
+        for (unsigned s = 0; s < MAX_MIG; s++) {
+            if (h->gis[s].defined && h->gis[s].parent == minor && h->gis[s].id == id) known = 1;
+            if (s >= DYNAMIC_BASE && !h->gis[s].defined && slot == MAX_MIG) slot = s;
+        }
+        if (known || slot == MAX_MIG) continue;
+        h->gis[slot] = (struct nvmlGpuInstance_st){1, minor, id, profile, start, 1};
+        if (ci >= 0) {
+            h->cis[slot] = (struct nvmlComputeInstance_st){1, (unsigned)ci};
+            fill_mig(h, slot, uuid);
+        }
+    }
+    fclose(f);
+}
+
 static nvmlReturn_t init_locked(void) {
     struct hardware *next = malloc(sizeof *next);
     if (!next) return MEMORY;
@@ -521,6 +598,7 @@ static nvmlReturn_t init_locked(void) {
             next->migs[s] = hw.migs[s];
         }
     }
+    load_created(next);
     /* Copied over the table in place, so that handles stay where they point. */
     memcpy(&hw, next, sizeof hw);
     free(next);
@@ -1314,6 +1392,7 @@ static nvmlReturn_t create_gi_locked(nvmlDevice_t g, unsigned id,
     hw.cis[slot].defined = 0;
     hw.migs[slot].defined = 0;
     write_access(g->minor, gi_id, -1);
+    save_created();
     *out = &hw.gis[slot];
     return OK;
 }
@@ -1334,22 +1413,20 @@ static nvmlReturn_t create_ci_locked(nvmlGpuInstance_t gi, unsigned ci_profile,
     unsigned slot = slot_of_gi(gi);
     if (hw.cis[slot].defined) return INSUFFICIENT_RESOURCES; /* one full CI per GI */
     hw.cis[slot] = (struct nvmlComputeInstance_st){1, 0};
-    struct nvmlDevice_st *m = &hw.migs[slot];
     const struct nvmlDevice_st *parent = &hw.gpus[gi->parent];
-    memset(m, 0, sizeof *m);
-    m->defined = m->present = m->is_mig = 1;
-    m->minor = gi->parent;
-    m->slot = slot;
-    m->memory = hw.profiles[gi->profile].mem_mib << 20;
-    /* A new UUID for every instance made, as the driver gives. */
+    /* A new UUID for every instance made, as the driver gives (the pid too: another
+     * process of the same root makes others). */
     unsigned long long h = 1469598103934665603ull;
     for (const char *c = parent->uuid; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
     h = (h ^ gi->id) * 1099511628211ull;
     h = (h ^ ++uuid_serial) * 1099511628211ull;
-    snprintf(m->uuid, sizeof m->uuid, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", h >> 32,
+    h = (h ^ (unsigned long long)getpid()) * 1099511628211ull;
+    char uuid[96];
+    snprintf(uuid, sizeof uuid, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", h >> 32,
              (h >> 16) & 0xffff, h & 0xffff, (h >> 48) ^ uuid_serial, (h * 31) & 0xffffffffffffull);
-    memcpy(m->name, parent->name, sizeof m->name);
+    fill_mig(&hw, slot, uuid);
     write_access(gi->parent, gi->id, 0);
+    save_created();
     *out = &hw.cis[slot];
     return OK;
 }
@@ -1365,6 +1442,7 @@ static nvmlReturn_t destroy_ci_locked(nvmlComputeInstance_t ci) {
     remove_access(hw.gis[slot].parent, hw.gis[slot].id, (int)ci->id);
     ci->defined = 0;
     hw.migs[slot].defined = 0;
+    save_created();
     return OK;
 }
 EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
@@ -1377,6 +1455,7 @@ static nvmlReturn_t destroy_gi_locked(nvmlGpuInstance_t gi) {
     if (hw.cis[slot_of_gi(gi)].defined) return IN_USE; /* its compute instance goes first */
     remove_access(gi->parent, gi->id, -1);
     gi->defined = 0;
+    save_created();
     return OK;
 }
 EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { LOCKED(destroy_gi_locked(gi)); }
