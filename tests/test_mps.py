@@ -201,6 +201,8 @@ async def test_a_daemon_that_dies_is_reported_and_restarted(
     (pid,) = daemon_pids(tmp_path)
     os.kill(pid, signal.SIGKILL)
     await wait_for(lambda: GPU.mps.running_pid(uuid) is None, "the daemon gone")
+    pipe = tmp_path / "plugins" / "gpu.nvidia.com" / "kinds" / "gpu" / "mps" / uuid / "pipe"
+    assert (pipe / "control").exists()  # killed: it could not remove its pipe
     await state.watch()
     assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid}"]
     assert GPU.mps.running_pid(uuid) is not None and daemon_pids(tmp_path) != [pid]

@@ -247,6 +247,9 @@ class Mps:
         pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
         for d in (pipe, logs):
             make_dir(d, SHARED)
+        # A daemon killed before it could clean up leaves its control pipe behind, which
+        # would read as "started" at once: no daemon serves this GPU now (checked above).
+        (pipe / "control").unlink(missing_ok=True)
         self._smi.run("-i", uuid, "-c", "EXCLUSIVE_PROCESS")
         env = {
             **os.environ,
