@@ -1,0 +1,174 @@
+"""Dynamic MIG against the real control plane: partitionable devices, overlapping placements.
+
+One simulated p5.48xlarge with every GPU in MIG mode and no instance configured, whose plugin
+runs with ``--dynamic-mig``: each GPU is published as a counter set plus one device per
+profile and placement. The real API server must accept the layout the publisher picked for
+its version (1.34: counters beside their devices; 1.35 and later: a counter-only slice), and
+the real kube-scheduler must never hand out two placements that overlap on one GPU: a 4g
+claim takes memory slices 0 to 3 of GPU 0, a 7g claim on that GPU then does not fit, a 3g
+claim still does. ``gpu-dra explain``, given the claims the scheduler allocated, predicts
+each outcome. The tier's 1.34 control plane turns DRAPartitionableDevices on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from driver.tools.allocation import explain_claim
+from tests.chart_render import NAMESPACE
+from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
+from tests.e2e.kube import (
+    await_until,
+    install_chart,
+    node_object,
+    patch_node_ready,
+    plugin_token,
+)
+from tests.e2e.test_level1 import MINOR, _pin, _pod_outcome, _slices
+from tests.pluginharness import NodeDirs, PluginProcess
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
+
+NODE = "p5"
+NS = "dynamic-mig"
+DEVICES = 8 * 25  # every profile x placement of 8 H100s
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster() -> AsyncIterator[ControlPlane]:
+    cp = ControlPlane(run_root() / f"gpu-dra-e2e-dynmig-{MINOR}", MINOR)
+    try:
+        await cp.start()
+        yield cp
+    finally:
+        await cp.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def plugin(cluster: ControlPlane) -> AsyncIterator[PluginProcess]:
+    install_chart(cluster)
+    cluster.create(node_object(NODE, "p5.48xlarge"))
+    patch_node_ready(cluster, NODE)
+    dirs = NodeDirs(cluster.root / "nodes" / NODE)
+    dirs.root.mkdir(parents=True, exist_ok=True)
+    profile = dirs.root / "p5-mig.yaml"
+    profile.write_text("extends: p5.48xlarge\nmig: {enabled: all}\n")
+    config = dirs.root / "kubeconfig"
+    config.write_text(
+        kubeconfig(cluster.server, cluster.pki / "ca.crt", token=plugin_token(cluster, NODE))
+    )
+    proc = PluginProcess(
+        dirs,
+        kubeconfig=config,
+        node_name=NODE,
+        profile=str(profile),
+        extra_env={"POD_NAMESPACE": NAMESPACE, "GPU_DRA_DYNAMIC_MIG": "true"},
+    )
+    try:
+        await proc.wait_ready(120)
+        await await_until(f"{DEVICES} devices published", lambda: _count(cluster) == DEVICES, 90)
+        yield proc
+    finally:
+        await proc.terminate()
+
+
+def _count(cp: ControlPlane) -> int:
+    return sum(len(s["spec"].get("devices") or []) for s in _slices(cp, NODE))
+
+
+def _claim(name: str, profile: str) -> dict[str, Any]:
+    selector = (
+        f'device.attributes["gpu.nvidia.com"].profile == "{profile}"'
+        ' && device.attributes["gpu.nvidia.com"].index == 0'
+    )
+    request = {
+        "deviceClassName": "mig.nvidia.com",
+        "selectors": [{"cel": {"expression": selector}}],
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}},
+    }
+
+
+def _pod(name: str) -> dict[str, Any]:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "mig"}]}}
+            ],
+            "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        },
+    }
+    return _pin(pod, NODE)
+
+
+async def test_the_layout_fits_the_servers_version(
+    cluster: ControlPlane, plugin: PluginProcess
+) -> None:
+    slices = _slices(cluster, NODE)
+    counter_only = [
+        s for s in slices if s["spec"].get("sharedCounters") and not s["spec"].get("devices")
+    ]
+    with_counters = [
+        s for s in slices if s["spec"].get("sharedCounters") and s["spec"].get("devices")
+    ]
+    if MINOR == "1.34":  # counters in the slice of the devices that consume them
+        assert (len(counter_only), len(with_counters)) == (0, 8)
+    else:  # 1.35 on: counter-only slices, devices of at most 64 a slice
+        assert len(counter_only) >= 1 and with_counters == []
+        assert all(len(s["spec"].get("devices") or []) <= 64 for s in slices)
+    consumed = [d for s in slices for d in s["spec"].get("devices") or []]
+    assert all(d.get("consumesCounters") for d in consumed)  # every placement is counted
+
+
+async def test_overlapping_placements_are_never_allocated_together(
+    cluster: ControlPlane, plugin: PluginProcess
+) -> None:
+    cp = cluster
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    await await_until(
+        "default SA",
+        lambda: cp.raw("GET", f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] == 200,
+        60,
+    )
+    classes = cp.call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+    allocated: list[dict[str, Any]] = []
+    for name, profile, fits in (
+        ("four", "4g.40gb", True),
+        ("seven", "7g.80gb", False),  # needs every memory slice: 0-3 are the 4g's
+        ("three", "3g.40gb", True),  # slices 4-7 are free
+    ):
+        claim = _claim(name, profile)
+        predicted = explain_claim(
+            claim, slices=_slices(cp), classes=classes, allocated=allocated
+        ).node(NODE)
+        assert predicted.allocatable is fits, predicted.reasons
+        cp.create(claim, NS)
+        cp.create(_pod(name), NS)
+        outcome = await await_until(
+            f"pod {name} scheduled or unschedulable", partial(_pod_outcome, cp, NS, name), 90
+        )
+        assert (outcome[0] == "scheduled") is fits, outcome
+        if not fits:
+            continue
+        live = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{name}")
+        (result,) = live["status"]["allocation"]["devices"]["results"]
+        assert result["device"].startswith("gpu-0-mig-"), result
+        allocated.append(live)
+    chosen = [c["status"]["allocation"]["devices"]["results"][0]["device"] for c in allocated]
+    assert len(chosen) == 2 and chosen[0] != chosen[1]
