@@ -13,6 +13,7 @@ Every failure raises: a half-read MIG layout is never published. NVML errors sta
 
 import ctypes
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,14 +162,19 @@ def _mig_device(
     )
 
 
-def _ci_profile(nvml: Nvml, gi: Any, profile_id: int) -> Any:
+def ci_profiles(nvml: Nvml, gi: Any) -> Iterator[Any]:
+    """The compute-instance profiles (shared engines) the GPU instance ``gi`` offers."""
     for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
         try:
-            info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            yield nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                 gi, index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
             )
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
             continue
+
+
+def _ci_profile(nvml: Nvml, gi: Any, profile_id: int) -> Any:
+    for info in ci_profiles(nvml, gi):
         if int(info.id) == profile_id:
             return info
     raise MigStateError(f"compute instance profile ID {profile_id} is not one NVML lists")

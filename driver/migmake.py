@@ -19,7 +19,7 @@ from typing import Any
 
 import pynvml
 
-from driver.migdiscovery import MigStateError, access_minor
+from driver.migdiscovery import MigStateError, access_minor, ci_profiles
 from driver.nvml import Nvml
 
 
@@ -105,13 +105,7 @@ def unmake(nvml: Nvml, parent_uuid: str, profile_id: int, start: int) -> bool:
 
 
 def _destroy_gi(nvml: Nvml, gi: Any) -> None:
-    for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-        try:
-            info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-            )
-        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
-            continue
+    for info in ci_profiles(nvml, gi):
         for ci in _compute_instances(nvml, gi, int(info.id)):
             nvml.nvmlComputeInstanceDestroy(ci)
     nvml.nvmlGpuInstanceDestroy(gi)
@@ -141,13 +135,7 @@ def _gi_at(nvml: Nvml, handle: Any, profile_id: int, start: int) -> Any | None:
 
 
 def _spanning_ci_profile(nvml: Nvml, gi: Any, slices: int) -> Any:
-    for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-        try:
-            info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-            )
-        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
-            continue
+    for info in ci_profiles(nvml, gi):
         if int(info.sliceCount) == slices:
             return info
     raise MigStateError(f"no compute instance profile spans a {slices}-slice GPU instance")

@@ -28,7 +28,7 @@ import pynvml
 
 from driver.devicekinds.base import KindContext, NodeDevice, PreparedClaim, PreparedDevice
 from driver.devicekinds.files import make_dir, write_atomic
-from driver.devicekinds.gpu import CONTROL_NODES, STANDARD_DOMAIN, model_name, semver
+from driver.devicekinds.gpu import CONTROL_NODES, physical_attributes
 from driver.devicekinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV
 from driver.errors import PermanentError
 from driver.inventory import Gpu, Inventory, MigPartition
@@ -113,23 +113,8 @@ def build_device(gpu: Gpu, partition: MigPartition, inventory: Inventory) -> dic
         "type": {"string": "mig"},
         "parentUUID": {"string": gpu.uuid},
         "profile": {"string": partition.profile},
-        "productName": {"string": gpu.product_name},
-        "model": {"string": model_name(gpu.product_name)},
-        "brand": {"string": gpu.brand},
-        "architecture": {"string": gpu.architecture},
-        "index": {"int": gpu.index},
-        "cudaComputeCapability": {"version": "{}.{}.0".format(*gpu.cuda_compute_capability)},
-        "cudaDriverVersion": {"version": "{}.{}.0".format(*inventory.cuda_driver_version)},
-        f"{STANDARD_DOMAIN}/pciBusID": {"string": gpu.pci_bus_id},
+        **physical_attributes(gpu, inventory),
     }
-    driver_version = semver(inventory.driver_version)
-    if driver_version is not None:
-        attributes["driverVersion"] = {"version": driver_version}
-    if gpu.numa_node is not None:
-        attributes["numaNode"] = {"int": gpu.numa_node}
-        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
-    if gpu.pcie_root is not None:
-        attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": gpu.pcie_root}
     capacity: dict[str, int] = dict(_capacities(partition))
     capacity.update({f"memorySlice{i}": 1 for i in _slices(partition)})
     return {
