@@ -19,6 +19,7 @@ from typing import Any
 
 import pynvml
 
+from driver.crashpoints import crashpoint
 from driver.migdiscovery import MigStateError, access_minor, ci_profiles
 from driver.nvml import Nvml
 
@@ -73,6 +74,7 @@ def make(
             handle, profile_id, ctypes.byref(placement)
         )
     try:
+        crashpoint("after-gpu-instance")  # a GPU instance without its compute instance
         gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
         # NVML takes the CI profile's ID here (as NVIDIA's driver passes it), not its index.
         ci_profile_id = int(_spanning_ci_profile(nvml, gi, int(profile.sliceCount)).id)

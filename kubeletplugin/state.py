@@ -49,7 +49,7 @@ from kubeletplugin.claims import (
     fetch_claim,
     plan_claim,
 )
-from kubeletplugin.crashpoints import crashpoint
+from driver.crashpoints import crashpoint
 from kubeletplugin.records import (
     DeviceTakenError,
     Holder,

@@ -172,6 +172,12 @@ def test_every_flag_the_daemonset_sets_has_an_environment_variable(
             2,
             "GPU_DRA_NVML='fake': choose system or simulated",
         ),
+        (  # only the plugin knows which MIG instances its claims made
+            ["controller", "--node-name", "n", "--dynamic-mig"],
+            {},
+            2,
+            "unrecognized arguments: --dynamic-mig",
+        ),
         (
             ["explain", "-f", EXAMPLE, "--cluster"],
             {},

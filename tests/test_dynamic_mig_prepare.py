@@ -133,7 +133,12 @@ async def test_prepare_creates_the_allocated_placement_and_unprepare_destroys_it
     assert await plugin.terminate() == 0
 
 
-@pytest.mark.parametrize("step", PREPARE_STEPS + UNPREPARE_STEPS)
+# The steps of every prepare, plus the one between the GPU-instance and the
+# compute-instance create of this kind.
+MIG_PREPARE_STEPS = [*PREPARE_STEPS[:1], "after-gpu-instance", *PREPARE_STEPS[1:]]
+
+
+@pytest.mark.parametrize("step", MIG_PREPARE_STEPS + UNPREPARE_STEPS)
 async def test_sigkill_at_each_step_leaves_an_instance_only_for_a_prepared_claim(
     kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess], step: str
 ) -> None:
@@ -152,6 +157,8 @@ async def test_sigkill_at_each_step_leaves_an_instance_only_for_a_prepared_claim
                 await kubelet.prepare([claim])
     assert await doomed.wait_exit() == -signal.SIGKILL
     made = _instances(dirs)
+    if step == "after-gpu-instance":
+        assert [ci for *_, ci in made] == [-1]  # a GPU instance, no compute instance yet
     # The record came before the create: a kill after it leaves no instance yet; nor one
     # after the unprepare destroyed it.
     assert len(made) == (0 if step in ("after-claim-record", "after-side-effects-undone") else 1)
@@ -163,7 +170,7 @@ async def test_sigkill_at_each_step_leaves_an_instance_only_for_a_prepared_claim
     # Recovery: an instance exists exactly where a claim is prepared (adopted, the same).
     assert _instances(dirs) == (made if prepared else [])
     async with await KubeletSim.register(plugin.paths.registration) as kubelet:
-        if step in PREPARE_STEPS:
+        if step in MIG_PREPARE_STEPS:
             assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
             assert len(_instances(dirs)) == 1  # never two for one claim
             if prepared:

@@ -28,6 +28,7 @@ from driver.nvml.simulated import SimulatedNode
 from driver.resourceslice import build_resource_slices, counters_apart_for
 from driver.tools.allocation import explain_claim
 from sandbox.apiserver import LocalApiServer
+from tests.pluginharness import wait_for
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -316,6 +317,62 @@ async def test_the_publisher_writes_the_layout_of_the_servers_version(
         assert sum(len(s["spec"].get("sharedCounters") or ()) for s in stored) == 8
         creates = [r.verb for r in server.requests.writes("resourceslices")]
         assert creates == ["create"] * slices  # accepted once, never rewritten
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "slices"), [("1.34.0", "1.36.0", 5), ("1.36.0", "1.34.0", 8)]
+)
+async def test_a_control_plane_upgrade_or_rollback_republishes_in_the_new_layout(
+    tmp_path: Path,
+    servers: list[tuple[LocalApiServer, k8s.ApiClient]],
+    before: str,
+    after: str,
+    slices: int,
+) -> None:
+    server = LocalApiServer(bookmark_interval=0.2, version=before)
+    await server.start()
+    api = k8s.ApiClient(k8s.Configuration(host=server.url))
+    servers.append((server, api))
+    server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    node = _node(tmp_path)
+
+    async def discover_now() -> Inventory:
+        return await asyncio.to_thread(_discover, node)
+
+    devices = NodeDevices(discover_now, node_name=NODE)
+    controller = SliceController(
+        api,
+        node_name=NODE,
+        driver_name=DRIVER,
+        devices=devices.published,
+        counter_sets=devices.counter_sets,
+        request_timeout=2.0,
+        backoff_cap=0.2,
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.wait_for(controller.resync(), TIMEOUT)
+        assert len(server.objects("resourceslices")) == 13 - slices  # the other layout
+
+        await server.restart(version=after)  # every watch ends; the version is new
+
+        def republished() -> bool:
+            stored = server.objects("resourceslices")
+            apart = [s for s in stored if s["spec"].get("sharedCounters")]
+            return len(stored) == slices and all(
+                bool(s["spec"].get("devices")) != counters_apart_for(after) for s in apart
+            )
+
+        await wait_for(republished, f"slices in the layout of {after}", TIMEOUT)
+        stored = server.objects("resourceslices")
+        assert sum(len(s["spec"].get("devices") or ()) for s in stored) == 200
+        assert sum(len(s["spec"].get("sharedCounters") or ()) for s in stored) == 8
+        # No write was refused on the way (the probes' dry runs aside).
+        writes = server.requests.writes("resourceslices")
+        assert [r for r in writes if r.code >= 300 and not r.dry_run] == []
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -694,7 +694,7 @@ async def test_cancelled_prepare_leaves_consistent_state(
 
 def test_crashpoint_kills_only_at_its_name() -> None:
     code = (
-        "from kubeletplugin.crashpoints import crashpoint\n"
+        "from driver.crashpoints import crashpoint\n"
         "crashpoint('a'); crashpoint('b'); print('survived')"
     )
     env = {"GPU_DRA_CRASHPOINT": "b", "PATH": "/usr/bin:/bin"}

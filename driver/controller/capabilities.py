@@ -333,6 +333,27 @@ class CapabilityGuard:
             )
         return self._capabilities
 
+    async def recheck(self) -> bool:
+        """True when the server's version is no longer the one learned, which is then
+        forgotten (a control-plane upgrade or rollback; the next fit learns again).
+
+        For after a reconnect: an upgrade restarts the API server, which ends every watch.
+        Raises what the version read raises.
+        """
+        if self._capabilities is None:
+            return False
+        found = await self._client.get_json("/version", resource="/version")
+        version = str(found.get("gitVersion") or "unknown")
+        if version == self._capabilities.version:
+            return False
+        log.info(
+            "the API server's version changed; learning its capabilities again",
+            extra=kv(node=self._node, was=self._capabilities.version, server_version=version),
+        )
+        self._capabilities = None
+        self._reported.clear()
+        return True
+
     async def fit(self, desired: list[_Obj]) -> list[_Obj]:
         """``desired`` as this server will keep it; raises what the probe raises."""
         if not uses_gated_fields(desired):

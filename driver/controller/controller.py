@@ -557,6 +557,7 @@ class SliceController:
 
     async def _watch(self, version: str) -> None:
         backoff = Backoff(cap=self._backoff_cap)
+        reconnect = False
         while True:
             # Like client-go: a random 5-10 minutes, so a fleet doesn't reconnect in step.
             seconds = random.randint(WATCH_TIMEOUT_SECONDS, 2 * WATCH_TIMEOUT_SECONDS)
@@ -566,6 +567,11 @@ class SliceController:
                 ("timeoutSeconds", str(seconds)),
             ]
             try:
+                # What the slices may use depends on the server's version, which an
+                # upgrade changes; the upgrade ends this watch.
+                if reconnect and await self._guard.recheck():
+                    self.trigger()
+                reconnect = True
                 async for event in self._client.watch(
                     _SLICES,
                     resource=_RESOURCE,

@@ -55,7 +55,7 @@ DYNAMIC_MIG_HELP = (
 
 
 def add_dynamic_mig(parser: argparse.ArgumentParser) -> None:
-    """``--dynamic-mig``, shared by ``discover`` and ``controller``."""
+    """``--dynamic-mig`` of ``discover`` (``kubelet-plugin`` has its own, env-defaulted)."""
     parser.add_argument("--dynamic-mig", action="store_true", help=DYNAMIC_MIG_HELP)
 
 

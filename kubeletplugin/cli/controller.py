@@ -32,7 +32,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             "from the API server before comparing. SIGTERM or SIGINT "
             "stops it and leaves the slices in place. Exit status: 0 after a signal, "
             f"{EXIT_PERMANENT} when publishing cannot work (no resource.k8s.io/v1, "
-            "unknown node, bad arguments)."
+            "unknown node, bad arguments). Dynamic MIG is published by kubelet-plugin "
+            "alone: only it knows which MIG instances its claims made, and a publisher "
+            "without its records would take them for out-of-band ones."
         ),
     )
     parser.add_argument(
@@ -59,7 +61,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     )
     nvml_args.add_nvml_arguments(parser)
     nvml_args.add_consumable_capacity(parser)
-    nvml_args.add_dynamic_mig(parser)
     parser.add_argument(
         "--resync-period",
         type=float,
@@ -98,9 +99,7 @@ async def _main(args: argparse.Namespace) -> int:
 
         async def discover_now() -> Inventory:
             # NVML calls block: keep them off the event loop.
-            return await asyncio.to_thread(
-                discover, backend, sysfs_root=sysfs_root, dynamic_mig=args.dynamic_mig
-            )
+            return await asyncio.to_thread(discover, backend, sysfs_root=sysfs_root)
 
         api_client = await kubeclient.api_client(
             args.kubeconfig or os.environ.get("KUBECONFIG"), component="controller"

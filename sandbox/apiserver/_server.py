@@ -118,6 +118,15 @@ class LocalApiServer:
             await self._runner.cleanup()
             self._runner = None
 
+    async def restart(self, *, version: str | None = None) -> None:
+        """Stop and serve again on the same port, objects kept; with ``version``, as that
+        version from then on (a control-plane upgrade or rollback)."""
+        await self.stop()
+        if version is not None:
+            self.version = self.store.version = version
+            validation.warm_up(RESOURCES, version)
+        await self.start(self._host, self._port)
+
     async def __aenter__(self) -> "LocalApiServer":
         await self.start()
         return self
