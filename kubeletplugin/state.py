@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from kubernetes.aio.client import ApiClient
 
+from driver.crashpoints import crashpoint
 from driver.devicekinds import (
     DeviceKind,
     KindContext,
@@ -49,7 +50,6 @@ from kubeletplugin.claims import (
     fetch_claim,
     plan_claim,
 )
-from driver.crashpoints import crashpoint
 from kubeletplugin.records import (
     DeviceTakenError,
     Holder,
