@@ -7,8 +7,10 @@ RFC 3339 in UTC with milliseconds (``2026-01-02T03:04:05.678Z``): unambiguous ac
 nodes whatever their time zone, and what log pipelines parse without a hint.
 """
 
+import functools
 import json
 import logging
+import re
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -17,17 +19,28 @@ from typing import Any
 _STANDARD = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
 
+_NEEDS_QUOTES = re.compile(r'[ ="\n\t]')
+
+
 def _quote(value: object) -> str:
     text = str(value)
-    if text == "" or any(c in text for c in ' ="\n\t'):
+    if text == "" or _NEEDS_QUOTES.search(text):
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return text
 
 
+@functools.lru_cache(maxsize=4)
+def _second(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def timestamp(created: float) -> str:
     """``created`` (seconds since the epoch) as RFC 3339 UTC with milliseconds."""
-    text = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
-    return text.removesuffix("+00:00") + "Z"
+    # Rounded to the microsecond first, as datetime does; the date part changes once a
+    # second, and a busy node logs many lines within one.
+    seconds = int(created)
+    seconds, micros = divmod(seconds * 1_000_000 + round((created - seconds) * 1e6), 1_000_000)
+    return f"{_second(seconds)}.{micros // 1000:03d}Z"
 
 
 def _fields(formatter: logging.Formatter, record: logging.LogRecord) -> dict[str, object]:
@@ -76,6 +89,10 @@ def setup(level: str = "INFO", fmt: str = "kv") -> None:
     for handler in root.handlers:
         if isinstance(handler.formatter, (KeyValueFormatter, JsonFormatter)):
             return
+    # No line shows where a call was made, or its thread or process: do not compute them
+    # for every record (the "Optimization" section of Python's logging HOWTO).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(FORMATS[fmt]())
     root.addHandler(handler)

@@ -206,14 +206,12 @@ class DeviceState:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """One result per claim uid; a claim's failure never affects the others."""
-        results = await asyncio.gather(*(self._detached(self._prepare_one(ref)) for ref in claims))
+        results = await self._each(self._prepare_one, claims)
         return {ref.uid: result for ref, result in zip(claims, results, strict=True)}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """uid -> error ("" = ok). Works from local state alone; an unknown claim is ok."""
-        results = await asyncio.gather(
-            *(self._detached(self._unprepare_one(ref)) for ref in claims)
-        )
+        results = await self._each(self._unprepare_one, claims)
         return {ref.uid: error for ref, error in zip(claims, results, strict=True)}
 
     async def run_reconciler(self, period: float = 600.0) -> None:
@@ -255,6 +253,14 @@ class DeviceState:
         await asyncio.gather(*(check(h) for h in holders))
 
     # ---- per-claim work ---------------------------------------------------------------
+
+    async def _each(
+        self, work: Callable[[ClaimRef], Coroutine[Any, Any, T]], claims: Sequence[ClaimRef]
+    ) -> list[T]:
+        """``work`` of every claim, side by side, each run to its end (see _detached)."""
+        if len(claims) == 1:  # the kubelet's usual call: no gather around one task
+            return [await self._detached(work(claims[0]))]
+        return list(await asyncio.gather(*(self._detached(work(ref)) for ref in claims)))
 
     async def _detached(self, work: Coroutine[Any, Any, T]) -> T:
         """Run ``work`` to completion even if the caller is cancelled."""

@@ -2,8 +2,9 @@
 
 import json
 import logging
+import random
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 
 from driver.logs import JsonFormatter, KeyValueFormatter, kv, timestamp
 
@@ -44,3 +45,13 @@ def test_json_line_has_the_same_fields() -> None:
     assert "\n" not in JsonFormatter().format(_record("two\nlines"))
     kv_line = KeyValueFormatter().format(record)
     assert re.findall(r"(\w+)=", kv_line) == list(parsed)
+
+
+def test_timestamps_read_as_datetime_formats_them() -> None:
+    # The date part is cached per second: every millisecond must still come out as
+    # datetime rounds it.
+    rng = random.Random(7)
+    for _ in range(20_000):
+        created = rng.uniform(0, 4e9)
+        expected = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+        assert timestamp(created) == expected.removesuffix("+00:00") + "Z", created
