@@ -22,9 +22,14 @@ client: a minimal plugin on upstream's ``k8s.io/dynamic-resource-allocation/
 kubeletplugin`` helper (tests/bench/goref/: the helper fetches the claim and, by its
 default, serializes calls; the plugin writes one CDI spec and one checkpoint per
 claim, each fsynced, and once more without fsyncs; client-go's rate limit off, JSON
-on the wire), built by tests/bench/goref.py. The three plugins run side by side and
+on the wire), built by tests/bench/goref.py. The plugins run side by side and
 take turns round by round; each figure is printed as ours / Go's, with the idle RSS
 beside the import floor of the daemon's runtime dependencies measured in this run.
+
+Last, the stack floor (tests/bench/stackfloor.py): a Python plugin that does only the
+GET and the two writes, on grpc.aio with aiohttp (our stack) and on grpc's thread-pool
+server with http.client, in the same rounds. Ours / stack floor is what our own code
+costs; stack floor / Go is what the stack costs before any code of ours runs.
 """
 
 import asyncio
@@ -35,14 +40,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import grpc
 
 from api.gen import dra_v1_pb2, dra_v1_pb2_grpc
+from api.gen import dra_v1_pb2 as v1
 from kubeletplugin.state import ClaimRef
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import (
@@ -96,7 +103,7 @@ async def _timed(call: Callable[[], Awaitable[object]], rounds: int) -> list[flo
 
 
 @contextlib.contextmanager
-def _apiserver(kubeconfig: Path) -> Iterator[None]:
+def _apiserver(kubeconfig: Path) -> Iterator[str]:
     """The local API server in a process of its own, as a real one is: in this
     process it would share a GIL with the kubelet simulator and the floor loop."""
     proc = subprocess.Popen(
@@ -106,9 +113,10 @@ def _apiserver(kubeconfig: Path) -> Iterator[None]:
     )
     try:
         assert proc.stdout is not None
-        if not proc.stdout.readline():  # it prints its URL once it serves
+        url = proc.stdout.readline().decode().strip()  # it prints its URL once it serves
+        if not url:
             raise RuntimeError(f"the local API server exited ({proc.wait()})")
-        yield
+        yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -130,8 +138,39 @@ def _rss_kib(pid: int) -> int:
     raise RuntimeError("VmRSS not found")
 
 
+class _Kubelet(Protocol):
+    """The two calls the figures make (KubeletSim, or _Direct for the stack floor)."""
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> v1.NodePrepareResourcesResponse: ...
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> v1.NodeUnprepareResourcesResponse: ...
+
+
+class _Direct:
+    """The DRA service called straight over its socket (the stack floor registers nothing)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+
+    @staticmethod
+    def _claims(claims: Sequence[ClaimRef]) -> list[v1.Claim]:
+        return [v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> v1.NodePrepareResourcesResponse:
+        request = v1.NodePrepareResourcesRequest(claims=self._claims(claims))
+        response: v1.NodePrepareResourcesResponse = await self._stub.NodePrepareResources(request)
+        return response
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> v1.NodeUnprepareResourcesResponse:
+        request = v1.NodeUnprepareResourcesRequest(claims=self._claims(claims))
+        response: v1.NodeUnprepareResourcesResponse = await self._stub.NodeUnprepareResources(
+            request
+        )
+        return response
+
+
 async def _figures(
-    plugins: dict[str, tuple[KubeletSim, int]], one: ClaimRef, singles: list[ClaimRef]
+    plugins: dict[str, tuple[_Kubelet, int]], one: ClaimRef, singles: list[ClaimRef]
 ) -> dict[str, dict[str, float]]:
     """Per plugin, the figures compared with the Go plugin: prepare p50/p99, unprepare
     p50, claims/s of 8 concurrent claims on distinct GPUs, idle RSS (MiB). The plugins
@@ -153,7 +192,7 @@ async def _figures(
             prep[name].append(await timed(kubelet.prepare([one])))
             unprep[name].append(await timed(kubelet.unprepare([one])))
 
-    async def burst(kubelet: KubeletSim) -> None:
+    async def burst(kubelet: _Kubelet) -> None:
         async def cycle(claim: ClaimRef) -> None:
             assert not (await kubelet.prepare([claim])).claims[claim.uid].error
             await kubelet.unprepare([claim])
@@ -209,12 +248,40 @@ async def _go_plugin(
         proc.wait(timeout=30)
 
 
-def _compare(ours: dict[str, float], go: dict[str, float], label: str) -> None:
-    print(f"ours vs the Go reference ({label}):")
+@contextlib.asynccontextmanager
+async def _stack_floor(flavor: str, root: Path, url: str) -> AsyncIterator[tuple[_Kubelet, int]]:
+    base = root / f"stack-{flavor}"
+    base.mkdir()
+    socket = base / "dra.sock"
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "tests.bench.stackfloor", flavor, str(socket), str(base), url],
+        stdout=subprocess.PIPE,
+        cwd=_ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        if (await asyncio.to_thread(proc.stdout.readline)).strip() != b"ready":
+            raise RuntimeError(f"the {flavor} stack floor did not start ({proc.wait()})")
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            yield _Direct(channel), proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _compare(
+    ours: dict[str, float],
+    go: dict[str, float],
+    label: str,
+    names: tuple[str, str] = ("ours", "Go"),
+) -> None:
+    print(f"{names[0]} vs {'the Go reference' if names[1] == 'Go' else names[1]} ({label}):")
     for key, value in ours.items():
         better = "higher is better" if key.endswith("/s") else "lower is better"
         print(
-            f"  {key}: ours {value:.2f}, Go {go[key]:.2f}, ratio {value / go[key]:.2f} ({better})"
+            f"  {key}: {names[0]} {value:.2f}, {names[1]} {go[key]:.2f}, "
+            f"ratio {value / go[key]:.2f} ({better})"
         )
 
 
@@ -228,7 +295,9 @@ def _line(label: str, samples: list[float], floor: list[float]) -> str:
     )
 
 
-async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: int) -> None:
+async def _bench(
+    root: Path, kubeconfig: Path, url: str, goref: Path | None, floor_kib: int
+) -> None:
     dirs = NodeDirs(root)
     api = await api_client(kubeconfig)
     await create_node(api, NODE)
@@ -326,11 +395,14 @@ async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: in
             atomic = await _timed(lambda: write(dirs.plugin_data), 100)
             old_writes = await _timed(release_0_1_0_writes, 100)
             async with contextlib.AsyncExitStack() as stack:
-                plugins = {"ours": (kubelet, plugin.pid)}
+                plugins: dict[str, tuple[_Kubelet, int]] = {"ours": (kubelet, plugin.pid)}
                 if goref is not None:
                     for name, fsync in (("go", True), ("go-nofsync", False)):
                         go_plugin = _go_plugin(goref, root, kubeconfig, fsync=fsync)
                         plugins[name] = await stack.enter_async_context(go_plugin)
+                for flavor in ("aio", "sync"):
+                    floor_plugin = _stack_floor(flavor, root, url)
+                    plugins[f"stack-{flavor}"] = await stack.enter_async_context(floor_plugin)
                 figures = await _figures(plugins, one, singles)
         throughput = CONCURRENCY * THROUGHPUT_ROUNDS / plugin_time
         floor_throughput = CONCURRENCY * THROUGHPUT_ROUNDS / floor_time
@@ -376,6 +448,13 @@ async def _bench(root: Path, kubeconfig: Path, goref: Path | None, floor_kib: in
             ours, figures["go"], "Go fsyncs its spec and checkpoint; ours needs none (boot ID)"
         )
         _compare(ours, figures["go-nofsync"], "fsyncs off on both sides")
+    # What the stack alone costs: a plugin doing only the GET and the two writes.
+    label = "the same GET and writes, nothing else"
+    for flavor in ("aio", "sync"):
+        _compare(ours, figures[f"stack-{flavor}"], label, ("ours", f"the {flavor} stack floor"))
+        if "go" in figures:
+            least = figures[f"stack-{flavor}"]
+            _compare(least, figures["go"], "Go fsyncs", (f"the {flavor} stack floor", "Go"))
 
 
 def main() -> int:
@@ -392,8 +471,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="drab") as name:
         root = Path(name)
         kubeconfig = root / "kubeconfig"
-        with _apiserver(kubeconfig):
-            asyncio.run(_bench(root, kubeconfig, goref, int(floor.stdout)))
+        with _apiserver(kubeconfig) as url:
+            asyncio.run(_bench(root, kubeconfig, url, goref, int(floor.stdout)))
     return 0
 
 
