@@ -9,6 +9,7 @@ overlapping placements, across claims.
 """
 
 import asyncio
+import contextlib
 import ctypes
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -280,13 +281,11 @@ async def servers() -> AsyncIterator[list[tuple[LocalApiServer, k8s.ApiClient]]]
         await server.stop()
 
 
-@pytest.mark.parametrize(("version", "slices"), [("1.34.0", 8), ("1.36.0", 5)])
-async def test_the_publisher_writes_the_layout_of_the_servers_version(
-    tmp_path: Path,
-    servers: list[tuple[LocalApiServer, k8s.ApiClient]],
-    version: str,
-    slices: int,
-) -> None:
+@contextlib.asynccontextmanager
+async def _publishing(
+    tmp_path: Path, servers: list[tuple[LocalApiServer, k8s.ApiClient]], version: str
+) -> AsyncIterator[tuple[LocalApiServer, SliceController]]:
+    """A server of ``version`` and a publisher of a p5 with every GPU in MIG mode, running."""
     server = LocalApiServer(bookmark_interval=0.2, version=version)
     await server.start()
     api = k8s.ApiClient(k8s.Configuration(host=server.url))
@@ -311,15 +310,26 @@ async def test_the_publisher_writes_the_layout_of_the_servers_version(
     try:
         await asyncio.wait_for(controller.published.wait(), TIMEOUT)
         await asyncio.wait_for(controller.resync(), TIMEOUT)
+        yield server, controller
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize(("version", "slices"), [("1.34.0", 8), ("1.36.0", 5)])
+async def test_the_publisher_writes_the_layout_of_the_servers_version(
+    tmp_path: Path,
+    servers: list[tuple[LocalApiServer, k8s.ApiClient]],
+    version: str,
+    slices: int,
+) -> None:
+    async with _publishing(tmp_path, servers, version) as (server, _):
         stored = server.objects("resourceslices")
         assert len(stored) == slices
         assert sum(len(s["spec"].get("devices") or ()) for s in stored) == 200
         assert sum(len(s["spec"].get("sharedCounters") or ()) for s in stored) == 8
         creates = [r.verb for r in server.requests.writes("resourceslices")]
         assert creates == ["create"] * slices  # accepted once, never rewritten
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.mark.parametrize(
@@ -332,29 +342,7 @@ async def test_a_control_plane_upgrade_or_rollback_republishes_in_the_new_layout
     after: str,
     slices: int,
 ) -> None:
-    server = LocalApiServer(bookmark_interval=0.2, version=before)
-    await server.start()
-    api = k8s.ApiClient(k8s.Configuration(host=server.url))
-    servers.append((server, api))
-    server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    node = _node(tmp_path)
-
-    async def discover_now() -> Inventory:
-        return await asyncio.to_thread(_discover, node)
-
-    devices = NodeDevices(discover_now, node_name=NODE)
-    controller = SliceController(
-        api,
-        node_name=NODE,
-        driver_name=DRIVER,
-        devices=devices.published,
-        counter_sets=devices.counter_sets,
-        request_timeout=2.0,
-        backoff_cap=0.2,
-    )
-    task = asyncio.create_task(controller.run())
-    try:
-        await asyncio.wait_for(controller.resync(), TIMEOUT)
+    async with _publishing(tmp_path, servers, before) as (server, _):
         assert len(server.objects("resourceslices")) == 13 - slices  # the other layout
 
         await server.restart(version=after)  # every watch ends; the version is new
@@ -373,6 +361,3 @@ async def test_a_control_plane_upgrade_or_rollback_republishes_in_the_new_layout
         # No write was refused on the way (the probes' dry runs aside).
         writes = server.requests.writes("resourceslices")
         assert [r for r in writes if r.code >= 300 and not r.dry_run] == []
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
