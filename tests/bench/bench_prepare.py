@@ -40,16 +40,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import grpc
 
 from api.gen import dra_v1_pb2, dra_v1_pb2_grpc
-from api.gen import dra_v1_pb2 as v1
 from kubeletplugin.state import ClaimRef
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import (
@@ -138,39 +136,8 @@ def _rss_kib(pid: int) -> int:
     raise RuntimeError("VmRSS not found")
 
 
-class _Kubelet(Protocol):
-    """The two calls the figures make (KubeletSim, or _Direct for the stack floor)."""
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> v1.NodePrepareResourcesResponse: ...
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> v1.NodeUnprepareResourcesResponse: ...
-
-
-class _Direct:
-    """The DRA service called straight over its socket (the stack floor registers nothing)."""
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-
-    @staticmethod
-    def _claims(claims: Sequence[ClaimRef]) -> list[v1.Claim]:
-        return [v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> v1.NodePrepareResourcesResponse:
-        request = v1.NodePrepareResourcesRequest(claims=self._claims(claims))
-        response: v1.NodePrepareResourcesResponse = await self._stub.NodePrepareResources(request)
-        return response
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> v1.NodeUnprepareResourcesResponse:
-        request = v1.NodeUnprepareResourcesRequest(claims=self._claims(claims))
-        response: v1.NodeUnprepareResourcesResponse = await self._stub.NodeUnprepareResources(
-            request
-        )
-        return response
-
-
 async def _figures(
-    plugins: dict[str, tuple[_Kubelet, int]], one: ClaimRef, singles: list[ClaimRef]
+    plugins: dict[str, tuple[KubeletSim, int]], one: ClaimRef, singles: list[ClaimRef]
 ) -> dict[str, dict[str, float]]:
     """Per plugin, the figures compared with the Go plugin: prepare p50/p99, unprepare
     p50, claims/s of 8 concurrent claims on distinct GPUs, idle RSS (MiB). The plugins
@@ -192,7 +159,7 @@ async def _figures(
             prep[name].append(await timed(kubelet.prepare([one])))
             unprep[name].append(await timed(kubelet.unprepare([one])))
 
-    async def burst(kubelet: _Kubelet) -> None:
+    async def burst(kubelet: KubeletSim) -> None:
         async def cycle(claim: ClaimRef) -> None:
             assert not (await kubelet.prepare([claim])).claims[claim.uid].error
             await kubelet.unprepare([claim])
@@ -249,7 +216,7 @@ async def _go_plugin(
 
 
 @contextlib.asynccontextmanager
-async def _stack_floor(flavor: str, root: Path, url: str) -> AsyncIterator[tuple[_Kubelet, int]]:
+async def _stack_floor(flavor: str, root: Path, url: str) -> AsyncIterator[tuple[KubeletSim, int]]:
     base = root / f"stack-{flavor}"
     base.mkdir()
     socket = base / "dra.sock"
@@ -263,8 +230,8 @@ async def _stack_floor(flavor: str, root: Path, url: str) -> AsyncIterator[tuple
         assert proc.stdout is not None
         if (await asyncio.to_thread(proc.stdout.readline)).strip() != b"ready":
             raise RuntimeError(f"the {flavor} stack floor did not start ({proc.wait()})")
-        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-            yield _Direct(channel), proc.pid
+        async with await KubeletSim.register(socket) as kubelet:
+            yield kubelet, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -395,7 +362,7 @@ async def _bench(
             atomic = await _timed(lambda: write(dirs.plugin_data), 100)
             old_writes = await _timed(release_0_1_0_writes, 100)
             async with contextlib.AsyncExitStack() as stack:
-                plugins: dict[str, tuple[_Kubelet, int]] = {"ours": (kubelet, plugin.pid)}
+                plugins = {"ours": (kubelet, plugin.pid)}
                 if goref is not None:
                     for name, fsync in (("go", True), ("go-nofsync", False)):
                         go_plugin = _go_plugin(goref, root, kubeconfig, fsync=fsync)

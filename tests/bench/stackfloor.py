@@ -1,12 +1,13 @@
 """The least a Python plugin on our stack can do per call, as a peer in bench_prepare.
 
 ``python -m tests.bench.stackfloor {aio,sync} SOCKET DIR URL`` serves the kubelet's DRA
-v1 service on SOCKET: a prepare fetches each claim (plain GET, JSON), reserves its
-first device (one symlink) and writes a spec (temp file, rename) in DIR, as our plugin
-does without fsync; an unprepare removes both. No validation, no logs, no metrics, no
-recovery: what is left is the cost of the stack itself. ``aio`` is grpc.aio with
-aiohttp (what the daemon runs on), ``sync`` is grpc's thread-pool server with
-http.client. It prints ``ready`` once it serves.
+v1 service on SOCKET, and its registration service (naming SOCKET), so the bench's
+kubelet drives it as it drives the plugins it compares. A prepare fetches each claim
+(plain GET, JSON), reserves its first device (one symlink) and writes a spec (temp file,
+rename) in DIR, as our plugin does without fsync; an unprepare removes both. No
+validation, no logs, no metrics, no recovery: what is left is the cost of the stack
+itself. ``aio`` is grpc.aio with aiohttp (what the daemon runs on), ``sync`` is grpc's
+thread-pool server with http.client. It prints ``ready`` once it serves.
 """
 
 import asyncio
@@ -24,6 +25,17 @@ import grpc
 
 from api.gen import dra_v1_pb2 as v1
 from api.gen import dra_v1_pb2_grpc as v1_grpc
+from api.gen import pluginregistration_v1_pb2 as reg
+from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
+
+
+def _info(socket: str) -> reg.PluginInfo:
+    return reg.PluginInfo(
+        type="DRAPlugin",
+        name="gpu.nvidia.com",
+        endpoint=socket,
+        supported_versions=["v1.DRAPlugin"],
+    )
 
 
 class _Files:
@@ -79,8 +91,16 @@ def _serve_sync(socket: str, files: _Files, url: str) -> None:
                 files.unprepare(claim, response)
             return response
 
+    class Registration(reg_grpc.RegistrationServicer):
+        def GetInfo(self, request: Any, context: Any) -> Any:
+            return _info(socket)
+
+        def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+            return reg.RegistrationStatusResponse()
+
     server = grpc.server(ThreadPoolExecutor(8))
     v1_grpc.add_DRAPluginServicer_to_server(Servicer(), server)
+    reg_grpc.add_RegistrationServicer_to_server(Registration(), server)
     server.add_insecure_port(f"unix://{socket}")
     server.start()
     print("ready", flush=True)
@@ -108,8 +128,16 @@ async def _serve_aio(socket: str, files: _Files, url: str) -> None:
                     files.unprepare(claim, response)
                 return response
 
+        class Registration(reg_grpc.RegistrationServicer):
+            async def GetInfo(self, request: Any, context: Any) -> Any:
+                return _info(socket)
+
+            async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+                return reg.RegistrationStatusResponse()
+
         server = grpc.aio.server()
         v1_grpc.add_DRAPluginServicer_to_server(Servicer(), server)
+        reg_grpc.add_RegistrationServicer_to_server(Registration(), server)
         server.add_insecure_port(f"unix://{socket}")
         await server.start()
         print("ready", flush=True)
