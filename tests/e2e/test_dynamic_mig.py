@@ -7,7 +7,9 @@ its version (1.34: counters beside their devices; 1.35 and later: a counter-only
 the real kube-scheduler must never hand out two placements that overlap on one GPU: a 4g
 claim takes memory slices 0 to 3 of GPU 0, a 7g claim on that GPU then does not fit, a 3g
 claim still does. ``gpu-dra explain``, given the claims the scheduler allocated, predicts
-each outcome. The tier's 1.34 control plane turns DRAPartitionableDevices on.
+each outcome. The chart's MIG examples, written for static MIG devices, hold for these too:
+the scheduler places each, and explain accepts what it chose. The tier's 1.34 control plane
+turns DRAPartitionableDevices on.
 """
 
 from __future__ import annotations
@@ -29,7 +31,17 @@ from tests.e2e.kube import (
     patch_node_ready,
     plugin_token,
 )
-from tests.e2e.test_level1 import MINOR, _pin, _pod_outcome, _slices
+from tests.e2e.test_level1 import (
+    MINOR,
+    _claim_for,
+    _clean,
+    _examples,
+    _exists,
+    _only,
+    _pin,
+    _pod_outcome,
+    _slices,
+)
 from tests.pluginharness import NodeDirs, PluginProcess
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
@@ -172,3 +184,49 @@ async def test_overlapping_placements_are_never_allocated_together(
         allocated.append(live)
     chosen = [c["status"]["allocation"]["devices"]["results"][0]["device"] for c in allocated]
     assert len(chosen) == 2 and chosen[0] != chosen[1]
+
+
+MIG_EXAMPLES = ("mig-1g-10gb", "mig-3g", "mig-two-sizes")
+
+
+@pytest.mark.parametrize("example", MIG_EXAMPLES)
+async def test_the_mig_examples_hold_for_dynamic_devices(
+    cluster: ControlPlane, plugin: PluginProcess, example: str
+) -> None:
+    cp = cluster
+    docs = dict(_examples())[example]
+    (claim,) = [d for d in docs if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")]
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    classes = cp.call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+    slices = _slices(cp)
+    held = [  # what the other tests of this module left allocated
+        c
+        for c in cp.call("GET", "/apis/resource.k8s.io/v1/resourceclaims")["items"]
+        if (c.get("status") or {}).get("allocation")
+    ]
+    predicted = explain_claim(claim, slices=slices, classes=classes, allocated=held).node(NODE)
+    assert predicted.allocatable, predicted.reasons
+    ns = f"dynamic-{example}"
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+    await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
+    try:
+        cp.create(claim, ns)
+        cp.create(_pin(pod, NODE), ns)
+        name = pod["metadata"]["name"]
+        outcome = await await_until(
+            f"{example} scheduled or unschedulable", partial(_pod_outcome, cp, ns, name), 90
+        )
+        assert outcome[0] == "scheduled", outcome
+        live = _claim_for(cp, ns, pod)
+        assert live is not None
+        results = live["status"]["allocation"]["devices"]["results"]
+        chosen = {r["device"] for r in results}
+        assert all("-mig-" in device for device in chosen), chosen
+        # The scheduler's answer is an answer of explain's, given only the devices it chose.
+        again = explain_claim(
+            claim, slices=_only(slices, NODE, chosen), classes=classes, allocated=held
+        )
+        assert again.node(NODE).allocatable, again.node(NODE).reasons
+    finally:
+        await _clean(cp, ns)
