@@ -73,6 +73,8 @@ _BRANDS = {
     pynvml.NVML_BRAND_TITAN_RTX: "TitanRTX",
 }
 # Conditions that pass on their own: a driver still loading, a driver upgrade in flight.
+# Readings of the GPUs one discovery makes at most while their count keeps changing.
+_ENUMERATIONS = 3
 _NOT_READY = frozenset(
     {
         pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
@@ -156,31 +158,33 @@ def _discover(
     driver_version = _text(_system("nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion))
     cuda = int(_system("nvmlSystemGetCudaDriverVersion", nvml.nvmlSystemGetCudaDriverVersion))
     count = int(_system("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
-
-    gpus: list[Gpu] = []
-    links: dict[str, _Links] = {}
-    skipped: list[SkippedGpu] = []
-    skips: set[str] = set()
-    for index in range(count):
-        bus_id: str | None = None
+    for _ in range(_ENUMERATIONS):
+        found = _enumerate(nvml, count, sysfs_root, dynamic_mig)
         try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            bus_id = normalize_pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
-            gpu = _read_gpu(nvml, handle, index, bus_id, sysfs_root, dynamic_mig)
-            links[bus_id] = _read_links(nvml, handle)
-        except (pynvml.NVMLError, MigStateError) as exc:
-            reason = "MIG state" if isinstance(exc, MigStateError) else "NVML query failed"
-            key = f"{index}/{bus_id}/{exc}"
-            level = logging.DEBUG if reported is not None and key in reported else logging.WARNING
-            log.log(
-                level,
-                f"skipping GPU: {reason}",
-                extra=kv(index=index, pci_bus_id=bus_id or "unknown", error=str(exc)),
-            )
-            skips.add(key)
-            skipped.append(SkippedGpu(index=index, pci_bus_id=bus_id, error=str(exc)))
-            continue
-        gpus.append(gpu)
+            now = int(nvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError:
+            now = count  # the pass stands; the next discovery counts again
+        if now == count:
+            break
+        # A GPU came or went while we read them, and the indices after it moved: what
+        # this pass read past that point is off by one (a healthy GPU would be missed).
+        log.warning(
+            "the GPU count changed during discovery; reading the GPUs again",
+            extra=kv(was=count, now=now),
+        )
+        count = now
+    gpus, links, failed = found
+    skipped = [skip for skip, _ in failed]
+    skips: set[str] = set()
+    for skip, reason in failed:  # warned about once the pass that counts is known
+        key = f"{skip.index}/{skip.pci_bus_id}/{skip.error}"
+        skips.add(key)
+        level = logging.DEBUG if reported is not None and key in reported else logging.WARNING
+        log.log(
+            level,
+            f"skipping GPU: {reason}",
+            extra=kv(index=skip.index, pci_bus_id=skip.pci_bus_id or "unknown", error=skip.error),
+        )
     if reported is not None:
         reported.clear()
         reported.update(skips)
@@ -191,6 +195,28 @@ def _discover(
         gpus=tuple(sorted(_with_cliques(gpus, links), key=lambda g: g.index)),
         skipped=tuple(skipped),
     )
+
+
+def _enumerate(
+    nvml: Nvml, count: int, sysfs_root: Path, dynamic_mig: bool
+) -> tuple[list[Gpu], dict[str, _Links], list[tuple[SkippedGpu, str]]]:
+    """Every GPU of indices 0 to ``count``, read; those that fail, with the reason."""
+    gpus: list[Gpu] = []
+    links: dict[str, _Links] = {}
+    failed: list[tuple[SkippedGpu, str]] = []
+    for index in range(count):
+        bus_id: str | None = None
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            bus_id = normalize_pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+            gpu = _read_gpu(nvml, handle, index, bus_id, sysfs_root, dynamic_mig)
+            links[bus_id] = _read_links(nvml, handle)
+        except (pynvml.NVMLError, MigStateError) as exc:
+            reason = "MIG state" if isinstance(exc, MigStateError) else "NVML query failed"
+            failed.append((SkippedGpu(index=index, pci_bus_id=bus_id, error=str(exc)), reason))
+            continue
+        gpus.append(gpu)
+    return gpus, links, failed
 
 
 def _read_gpu(
