@@ -40,6 +40,8 @@ EVERYTHING_ON = (
     "kubeletPlugin.extraEnv[0].name=GPU_DRA_LOG_LEVEL",
     "kubeletPlugin.extraEnv[0].value=DEBUG",
     "kubeletPlugin.extraArgs[0]=--cdi-root=/etc/cdi",
+    "health.additionalXidsToIgnore={94,95}",
+    "health.autoRecover.probes=3",
 )
 
 
@@ -211,6 +213,29 @@ def test_plugin_args_parse_with_the_real_command(default: list[dict[str, Any]]) 
         "/driver-root",
     )
     assert args.log_level == "INFO"
+
+
+def test_health_values_become_the_plugins_flags() -> None:
+    from kubeletplugin.cli import build_parser
+
+    def parsed(*sets: str) -> Any:
+        container = plugin_container(render((), sets))
+        argv = [
+            a.replace("$(NODE_NAME)", "n").replace("$(POD_UID)", "u") for a in container["args"]
+        ]
+        return build_parser().parse_args(argv)
+
+    default = parsed()
+    assert (default.additional_xids_to_ignore, default.auto_recover_probes) == (None, 0)
+    tuned = parsed(
+        "health.additionalXidsToIgnore={94,95}",
+        "health.autoRecover.probes=3",
+        "health.autoRecover.periodSeconds=30",
+        "health.autoRecover.xids={8,11,31}",
+    )
+    assert tuned.additional_xids_to_ignore == frozenset({94, 95})
+    assert (tuned.auto_recover_probes, tuned.auto_recover_period) == (3, 30.0)
+    assert tuned.recoverable_xids == frozenset({8, 11, 31})
 
 
 def test_daemonset_mounts(default: list[dict[str, Any]]) -> None:
@@ -407,6 +432,8 @@ def test_gpu_device_class(default: list[dict[str, Any]]) -> None:
         ("kubeletPlugin.nvml=cuda", "/kubeletPlugin/nvml"),
         ("cdiRoot=relative/path", "/cdiRoot"),
         ("kubeletPlugn.logLevel=INFO", "kubeletPlugn"),
+        ("health.autoRecover.xids={8,79}", "/health/autoRecover/xids/1"),
+        ("health.autoRecover.probes=-1", "/health/autoRecover/probes"),
     ],
 )
 def test_schema_rejects_wrong_values(setting: str, where: str) -> None:
