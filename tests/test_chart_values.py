@@ -305,6 +305,26 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
         ("metrics.enabled=false",),
         lambda o: not kind(o, "Service") and "--metrics-port=9401" not in args(o),
     ),
+    "health.additionalXidsToIgnore": (
+        ("health.additionalXidsToIgnore={94,95}",),
+        lambda o: "--additional-xids-to-ignore=94,95" in args(o),
+    ),
+    "health.autoRecover.probes": (
+        ("health.autoRecover.probes=3",),
+        lambda o: (
+            "--auto-recover-probes=3" in args(o)
+            and "--auto-recover-period=10" in args(o)
+            and "--recoverable-xids=8,11" in args(o)
+        ),
+    ),
+    "health.autoRecover.periodSeconds": (
+        ("health.autoRecover.probes=3", "health.autoRecover.periodSeconds=30"),
+        lambda o: "--auto-recover-period=30" in args(o),
+    ),
+    "health.autoRecover.xids": (
+        ("health.autoRecover.probes=3", "health.autoRecover.xids={8,31}"),
+        lambda o: "--recoverable-xids=8,31" in args(o),
+    ),
     "metrics.port": (
         ("metrics.port=9500",),
         lambda o: (
