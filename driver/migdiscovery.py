@@ -52,7 +52,7 @@ def check_not_pending(current: bool, pending: bool) -> None:
 
 def read_mig_devices(nvml: Nvml, handle: Any, minor: int, proc_root: Path) -> tuple[MigDevice, ...]:
     """Every MIG device of the GPU ``handle`` (MIG mode on), ordered by placement."""
-    profiles = _gi_profiles(nvml, handle)
+    profiles = gi_profiles(nvml, handle)
     devices = []
     for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
@@ -116,7 +116,7 @@ def _gi_profiles_by_index(nvml: Nvml, handle: Any) -> list[tuple[int, Any]]:
     return found
 
 
-def _gi_profiles(nvml: Nvml, handle: Any) -> dict[int, Any]:
+def gi_profiles(nvml: Nvml, handle: Any) -> dict[int, Any]:
     """GPU instance profile infos by profile ID, found by index until NVML says no more."""
     return {int(info.id): info for _, info in _gi_profiles_by_index(nvml, handle)}
 

@@ -20,7 +20,7 @@ from typing import Any
 import pynvml
 
 from driver.crashpoints import crashpoint
-from driver.migdiscovery import MigStateError, access_minor, ci_profiles
+from driver.migdiscovery import MigStateError, access_minor, ci_profiles, gi_profiles
 from driver.nvml import Nvml
 
 
@@ -114,16 +114,10 @@ def _destroy_gi(nvml: Nvml, gi: Any) -> None:
 
 
 def _gi_profile(nvml: Nvml, handle: Any, profile_id: int) -> Any:
-    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
-        except pynvml.NVMLError_NotSupported:
-            continue
-        except pynvml.NVMLError_InvalidArgument:
-            break
-        if int(info.id) == profile_id:
-            return info
-    raise MigStateError(f"GPU instance profile ID {profile_id} is not one NVML lists")
+    profile = gi_profiles(nvml, handle).get(profile_id)
+    if profile is None:
+        raise MigStateError(f"GPU instance profile ID {profile_id} is not one NVML lists")
+    return profile
 
 
 def _gi_at(nvml: Nvml, handle: Any, profile_id: int, start: int) -> Any | None:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -216,21 +216,11 @@ class DeviceState:
 
     async def run_reconciler(self, period: float = 600.0) -> None:
         """Reconcile now and then every ``period`` seconds, until cancelled."""
-        while True:
-            try:
-                await self.reconcile()
-            except Exception:  # keep the loop alive; the next round may succeed
-                log.exception("reconciliation failed")
-            await asyncio.sleep(period)
+        await _every(period, self.reconcile, "reconciliation failed")
 
     async def run_watchdog(self, period: float = 5.0) -> None:
         """:meth:`watch` every ``period`` seconds, until cancelled."""
-        while True:
-            try:
-                await self.watch()
-            except Exception:  # keep the loop alive; the next round may succeed
-                log.exception("side-effect watchdog failed")
-            await asyncio.sleep(period)
+        await _every(period, self.watch, "side-effect watchdog failed")
 
     async def watch(self) -> None:
         """One round: each kind brings back what its prepared claims lost (an MPS daemon)."""
@@ -527,3 +517,13 @@ class DeviceState:
                         effects.uid, Holder(effects.uid, effects.namespace, effects.name)
                     )
         return list(found.values())
+
+
+async def _every(period: float, work: Callable[[], Awaitable[None]], failed: str) -> None:
+    """``work`` now and then every ``period`` seconds, until cancelled."""
+    while True:
+        try:
+            await work()
+        except Exception:  # keep the loop alive; the next round may succeed
+            log.exception(failed)
+        await asyncio.sleep(period)

@@ -14,7 +14,7 @@ from driver.devicekinds import NodeDevices
 from kubeletplugin import node
 from kubeletplugin.state import DeviceState
 from sandbox.kubeletsim import KubeletSim
-from tests import test_grpc_state, test_mps
+from tests import test_mps
 from tests.pluginharness import NodeDirs, create_claim, create_node, wait_for
 from tests.test_grpc_state import NODE, _config
 from tests.test_mps import Control, daemon_pids, mps
@@ -25,8 +25,8 @@ from tests.test_state import _inventory
 from tests.test_state import create_claim as create_state_claim
 from tests.test_timeslicing import Smi
 
-# The fixtures of those modules, used here as they are.
-dirs, kube, control = test_grpc_state.dirs, test_grpc_state.kube, test_mps.control
+# The fixture of test_mps, used here as it is (dirs and kube come from conftest).
+control = test_mps.control
 DRIVER = "gpu.nvidia.com"
 KIND = "k8s.gpu.nvidia.com/claim"
 

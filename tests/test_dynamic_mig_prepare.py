@@ -10,8 +10,6 @@ nothing. The instances are read from the simulated library's own record of what 
 
 import json
 import signal
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ import pytest
 from driver.nvml import SIM_ROOT_ENV
 from driver.nvml.faults import write_state_file
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
+from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
 from tests.test_timeslicing_process import PREPARE_STEPS, UNPREPARE_STEPS
 
 NODE = "node-d"
@@ -29,29 +27,9 @@ DEVICE = "gpu-0-mig-3g40gb-9-4"  # 3g.40gb (profile ID 9, index 2) at memory sli
 
 
 @pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
-        yield NodeDirs(Path(name))
-
-
-@pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    await create_node(api, NODE)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
-
-
-@pytest.fixture
-def processes() -> Iterator[list[PluginProcess]]:
-    started: list[PluginProcess] = []
-    yield started
-    for proc in started:
-        proc.kill()
+async def kube(kube: tuple[Any, Path]) -> tuple[Any, Path]:
+    await create_node(kube[0], NODE)  # the plugin reads its Node at start
+    return kube
 
 
 def _sim_root(dirs: NodeDirs) -> Path:

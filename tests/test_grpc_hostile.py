@@ -11,9 +11,8 @@ import hashlib
 import os
 import random
 import string
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,6 @@ from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_clai
 
 NODE = "node-h"
 TRAVERSAL = "x/../../victim/x"  # with cdi/k8s.gpu.nvidia.com-claim_x/ present: <root>/victim/x.json
-
-
-@pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dh") as name:
-        yield NodeDirs(Path(name))
 
 
 class Node:

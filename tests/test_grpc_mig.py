@@ -8,40 +8,19 @@ device node.
 
 import asyncio
 import json
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from api.config import API_VERSION
 from driver.nvml.simulated import mig_minor
 from kubeletplugin import node
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, api_client, create_claim, create_node, wait_for
+from tests.pluginharness import NodeDirs, create_claim, create_node, wait_for
 
 NODE = "node-a"
 THREE_G = "gpu-0-mig-3g20gb-9-0"  # GPU instance 1 of GPU 0
 ONE_G = "gpu-0-mig-1g10gb-15-6"  # GPU instance 3 of GPU 0
 TWO_G_1 = "gpu-1-mig-2g10gb-14-4"  # GPU instance 2 of GPU 1
-
-
-@pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
-        yield NodeDirs(Path(name))
-
-
-@pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
 
 
 def _config(dirs: NodeDirs, kubeconfig: Path) -> node.NodeConfig:

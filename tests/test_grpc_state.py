@@ -9,8 +9,6 @@ writes it, and the plugin's real DeviceState, CDI writer and claim records do th
 import asyncio
 import dataclasses
 import logging
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,30 +20,12 @@ from kubeletplugin import node
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import (
     NodeDirs,
-    api_client,
     create_claim,
     create_node,
     wait_for,
 )
 
 NODE = "node-a"
-
-
-@pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
-        yield NodeDirs(Path(name))
-
-
-@pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
 
 
 def _config(dirs: NodeDirs, kubeconfig: Path) -> node.NodeConfig:

@@ -8,9 +8,7 @@ a restart must keep the taint, and the clear file must remove it with one write.
 
 import asyncio
 import signal
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +17,16 @@ import pytest
 from driver.nvml.faults import write_state_file
 from kubeletplugin.healthmonitor import CLEAR_FILE
 from sandbox.kubeletsim import KubeletSim, watching
-from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_node, wait_for
+from tests.pluginharness import NodeDirs, PluginProcess, create_node, wait_for
 
 NODE = "health-node"
 XID79 = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
 
 
 @pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="drah") as name:
-        yield NodeDirs(Path(name))
-
-
-@pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    await create_node(api, NODE)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
+async def kube(kube: tuple[Any, Path]) -> tuple[Any, Path]:
+    await create_node(kube[0], NODE)  # the plugin reads its Node at start
+    return kube
 
 
 async def _slices(api: Any) -> list[Any]:

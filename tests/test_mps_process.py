@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
+from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
 from tests.test_mps import Control, daemon_pids, mps
 from tests.test_timeslicing import Smi
 from tests.test_timeslicing_process import PREPARE_STEPS, UNPREPARE_STEPS
@@ -32,23 +32,9 @@ def dirs() -> Iterator[NodeDirs]:
 
 
 @pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    await create_node(api, NODE)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
-
-
-@pytest.fixture
-def processes() -> Iterator[list[PluginProcess]]:
-    started: list[PluginProcess] = []
-    yield started
-    for proc in started:
-        proc.kill()
+async def kube(kube: tuple[Any, Path]) -> tuple[Any, Path]:
+    await create_node(kube[0], NODE)  # the plugin reads its Node at start
+    return kube
 
 
 def _starter(dirs: NodeDirs, kubeconfig: Path, processes: list[PluginProcess]) -> Any:

@@ -6,8 +6,6 @@ deadline (socket answers, health SERVING, process exit).
 
 import asyncio
 import signal
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,36 +15,16 @@ from grpc_health.v1 import health_pb2
 
 from driver.nvml.library import candidates
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
+from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
 from tests.simroot import ctk_binary, fake_root, host_has_nvml, install_driver_files
 
 NODE = "node-p"
 
 
 @pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
-        yield NodeDirs(Path(name))
-
-
-@pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    await create_node(api, NODE)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
-
-
-@pytest.fixture
-def processes() -> Iterator[list[PluginProcess]]:
-    started: list[PluginProcess] = []
-    yield started
-    for proc in started:
-        proc.kill()  # whatever a failed test left running
+async def kube(kube: tuple[Any, Path]) -> tuple[Any, Path]:
+    await create_node(kube[0], NODE)  # the plugin reads its Node at start
+    return kube
 
 
 def _start(

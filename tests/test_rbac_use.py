@@ -10,12 +10,8 @@ nothing used without a grant, nothing granted without use.
 """
 
 import asyncio
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes.aio import client as kclient
 
 from driver.kubeclient import user_agent
@@ -29,12 +25,6 @@ from tests.pluginharness import NodeDirs, api_client, create_claim, create_node,
 NODE = "node-rbac"
 DRIVER = "gpu.nvidia.com"
 SLICES = "resource.k8s.io/resourceslices"
-
-
-@pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="rb") as name:
-        yield NodeDirs(Path(name))
 
 
 def _node_slices(apiserver: LocalApiServer) -> list[dict[str, Any]]:

@@ -14,8 +14,6 @@ import json
 import os
 import random
 import signal
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ import pytest
 
 from kubeletplugin.state import ClaimRef
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
+from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,21 +32,9 @@ SEED = int(os.environ.get("GPU_DRA_KILL_SEED", "20261201"))
 
 
 @pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="drk") as name:
-        yield NodeDirs(Path(name))
-
-
-@pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    await create_node(api, NODE)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
+async def kube(kube: tuple[Any, Path]) -> tuple[Any, Path]:
+    await create_node(kube[0], NODE)  # the plugin reads its Node at start
+    return kube
 
 
 def _reservations(dirs: NodeDirs) -> dict[str, str]:

@@ -4,8 +4,6 @@ the records, the kubelet's retry finishes the job, and nothing is left behind.""
 
 import re
 import signal
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ import grpc
 import pytest
 
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
+from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
 from tests.test_timeslicing import Smi, timeslicing
 
 NODE = "node-t"
@@ -22,29 +20,9 @@ UNPREPARE_STEPS = ["after-spec-removed", "after-side-effects-undone"]
 
 
 @pytest.fixture
-def dirs() -> Iterator[NodeDirs]:
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
-        yield NodeDirs(Path(name))
-
-
-@pytest.fixture
-async def kube(apiserver: Any, dirs: NodeDirs) -> AsyncIterator[tuple[Any, Path]]:
-    kubeconfig = dirs.root / "kubeconfig"
-    apiserver.write_kubeconfig(kubeconfig)
-    api = await api_client(kubeconfig)
-    await create_node(api, NODE)
-    try:
-        yield api, kubeconfig
-    finally:
-        await api.close()
-
-
-@pytest.fixture
-def processes() -> Iterator[list[PluginProcess]]:
-    started: list[PluginProcess] = []
-    yield started
-    for proc in started:
-        proc.kill()
+async def kube(kube: tuple[Any, Path]) -> tuple[Any, Path]:
+    await create_node(kube[0], NODE)  # the plugin reads its Node at start
+    return kube
 
 
 def _levels(calls: list[str]) -> list[int]:

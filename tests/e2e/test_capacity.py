@@ -29,7 +29,7 @@ from tests.e2e.kube import (
     patch_node_ready,
     plugin_token,
 )
-from tests.e2e.test_level1 import MINOR, _pin, _pod_outcome, _slices
+from tests.e2e.test_level1 import MINOR, _claim_pod, _pin, _pod_outcome, _slices
 from tests.pluginharness import NodeDirs, PluginProcess
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
@@ -89,25 +89,6 @@ def _claim(name: str, memory: str) -> dict[str, Any]:
     }
 
 
-def _pod(name: str) -> dict[str, Any]:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "tolerations": [
-                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-            ],
-        },
-    }
-    return _pin(pod, NODE)
-
-
 def _live(cp: ControlPlane, name: str) -> dict[str, Any]:
     found: dict[str, Any] = cp.call(
         "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{name}"
@@ -138,7 +119,7 @@ async def test_three_claims_of_10gi_on_one_l4_the_third_does_not_fit(
         ).node(NODE)
         assert predicted.allocatable is fits, predicted.reasons
         cp.create(claim, NS)
-        cp.create(_pod(name), NS)
+        cp.create(_pin(_claim_pod(claim), NODE), NS)
         outcome = await await_until(
             f"pod {name} scheduled or unschedulable", partial(_pod_outcome, cp, NS, name), 90
         )

@@ -34,6 +34,7 @@ from tests.e2e.kube import (
 from tests.e2e.test_level1 import (
     MINOR,
     _claim_for,
+    _claim_pod,
     _clean,
     _examples,
     _exists,
@@ -110,25 +111,6 @@ def _claim(name: str, profile: str) -> dict[str, Any]:
     }
 
 
-def _pod(name: str) -> dict[str, Any]:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "mig"}]}}
-            ],
-            "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
-            "tolerations": [
-                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-            ],
-        },
-    }
-    return _pin(pod, NODE)
-
-
 async def test_the_layout_fits_the_servers_version(
     cluster: ControlPlane, plugin: PluginProcess
 ) -> None:
@@ -171,7 +153,7 @@ async def test_overlapping_placements_are_never_allocated_together(
         ).node(NODE)
         assert predicted.allocatable is fits, predicted.reasons
         cp.create(claim, NS)
-        cp.create(_pod(name), NS)
+        cp.create(_pin(_claim_pod(claim), NODE), NS)
         outcome = await await_until(
             f"pod {name} scheduled or unschedulable", partial(_pod_outcome, cp, NS, name), 90
         )
