@@ -24,7 +24,9 @@ default, serializes calls; the plugin writes one CDI spec and one checkpoint per
 claim, each fsynced, and once more without fsyncs; client-go's rate limit off, JSON
 on the wire), built by tests/bench/goref.py. The plugins run side by side and
 take turns round by round; each figure is printed as ours / Go's, with the idle RSS
-beside the import floor of the daemon's runtime dependencies measured in this run.
+beside the import floor of the daemon's runtime dependencies measured in this run, and
+the CPU time each plugin process spends per prepare+unprepare (its share of the cores
+it competes for with the API server and the kubelet).
 
 Last, the stack floor (tests/bench/stackfloor.py): a Python plugin that does only the
 GET and the two writes, on grpc.aio with aiohttp (our stack) and on grpc's thread-pool
@@ -129,6 +131,12 @@ _IMPORT_FLOOR = (
 )
 
 
+def _cpu_s(pid: int) -> float:
+    """User plus system time of every thread of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -140,12 +148,16 @@ async def _figures(
     plugins: dict[str, tuple[KubeletSim, int]], one: ClaimRef, singles: list[ClaimRef]
 ) -> dict[str, dict[str, float]]:
     """Per plugin, the figures compared with the Go plugin: prepare p50/p99, unprepare
-    p50, claims/s of 8 concurrent claims on distinct GPUs, idle RSS (MiB). The plugins
-    take turns round by round, so that load from elsewhere on the machine hits all alike."""
+    p50, claims/s of 8 concurrent claims on distinct GPUs, the CPU time the plugin
+    process spent (all its threads) per prepare+unprepare over all those rounds, idle
+    RSS (MiB). The plugins take turns round by round, so that load from elsewhere on
+    the machine hits all alike. On a machine with few cores the CPU figure is the one
+    that tells: the plugin shares the cores with the API server and the kubelet."""
     for kubelet, _ in plugins.values():
         for _ in range(20):
             await kubelet.prepare([one])
             await kubelet.unprepare([one])
+    cpu_start = {name: _cpu_s(pid) for name, (_, pid) in plugins.items()}
     prep: dict[str, list[float]] = {name: [] for name in plugins}
     unprep: dict[str, list[float]] = {name: [] for name in plugins}
 
@@ -170,6 +182,8 @@ async def _figures(
     for _ in range(THROUGHPUT_ROUNDS):
         for name, (kubelet, _) in plugins.items():
             elapsed[name] += await timed(burst(kubelet))
+    cycles = ROUNDS_1 + THROUGHPUT_ROUNDS * CONCURRENCY
+    cpu = {name: (_cpu_s(pid) - cpu_start[name]) / cycles for name, (_, pid) in plugins.items()}
     await asyncio.sleep(1.0)  # idle: let the allocators settle before reading RSS
     return {
         name: {
@@ -177,6 +191,7 @@ async def _figures(
             "prepare p99 ms": _pct(prep[name], 0.99) * 1e3,
             "unprepare p50 ms": _pct(unprep[name], 0.5) * 1e3,
             "8 concurrent claims/s": CONCURRENCY * THROUGHPUT_ROUNDS / elapsed[name],
+            "CPU ms per prepare+unprepare": cpu[name] * 1e3,
             "idle RSS MiB": _rss_kib(pid) / 1024,
         }
         for name, (_, pid) in plugins.items()
@@ -357,7 +372,9 @@ async def _bench(
             for _ in range(THROUGHPUT_ROUNDS):
                 floor_time += sum(await _timed(floor_burst, 1))
                 plugin_time += sum(await _timed(plugin_burst, 1))
-            rpc = await _timed(empty_rpc, 100)
+            cpu_before = _cpu_s(plugin.pid)
+            rpc = await _timed(empty_rpc, 400)  # 400: CPU time is counted in 10 ms ticks
+            rpc_cpu = (_cpu_s(plugin.pid) - cpu_before) / len(rpc)
             writes = await _timed(durable_write, 100)
             atomic = await _timed(lambda: write(dirs.plugin_data), 100)
             old_writes = await _timed(release_0_1_0_writes, 100)
@@ -380,7 +397,8 @@ async def _bench(
         await api.close()
 
     print(
-        f"floor parts: empty unary RPC p50 {_pct(rpc, 0.5) * 1e3:.2f} ms, "
+        f"floor parts: empty unary RPC p50 {_pct(rpc, 0.5) * 1e3:.2f} ms "
+        f"(the plugin's CPU per call {rpc_cpu * 1e3:.2f} ms), "
         f"atomic write p50 {_pct(atomic, 0.5) * 1e3:.2f} ms, "
         f"+ directory fsync p50 {_pct(writes, 0.5) * 1e3:.2f} ms"
     )
