@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,8 +23,14 @@ from driver import kubeclient
 from kubeletplugin.sockets import SocketPaths, socket_paths
 from kubeletplugin.state import ClaimRef
 
+if TYPE_CHECKING:
+    from kubeletplugin.node import NodeConfig
+
 DRIVER = "gpu.nvidia.com"
 _POLL = 0.02
+# The crashpoints of a prepare with side effects, then of its unprepare, in order.
+PREPARE_STEPS = ["after-claim-record", "after-side-effects", "after-cdi-write"]
+UNPREPARE_STEPS = ["after-spec-removed", "after-side-effects-undone"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,27 @@ class NodeDirs:
     @property
     def plugin_data(self) -> Path:
         return self.plugins / DRIVER
+
+    def node_config(
+        self, kubeconfig: Path, *, node_name: str, profile: str, **overrides: Any
+    ) -> "NodeConfig":
+        """The in-process plugin's configuration on these directories, simulated NVML of
+        ``profile``, retrying fast; ``overrides`` are further NodeConfig fields."""
+        from kubeletplugin.node import NodeConfig
+
+        return NodeConfig(
+            node_name=node_name,
+            kubeconfig=kubeconfig,
+            registrar_dir=self.registry,
+            plugins_dir=self.plugins,
+            cdi_root=self.cdi,
+            container_driver_root=self.root / "driver-root",
+            nvml="simulated",
+            profile=profile,
+            healthcheck_port=0,
+            retry_period=0.2,
+            **overrides,
+        )
 
     def paths(self, pod_uid: str | None = None) -> SocketPaths:
         return socket_paths(
@@ -261,3 +288,22 @@ async def create_claim(
     }
     await resource.replace_namespaced_resource_claim_status(name, namespace, claim)
     return ClaimRef(uid=claim["metadata"]["uid"], namespace=namespace, name=name)
+
+
+async def die_at(doomed: PluginProcess, step: str, claim: ClaimRef) -> None:
+    """Drive ``claim`` through ``doomed`` (started with crashpoint ``step``) until the plugin
+    kills itself there: a prepare, then an unprepare when ``step`` is one of unprepare's."""
+    import pytest
+
+    from sandbox.kubeletsim import KubeletSim
+
+    await doomed.wait_ready()
+    async with await KubeletSim.register(doomed.paths.registration) as kubelet:
+        if step in UNPREPARE_STEPS:
+            assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
+            with pytest.raises(grpc.aio.AioRpcError):  # the socket dies with the plugin
+                await kubelet.unprepare([claim])
+        else:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await kubelet.prepare([claim])
+    assert await doomed.wait_exit() == -signal.SIGKILL

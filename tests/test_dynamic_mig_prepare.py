@@ -9,18 +9,23 @@ nothing. The instances are read from the simulated library's own record of what 
 """
 
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from driver.nvml import SIM_ROOT_ENV
 from driver.nvml.faults import write_state_file
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
-from tests.test_timeslicing_process import PREPARE_STEPS, UNPREPARE_STEPS
+from tests.pluginharness import (
+    PREPARE_STEPS,
+    UNPREPARE_STEPS,
+    NodeDirs,
+    PluginProcess,
+    create_claim,
+    create_node,
+    die_at,
+)
 
 NODE = "node-d"
 DEVICE = "gpu-0-mig-3g40gb-9-4"  # 3g.40gb (profile ID 9, index 2) at memory slices 4-7
@@ -123,17 +128,7 @@ async def test_sigkill_at_each_step_leaves_an_instance_only_for_a_prepared_claim
     api, kubeconfig = kube
     start = _starter(dirs, kubeconfig, processes)
     claim = await create_claim(api, "mig", node=NODE, devices=[DEVICE])
-    doomed = start(crashpoint=step)
-    await doomed.wait_ready()
-    async with await KubeletSim.register(doomed.paths.registration) as kubelet:
-        if step in UNPREPARE_STEPS:
-            assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
-            with pytest.raises(grpc.aio.AioRpcError):  # the socket dies with the plugin
-                await kubelet.unprepare([claim])
-        else:
-            with pytest.raises(grpc.aio.AioRpcError):
-                await kubelet.prepare([claim])
-    assert await doomed.wait_exit() == -signal.SIGKILL
+    await die_at(start(crashpoint=step), step, claim)
     made = _instances(dirs)
     if step == "after-gpu-instance":
         assert [ci for *_, ci in made] == [-1]  # a GPU instance, no compute instance yet

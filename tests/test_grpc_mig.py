@@ -24,18 +24,7 @@ TWO_G_1 = "gpu-1-mig-2g10gb-14-4"  # GPU instance 2 of GPU 1
 
 
 def _config(dirs: NodeDirs, kubeconfig: Path) -> node.NodeConfig:
-    return node.NodeConfig(
-        node_name=NODE,
-        kubeconfig=kubeconfig,
-        registrar_dir=dirs.registry,
-        plugins_dir=dirs.plugins,
-        cdi_root=dirs.cdi,
-        container_driver_root=dirs.root / "driver-root",
-        nvml="simulated",
-        profile="p4d.24xlarge-mig",
-        healthcheck_port=0,
-        retry_period=0.2,
-    )
+    return dirs.node_config(kubeconfig, node_name=NODE, profile="p4d.24xlarge-mig")
 
 
 def _spec(dirs: NodeDirs, uid: str) -> dict[str, Any]:

@@ -29,18 +29,7 @@ NODE = "node-a"
 
 
 def _config(dirs: NodeDirs, kubeconfig: Path) -> node.NodeConfig:
-    return node.NodeConfig(
-        node_name=NODE,
-        kubeconfig=kubeconfig,
-        registrar_dir=dirs.registry,
-        plugins_dir=dirs.plugins,
-        cdi_root=dirs.cdi,
-        container_driver_root=dirs.root / "driver-root",
-        nvml="simulated",
-        profile="p5.48xlarge",
-        healthcheck_port=0,
-        retry_period=0.2,
-    )
+    return dirs.node_config(kubeconfig, node_name=NODE, profile="p5.48xlarge")
 
 
 async def _health(port: int) -> int:

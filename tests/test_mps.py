@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from driver.devicekinds.gpu import KIND as GPU
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.pluginharness import wait_for
+from tests.standin import StandIn
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 from tests.test_timeslicing import Smi
 
@@ -38,21 +38,11 @@ if [ "$cmd" = quit ]; then kill -TERM "$(cat "$CUDA_MPS_PIPE_DIRECTORY/daemon.pi
 """
 
 
-class Control:
+class Control(StandIn):
     """The stand-in control binary; its calls, one a line, go to a file."""
 
     def __init__(self, root: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.log = root / "calls"
-        self.fail = root / "fail"
-        self.path = root / "nvidia-cuda-mps-control"
-        self.path.write_text(STAND_IN.format(log=self.log, fail=self.fail))
-        self.path.chmod(self.path.stat().st_mode | stat.S_IXUSR)
-
-    def calls(self) -> list[str]:
-        calls = self.log.read_text().splitlines() if self.log.exists() else []
-        self.log.unlink(missing_ok=True)
-        return calls
+        super().__init__(root, "nvidia-cuda-mps-control", STAND_IN)
 
 
 def mps(driver: str = DRIVER, **settings: Any) -> dict[str, Any]:

@@ -10,14 +10,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
+from tests.pluginharness import (
+    PREPARE_STEPS,
+    UNPREPARE_STEPS,
+    NodeDirs,
+    PluginProcess,
+    create_claim,
+    create_node,
+    die_at,
+)
 from tests.test_mps import Control, daemon_pids, mps
 from tests.test_timeslicing import Smi
-from tests.test_timeslicing_process import PREPARE_STEPS, UNPREPARE_STEPS
 
 NODE = "node-m"
 
@@ -62,17 +68,7 @@ async def test_sigkill_at_each_step_leaves_a_daemon_only_for_a_prepared_claim(
     api, kubeconfig = kube
     start = _starter(dirs, kubeconfig, processes)
     claim = await create_claim(api, "mps", node=NODE, devices=["gpu-0"], config=[mps()])
-    doomed = start(crashpoint=step)
-    await doomed.wait_ready()
-    async with await KubeletSim.register(doomed.paths.registration) as kubelet:
-        if step in UNPREPARE_STEPS:
-            assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
-            with pytest.raises(grpc.aio.AioRpcError):
-                await kubelet.unprepare([claim])
-        else:
-            with pytest.raises(grpc.aio.AioRpcError):
-                await kubelet.prepare([claim])
-    assert await doomed.wait_exit() == -signal.SIGKILL
+    await die_at(start(crashpoint=step), step, claim)
 
     plugin = start()
     await plugin.wait_ready()

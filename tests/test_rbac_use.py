@@ -75,20 +75,13 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
         }
     )
     claim = await create_claim(api, "train", node=NODE, devices=["gpu-0"])
-    config = node.NodeConfig(
+    config = dirs.node_config(
+        kubeconfig,
         node_name=NODE,
-        kubeconfig=kubeconfig,
-        registrar_dir=dirs.registry,
-        plugins_dir=dirs.plugins,
-        cdi_root=dirs.cdi,
-        container_driver_root=dirs.root / "driver-root",
-        nvml="simulated",
         profile="p5.48xlarge",
         sim_state=state_file,
-        healthcheck_port=0,
         slice_resync_period=0.2,
         reconcile_period=0.2,
-        retry_period=0.2,
     )
     stop = asyncio.Event()
     running = asyncio.create_task(node.run(config, stop))

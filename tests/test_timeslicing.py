@@ -1,7 +1,6 @@
 """Time-slicing through GpuConfig: prepare, unprepare, bad input, against a recording
 ``nvidia-smi`` stand-in (NVML has no time-slice setter on bare metal)."""
 
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ from kubernetes.aio import client as k8s
 
 from driver.devicekinds import NodeDevices
 from kubeletplugin.state import DeviceState
+from tests.standin import StandIn
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 
 STAND_IN = """#!/bin/sh
@@ -19,21 +19,11 @@ exit 0
 """
 
 
-class Smi:
+class Smi(StandIn):
     """A stand-in nvidia-smi that appends its arguments, one call a line, to a file."""
 
     def __init__(self, root: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.log = root / "calls"
-        self.fail = root / "fail"
-        self.path = root / "nvidia-smi"
-        self.path.write_text(STAND_IN.format(log=self.log, fail=self.fail))
-        self.path.chmod(self.path.stat().st_mode | stat.S_IXUSR)
-
-    def calls(self) -> list[str]:
-        calls = self.log.read_text().splitlines() if self.log.exists() else []
-        self.log.unlink(missing_ok=True)
-        return calls
+        super().__init__(root, "nvidia-smi", STAND_IN)
 
 
 def sliced(uuid: str, level: int) -> list[str]:

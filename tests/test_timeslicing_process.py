@@ -3,20 +3,24 @@ at each step of a prepare and an unprepare: after recovery the GPU's setting agr
 the records, the kubelet's retry finishes the job, and nothing is left behind."""
 
 import re
-import signal
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
+from tests.pluginharness import (
+    PREPARE_STEPS,
+    UNPREPARE_STEPS,
+    NodeDirs,
+    PluginProcess,
+    create_claim,
+    create_node,
+    die_at,
+)
 from tests.test_timeslicing import Smi, timeslicing
 
 NODE = "node-t"
-PREPARE_STEPS = ["after-claim-record", "after-side-effects", "after-cdi-write"]
-UNPREPARE_STEPS = ["after-spec-removed", "after-side-effects-undone"]
 
 
 @pytest.fixture
@@ -60,17 +64,7 @@ async def test_sigkill_at_each_step_leaves_no_setting_behind(
         processes.append(proc)
         return proc
 
-    doomed = start(crashpoint=step)
-    await doomed.wait_ready()
-    async with await KubeletSim.register(doomed.paths.registration) as kubelet:
-        if step in UNPREPARE_STEPS:
-            assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
-            with pytest.raises(grpc.aio.AioRpcError):
-                await kubelet.unprepare([claim])
-        else:
-            with pytest.raises(grpc.aio.AioRpcError):
-                await kubelet.prepare([claim])
-    assert await doomed.wait_exit() == -signal.SIGKILL
+    await die_at(start(crashpoint=step), step, claim)
     before = smi.calls()
 
     plugin = start()

@@ -310,6 +310,17 @@ class ControlPlane:
                 raise TimeoutError(f"{what} not ready after {wait_s:.0f} s")
             await asyncio.sleep(0.2)
 
+    async def __aenter__(self) -> ControlPlane:
+        try:
+            await self.start()
+        except BaseException:  # what did start is stopped, as in a try/finally
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def start(self) -> None:
         sweep(self.root)
         self.root.mkdir(parents=True)

@@ -6,10 +6,12 @@ import asyncio
 import copy
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tests.chart_render import NAMESPACE, render
-from tests.e2e.cluster import ControlPlane
+from tests.e2e.cluster import ControlPlane, kubeconfig
+from tests.pluginharness import NodeDirs
 
 DRIVER = "gpu.nvidia.com"
 # The image of the stand-in plugin Pod a token is bound to (built locally for a real node).
@@ -113,6 +115,22 @@ def plugin_token(cp: ControlPlane, node: str) -> str:
     out = cp.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SA}/token", request)
     token: str = out["status"]["token"]
     return token
+
+
+def plugin_dirs(cp: ControlPlane, node: str, token: str) -> tuple[NodeDirs, Path]:
+    """The host directories of ``node``'s plugin process, and its kubeconfig (``token``)."""
+    dirs = NodeDirs(cp.root / "nodes" / node)
+    dirs.root.mkdir(parents=True, exist_ok=True)
+    config = dirs.root / "kubeconfig"
+    config.write_text(kubeconfig(cp.server, cp.pki / "ca.crt", token=token))
+    return dirs, config
+
+
+def add_node(cp: ControlPlane, node: str, instance_type: str) -> tuple[NodeDirs, Path]:
+    """A Ready Node of ``instance_type``; its plugin's directories and kubeconfig."""
+    cp.create(node_object(node, instance_type))
+    patch_node_ready(cp, node)
+    return plugin_dirs(cp, node, plugin_token(cp, node))
 
 
 def patch_node_ready(cp: ControlPlane, node: str) -> None:

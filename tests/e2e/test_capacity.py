@@ -20,17 +20,15 @@ import pytest_asyncio
 
 from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
-from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
+from tests.e2e.cluster import ControlPlane, run_root
 from tests.e2e.kube import (
     DRIVER,
+    add_node,
     await_until,
     install_chart,
-    node_object,
-    patch_node_ready,
-    plugin_token,
 )
 from tests.e2e.test_level1 import MINOR, _claim_pod, _pin, _pod_outcome, _slices
-from tests.pluginharness import NodeDirs, PluginProcess
+from tests.pluginharness import PluginProcess
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
@@ -40,25 +38,14 @@ NS = "capacity"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster() -> AsyncIterator[ControlPlane]:
-    cp = ControlPlane(run_root() / f"gpu-dra-e2e-capacity-{MINOR}", MINOR)
-    try:
-        await cp.start()
+    async with ControlPlane(run_root() / f"gpu-dra-e2e-capacity-{MINOR}", MINOR) as cp:
         yield cp
-    finally:
-        await cp.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def plugin(cluster: ControlPlane) -> AsyncIterator[PluginProcess]:
     install_chart(cluster)
-    cluster.create(node_object(NODE, "g6.xlarge"))
-    patch_node_ready(cluster, NODE)
-    dirs = NodeDirs(cluster.root / "nodes" / NODE)
-    dirs.root.mkdir(parents=True, exist_ok=True)
-    config = dirs.root / "kubeconfig"
-    config.write_text(
-        kubeconfig(cluster.server, cluster.pki / "ca.crt", token=plugin_token(cluster, NODE))
-    )
+    dirs, config = add_node(cluster, NODE, "g6.xlarge")
     proc = PluginProcess(
         dirs,
         kubeconfig=config,

@@ -30,7 +30,7 @@ from driver.nvml.profile import load_profile
 from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
-from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
+from tests.e2e.cluster import ControlPlane, run_root
 from tests.e2e.kube import (
     DRIVER,
     EXTENDED_RESOURCE_MINORS,
@@ -40,9 +40,10 @@ from tests.e2e.kube import (
     install_chart,
     node_object,
     patch_node_ready,
+    plugin_dirs,
     plugin_token,
 )
-from tests.pluginharness import NodeDirs, PluginProcess
+from tests.pluginharness import PluginProcess
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
@@ -61,12 +62,8 @@ GPUS = {"p5": 8, "g6e": 4, "p4d": 4 + 4 * 3, "g6": 1}
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster() -> AsyncIterator[ControlPlane]:
-    cp = ControlPlane(run_root() / f"gpu-dra-e2e-{MINOR}", MINOR)
-    try:
-        await cp.start()
+    async with ControlPlane(run_root() / f"gpu-dra-e2e-{MINOR}", MINOR) as cp:
         yield cp
-    finally:
-        await cp.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -89,12 +86,7 @@ async def plugins(
     started: dict[str, PluginProcess] = {}
     try:
         for node, profile in NODES.items():
-            dirs = NodeDirs(cluster.root / "nodes" / node)
-            config = dirs.root / "kubeconfig"
-            dirs.root.mkdir(parents=True, exist_ok=True)
-            config.write_text(
-                kubeconfig(cluster.server, cluster.pki / "ca.crt", token=installed[node])
-            )
+            dirs, config = plugin_dirs(cluster, node, installed[node])
             # The simulated NVML's fault file: how the health test injects an XID.
             write_state_file(sim_state(cluster, node), {})
             started[node] = PluginProcess(
