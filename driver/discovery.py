@@ -72,9 +72,9 @@ _BRANDS = {
     pynvml.NVML_BRAND_GEFORCE_RTX: "GeForceRTX",
     pynvml.NVML_BRAND_TITAN_RTX: "TitanRTX",
 }
-# Conditions that pass on their own: a driver still loading, a driver upgrade in flight.
 # Readings of the GPUs one discovery makes at most while their count keeps changing.
 _ENUMERATIONS = 3
+# Conditions that pass on their own: a driver still loading, a driver upgrade in flight.
 _NOT_READY = frozenset(
     {
         pynvml.NVML_ERROR_DRIVER_NOT_LOADED,

@@ -258,7 +258,7 @@ def _compare(
     label: str,
     names: tuple[str, str] = ("ours", "Go"),
 ) -> None:
-    print(f"{names[0]} vs {'the Go reference' if names[1] == 'Go' else names[1]} ({label}):")
+    print(f"{names[0]} vs {names[1]} ({label}):")
     for key, value in ours.items():
         better = "higher is better" if key.endswith("/s") else "lower is better"
         print(
