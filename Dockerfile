@@ -18,6 +18,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY api ./api
+COPY cli ./cli
 COPY driver ./driver
 COPY kubeletplugin ./kubeletplugin
 RUN python -m venv /opt/gpu-dra \

@@ -9,7 +9,7 @@ so :func:`claim_from_spec` rebuilds exactly what was prepared. An owner marker t
 our specs apart from the NVIDIA driver's, which use the same kind and file names.
 
 Containers get each device's edits and its kind's claim-wide edits (see
-``driver.devicekinds``), and the driver libraries and hooks of the host's container
+``driver.gpu.kinds``), and the driver libraries and hooks of the host's container
 toolkit (``base_edits``).
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from driver.devicekinds import NodeDevice, PreparedClaim, PreparedDevice, by_name
-from driver.devicekinds.gpu import CONTROL_NODES, VISIBLE_UUIDS_ENV
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
+from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice, by_name
+from driver.gpu.kinds.gpu import CONTROL_NODES, VISIBLE_UUIDS_ENV
 from kubeletplugin import names
 
 __all__ = ["CONTROL_NODES", "VISIBLE_UUIDS_ENV"]

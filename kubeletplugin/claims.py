@@ -23,8 +23,8 @@ from api.config import (
     decode_gpu_config,
     validate_gpu_config,
 )
-from driver.errors import PermanentError, RetryableError
-from driver.kubeapi import ApiError, Client, NotFoundError
+from driver.common.errors import PermanentError, RetryableError
+from driver.kube.rest import ApiError, Client, NotFoundError
 
 _FETCH_TIMEOUT_S = 20.0
 # A share ID as the scheduler writes it (types.UID, a UUID): it also names a file.
@@ -90,7 +90,7 @@ def _claim_not_found(exc: ApiError, ref: ClaimRef) -> bool:
 
 
 class ClaimReader:
-    """GET a claim as a wire-form dict through the one API client (:mod:`driver.kubeapi`).
+    """GET a claim as a wire-form dict through the one API client (:mod:`driver.kube.rest`).
 
     Raw JSON, not the typed models: decoding a ResourceClaim into them costs more CPU
     than the rest of a prepare, and we want the wire-form dict anyway. Made once per

@@ -19,7 +19,7 @@ from api.gen import dra_v1_pb2 as v1
 from api.gen import dra_v1_pb2_grpc as v1_grpc
 from api.gen import dra_v1beta1_pb2 as v1beta1
 from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
-from driver.logs import kv
+from driver.common.logs import kv
 from kubeletplugin import names
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
 

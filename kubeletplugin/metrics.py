@@ -23,16 +23,16 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from driver.kubeapi import ApiError
-from driver.logs import kv
-from kubeletplugin.health import HealthBoard
+from driver.common.logs import kv
+from driver.kube.rest import ApiError
+from kubeletplugin.healthstream import HealthBoard
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _STATES = ("Healthy", "Unhealthy", "Unknown")
 _WRITE_VERBS = ("create", "update", "delete")
-# The error classes of driver.kubeapi: a fixed set, each reported (0 until it happens).
+# The error classes of driver.kube.rest: a fixed set, each reported (0 until it happens).
 _API_ERRORS = tuple(sorted(c.__name__ for c in ApiError.__subclasses__()))
 
 

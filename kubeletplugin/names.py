@@ -11,8 +11,8 @@ never too long for a file name), a namespace a DNS label, a claim name a DNS sub
 import re
 from pathlib import Path
 
-from driver.errors import PermanentError
-from driver.limits import is_dns_label, is_dns_subdomain
+from driver.common.errors import PermanentError
+from driver.common.limits import is_dns_label, is_dns_subdomain
 
 # Lower-case hex, 8-4-4-4-12: uuid.UUID() alone would also take braces, "urn:uuid:" and
 # upper case, which are different file names for the same UUID.

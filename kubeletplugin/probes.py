@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from api.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from api.gen import pluginregistration_v1_pb2 as reg_pb
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
-from driver.logs import kv
+from driver.common.logs import kv
 from kubeletplugin.sockets import SocketPaths
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ Layout (``plugin_dir`` is ``<plugins-dir>/<driver>``):
 - ``plugin_dir/boot_id``: the boot these records belong to, written once per boot at
   startup. ``plugin_dir/checkpoint.json``: release 0.1.0's node checkpoint, which
   startup migrates, replaced by a marker that 0.1.0 reads as "rebuild from the CDI
-  specs" (``kubeletplugin.checkpoint``).
+  specs" (``kubeletplugin.gpu.checkpoint``).
 
 A prepare: reserve each device (one ``symlink`` each, skipped for adminAccess), the
 per-claim record if there are side effects, the side effects, the spec (temp file,
@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.devicekinds import PreparedClaim, PreparedDevice
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
+from driver.gpu.kinds import PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, dirs, names
 
 DEVICES_DIR = "devices"

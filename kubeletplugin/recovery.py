@@ -18,7 +18,7 @@ second plugin instance starting meanwhile waits). What it decides, per record:
 - device reservations: void at the first start of a boot; otherwise kept (a
   reservation without a spec is an interrupted prepare, as above);
 - release 0.1.0's checkpoint: migrated (its claims are the truth, as 0.1.0 held them),
-  then replaced by the marker a rollback to 0.1.0 understands (``kubeletplugin.checkpoint``).
+  then replaced by the marker a rollback to 0.1.0 understands (``kubeletplugin.gpu.checkpoint``).
 """
 
 import logging
@@ -27,10 +27,11 @@ from pathlib import Path
 
 import yaml
 
-from driver.devicekinds import PreparedClaim, PreparedDevice, by_name
-from driver.errors import PermanentError
-from driver.logs import kv
-from kubeletplugin import cdi, checkpoint
+from driver.common.errors import PermanentError
+from driver.common.logs import kv
+from driver.gpu.kinds import PreparedClaim, PreparedDevice, by_name
+from kubeletplugin import cdi
+from kubeletplugin.gpu import checkpoint
 from kubeletplugin.records import Holder, RecordError, Records, decode_claim_record, parse_target
 
 log = logging.getLogger(__name__)

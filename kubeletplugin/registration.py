@@ -7,7 +7,7 @@ import grpc
 
 from api.gen import pluginregistration_v1_pb2 as pb
 from api.gen import pluginregistration_v1_pb2_grpc as pb_grpc
-from driver.logs import kv
+from driver.common.logs import kv
 
 log = logging.getLogger(__name__)
 

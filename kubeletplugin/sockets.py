@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 
-from driver.errors import PermanentError
-from driver.logs import kv
+from driver.common.errors import PermanentError
+from driver.common.logs import kv
 from kubeletplugin import dirs
 
 log = logging.getLogger(__name__)

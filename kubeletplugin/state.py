@@ -25,8 +25,10 @@ from typing import Any, Literal, TypeVar
 
 from kubernetes.aio.client import ApiClient
 
-from driver.crashpoints import crashpoint
-from driver.devicekinds import (
+from driver.common.crashpoints import crashpoint
+from driver.common.errors import DriverError
+from driver.common.logs import kv
+from driver.gpu.kinds import (
     DeviceKind,
     KindContext,
     NodeDevice,
@@ -36,11 +38,9 @@ from driver.devicekinds import (
     by_name,
     capacity,
 )
-from driver.errors import DriverError
-from driver.logs import kv
-from driver.migmake import Maker
+from driver.gpu.migmake import Maker
 from driver.nvml import library
-from kubeletplugin import cdi, containertoolkit, dirs, recovery
+from kubeletplugin import cdi, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
     ClaimPlan,
@@ -50,6 +50,7 @@ from kubeletplugin.claims import (
     fetch_claim,
     plan_claim,
 )
+from kubeletplugin.gpu import containertoolkit
 from kubeletplugin.records import (
     DeviceTakenError,
     Holder,

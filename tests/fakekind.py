@@ -2,7 +2,7 @@
 
 Its preparation has a side effect (a marker file, standing in for a MIG instance or
 an MPS daemon), so it also exercises the per-claim record written before one.
-Nothing outside this module and its registration in ``driver.devicekinds.KINDS``
+Nothing outside this module and its registration in ``driver.gpu.kinds.KINDS``
 knows it exists.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from driver.devicekinds import KindContext, NodeDevice, PreparedClaim
-from driver.inventory import Inventory
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import KindContext, NodeDevice, PreparedClaim
 
 NAME = "fake-accelerator"
 

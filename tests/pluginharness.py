@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from driver import kubeclient
+from driver.kube import client as kubeclient
 from kubeletplugin.sockets import SocketPaths, socket_paths
 from kubeletplugin.state import ClaimRef
 
 if TYPE_CHECKING:
-    from kubeletplugin.node import NodeConfig
+    from kubeletplugin.gpu.node import NodeConfig
 
 DRIVER = "gpu.nvidia.com"
 _POLL = 0.02
@@ -60,7 +60,7 @@ class NodeDirs:
     ) -> "NodeConfig":
         """The in-process plugin's configuration on these directories, simulated NVML of
         ``profile``, retrying fast; ``overrides`` are further NodeConfig fields."""
-        from kubeletplugin.node import NodeConfig
+        from kubeletplugin.gpu.node import NodeConfig
 
         return NodeConfig(
             node_name=node_name,
@@ -119,7 +119,7 @@ class PluginProcess:
         args = [
             sys.executable,
             "-m",
-            "kubeletplugin.cli",
+            "cli",
             "kubelet-plugin",
             f"--node-name={node_name}",
             f"--kubeconfig={kubeconfig}",

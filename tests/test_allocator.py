@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
 from driver.tools.allocation import Explanation, explain_claim, explain_class
 
 DRIVER = "gpu.nvidia.com"
@@ -757,7 +757,7 @@ def test_the_diagnostics_example_tolerates_an_xid_but_not_a_lost_gpu() -> None:
     """charts/examples/diagnostics-tolerates-xid.yaml against the driver's own taints."""
     import yaml
 
-    from driver.devicehealth import GPU_LOST_KEY, XID_KEY
+    from driver.gpu.devicehealth import GPU_LOST_KEY, XID_KEY
 
     path = Path(__file__).resolve().parent.parent / "charts/examples/diagnostics-tolerates-xid.yaml"
     template = next(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from driver.devicekinds.capacity import shareable
+from driver.gpu.kinds.capacity import shareable
 from driver.tools.allocation import Explanation, explain_claim
 from tests.test_allocator import CLASS, DRIVER, slice_
 

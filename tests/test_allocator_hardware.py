@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from driver.discovery import discover
+from driver.gpu.discovery import discover
+from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.simulated import SimulatedNode
-from driver.resourceslice import build_resource_slices
 from driver.tools.allocation import explain_claim, explain_class
 
 DRIVER = "gpu.nvidia.com"

@@ -188,7 +188,7 @@ async def test_invalid_objects_get_422_and_nothing_is_stored(
     )
     assert body["message"].startswith('ResourceSlice.resource.k8s.io "bad" is invalid: ')
     assert body["details"]["causes"][0]["field"] == "spec.pool.generation"
-    # Rules the schema does not carry (driver.limits): two node selections.
+    # Rules the schema does not carry (driver.common.limits): two node selections.
     both = slice_body("n1", name="both")
     both["spec"]["allNodes"] = True
     with pytest.raises(client.ApiException) as err:

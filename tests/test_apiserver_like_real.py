@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from driver import kubeclient
-from driver.kubeapi import ApiError, Client
+from driver.kube import client as kubeclient
+from driver.kube.rest import ApiError, Client
 from sandbox.apiserver import LocalApiServer
 
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver import kubeclient
-from driver.controller import SliceController
-from driver.controller.capabilities import (
+from driver.gpu.resourceslice import build_devices
+from driver.kube import client as kubeclient
+from driver.kube.rest import Client, RejectedError
+from driver.slices import SliceController
+from driver.slices.capabilities import (
     EFFECT_NONE,
     GATED_FIELDS,
     fit,
@@ -25,8 +27,6 @@ from driver.controller.capabilities import (
     probe_slices,
     uses_gated_fields,
 )
-from driver.kubeapi import Client, RejectedError
-from driver.resourceslice import build_devices
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import DRIVER, NODE, Hardware
 

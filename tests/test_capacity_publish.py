@@ -6,14 +6,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from driver.devicekinds.capacity import GIB, request_policy, shareable
-from driver.discovery import discover
-from driver.limits import validate_resource_slice
+from cli.plugin import _boolean
+from driver.common.limits import validate_resource_slice
+from driver.common.quantity import Quantity
+from driver.gpu.discovery import discover
+from driver.gpu.kinds.capacity import GIB, request_policy, shareable
+from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
-from driver.quantity import Quantity
-from driver.resourceslice import build_resource_slices
-from kubeletplugin.cli.plugin import _boolean
 
 DRIVER = "gpu.nvidia.com"
 

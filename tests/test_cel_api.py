@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from driver.errors import PermanentError
-from driver.semver import Semver, SemverError
+from driver.common.errors import PermanentError
+from driver.common.semver import Semver, SemverError
 from driver.tools.cel import (
     CelCompileError,
     CelDevice,
@@ -146,7 +146,7 @@ def test_non_string_expression_is_a_compile_error() -> None:
         compile_selector(42)  # type: ignore[arg-type]
 
 
-# --- driver.semver (blang/semver v4 rules) -----------------------------------------------
+# --- driver.common.semver (blang/semver v4 rules) -----------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -155,15 +155,15 @@ def loaded():
     return sorted(m for m in ("celpy", "lark") if m in sys.modules)
 
 stages = {}
-import kubeletplugin.cli
+import cli
 stages["import"] = loaded()
 with contextlib.redirect_stdout(io.StringIO()):
     try:
-        kubeletplugin.cli.main(["--help"])
+        cli.main(["--help"])
     except SystemExit:
         pass
     stages["help"] = loaded()
-    code = kubeletplugin.cli.main(
+    code = cli.main(
         ["discover", "--nvml", "simulated", "--profile", "p5.48xlarge", "--node-name", "n"]
     )
 stages["discover"] = [code, loaded()]

@@ -195,7 +195,7 @@ def test_daemonset_runs_the_kubelet_plugin(default: list[dict[str, Any]]) -> Non
 
 def test_plugin_args_parse_with_the_real_command(default: list[dict[str, Any]]) -> None:
     """Flag names drift: the rendered command line must parse with gpu-dra's own parser."""
-    from kubeletplugin.cli import build_parser
+    from cli import build_parser
 
     container = plugin_container(default)
     # The kubelet expands $(VAR) from the container's env; do the same with sample values.
@@ -216,7 +216,7 @@ def test_plugin_args_parse_with_the_real_command(default: list[dict[str, Any]]) 
 
 
 def test_health_values_become_the_plugins_flags() -> None:
-    from kubeletplugin.cli import build_parser
+    from cli import build_parser
 
     def parsed(*sets: str) -> Any:
         container = plugin_container(render((), sets))

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from cel_expr_python import cel
 
-from driver.controller.lease import lease_name
-from driver.resourceslice import build_resource_slices
+from driver.gpu.resourceslice import build_resource_slices
+from driver.kube.lease import lease_name
 from tests.chart_render import render
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
@@ -201,8 +201,8 @@ def test_a_slice_on_its_own_node_under_another_name_is_denied(
 
 
 def test_every_name_the_controller_writes_is_admitted(tmp_path: Path) -> None:
-    """The policy's name rule and driver.resourceslice must agree, or every write is denied."""
-    from driver.resourceslice import slice_name
+    """The policy's name rule and driver.gpu.resourceslice must agree, or every write is denied."""
+    from driver.gpu.resourceslice import slice_name
 
     for count in (1, 3, 20, 70000):
         for index in {0, 1, count - 1}:
@@ -236,7 +236,7 @@ def test_every_name_the_controller_writes_is_admitted(tmp_path: Path) -> None:
 
 def test_the_capability_probes_are_admitted() -> None:
     """The publisher's dry-run probes are slices of the plugin's own too."""
-    from driver.controller.capabilities import probe_slices
+    from driver.slices.capabilities import probe_slices
 
     for body in probe_slices("gpu.nvidia.com", "node-a").values():
         assert evaluate(policy_for_names(), operation="CREATE", obj=body, user_node="node-a") == []
@@ -247,8 +247,8 @@ def policy_for_names() -> Policy:
 
 
 def test_the_pool_the_policy_allows_is_the_one_the_node_publishes(tmp_path: Path) -> None:
-    """The policy's pool rule and driver.resourceslice must agree, or every write is denied."""
-    from driver.discovery import discover
+    """The policy's pool rule and driver.gpu.resourceslice must agree, or every write is denied."""
+    from driver.gpu.discovery import discover
     from driver.nvml.simulated import SimulatedNode
 
     simulated = SimulatedNode("p5.48xlarge", "node-a", tmp_path, state_file=tmp_path / "none")

@@ -493,7 +493,7 @@ def test_rendered_flags_parse_with_every_new_value() -> None:
     """The DaemonSet command line with the new values still parses with gpu-dra's parser."""
     import re
 
-    from kubeletplugin.cli import build_parser
+    from cli import build_parser
 
     objects = render(
         [EKS_VALUES],

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubeletplugin.cli import build_parser
+from cli import build_parser
 from sandbox.apiserver import LocalApiServer
 
 EXAMPLE = str(Path(__file__).parent.parent / "charts" / "examples" / "single-gpu.yaml")
@@ -27,7 +27,7 @@ def test_help_lists_every_built_command() -> None:
 
 def test_console_entry_runs() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "kubeletplugin.cli", "--help"],
+        [sys.executable, "-m", "cli", "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -44,7 +44,7 @@ def gpu_dra(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, st
         # command creates there (a build cache) goes with it.
         base["HOME"] = str(Path(tmp) / "absent")
         out = subprocess.run(
-            [sys.executable, "-m", "kubeletplugin.cli", *args],
+            [sys.executable, "-m", "cli", *args],
             capture_output=True,
             text=True,
             env={**base, **(env or {})},
@@ -257,7 +257,7 @@ async def test_no_permission_is_one_line(apiserver: LocalApiServer, tmp_path: Pa
 
 
 def test_the_net_under_every_command_turns_client_errors_into_one_line() -> None:
-    from kubeletplugin.cli._usererrors import one_line as classify
+    from cli._usererrors import one_line as classify
 
     class ApiException(Exception):  # the kubernetes client's, matched by name
         status, reason = 403, "Forbidden"

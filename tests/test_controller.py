@@ -15,14 +15,14 @@ from typing import Any, cast
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.controller import ApiVersionMissingError, NodeNotFoundError, SliceController
-from driver.devicekinds import NodeDevices
-from driver.discovery import NvmlNotReadyError, discover
-from driver.errors import RetryableError
-from driver.inventory import Inventory
-from driver.kubeapi import ApiError, Client, GoneError
+from driver.common.errors import RetryableError
+from driver.gpu.discovery import NvmlNotReadyError, discover
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import NodeDevices
+from driver.kube.rest import ApiError, Client, GoneError
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
+from driver.slices import ApiVersionMissingError, NodeNotFoundError, SliceController
 from sandbox.apiserver import LocalApiServer
 
 DRIVER = "gpu.nvidia.com"
@@ -346,7 +346,7 @@ async def test_discover_prints_the_names_the_controller_writes(
     profile: str,
 ) -> None:
     """One naming rule: what ``gpu-dra discover`` shows is what lands in the API server."""
-    from kubeletplugin.cli import main
+    from cli import main
 
     argv = ["discover", "--nvml", "simulated", "--profile", profile, "--node-name", NODE]
     capsys.readouterr()

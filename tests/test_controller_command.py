@@ -39,7 +39,7 @@ async def command(
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "kubeletplugin.cli",
+                "cli",
                 "controller",
                 "--kubeconfig",
                 str(kubeconfig),

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from driver.controller import SliceController
-from driver.controller.backoff import Backoff
-from driver.controller.lease import (
+from driver.common.wire import format_micro_time, parse_time
+from driver.gpu.kinds import NodeDevices
+from driver.kube.backoff import Backoff
+from driver.kube.lease import (
     CLOCK_SKEW,
     HOLDER_STARTED,
     LEASE_DURATION,
@@ -21,8 +22,7 @@ from driver.controller.lease import (
     Decision,
     decide,
 )
-from driver.devicekinds import NodeDevices
-from driver.wire import format_micro_time, parse_time
+from driver.slices import SliceController
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import Hardware
 

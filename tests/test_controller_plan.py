@@ -6,14 +6,10 @@ from typing import Any
 
 import pytest
 
-from driver.controller.plan import (
-    InvalidPoolError,
-    decode_index,
-    plan,
-)
-from driver.inventory import Gpu, Inventory
-from driver.quantity import Quantity
-from driver.resourceslice import build_resource_slices, generate_name, index_length
+from driver.common.quantity import Quantity
+from driver.gpu.inventory import Gpu, Inventory
+from driver.gpu.resourceslice import build_resource_slices, generate_name, index_length
+from driver.slices.plan import InvalidPoolError, decode_index, plan
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"

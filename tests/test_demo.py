@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from driver import kubeclient
+from cli import main as cli_main
+from driver.kube import client as kubeclient
 from driver.nvml.profile import profile_names
-from kubeletplugin.cli import main as cli_main
 from sandbox.demo import DemoError, NodeSpec, parse_nodes
 from sandbox.demo._cdi import defining, resolve
 from sandbox.demo._cluster import complete_pools
@@ -37,7 +37,7 @@ class DemoRun:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kubeletplugin.cli", "demo", *args],
+            [sys.executable, "-m", "cli", "demo", *args],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -403,9 +403,9 @@ def _gpu_claim(name: str, count: int) -> dict[str, Any]:
 
 
 def test_place_moves_on_when_a_pods_claims_do_not_fit_together(tmp_path: Path) -> None:
-    from driver.discovery import discover
+    from driver.gpu.discovery import discover
+    from driver.gpu.resourceslice import build_resource_slices
     from driver.nvml.simulated import SimulatedNode
-    from driver.resourceslice import build_resource_slices
     from driver.tools.allocation.inputs import Inputs
     from sandbox.demo._manifests import render_device_classes
     from sandbox.demo._scheduler import place

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli import main
 from driver.nvml.faults import write_state_file
-from kubeletplugin.cli import main
 from tests.simroot import host_has_nvml
 
 SIM = ["discover", "--nvml", "simulated", "--node-name", "demo-node"]
@@ -19,7 +19,7 @@ def _gpu_dra(*args: str, state: Path | None = None) -> subprocess.CompletedProce
     if state is not None:
         env["GPU_DRA_SIM_STATE"] = str(state)
     return subprocess.run(
-        [sys.executable, "-m", "kubeletplugin.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -11,14 +11,9 @@ import pynvml
 import pytest
 import yaml
 
-from driver.discovery import (
-    NvmlMissingError,
-    NvmlNotReadyError,
-    discover,
-    normalize_pci_bus_id,
-)
-from driver.errors import PermanentError, RetryableError
-from driver.inventory import Inventory
+from driver.common.errors import PermanentError, RetryableError
+from driver.gpu.discovery import NvmlMissingError, NvmlNotReadyError, discover, normalize_pci_bus_id
+from driver.gpu.inventory import Inventory
 from driver.nvml import Nvml, backend
 from driver.nvml.faults import Faults, QueryFault, SimulationConfigError, write_state_file
 from driver.nvml.library import OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS
@@ -138,7 +133,7 @@ def test_failing_gpu_is_skipped_with_a_warning(
 ) -> None:
     fault = QueryFault(gpu=3, call="nvmlDeviceGetUUID", error="GpuIsLost")
     node = _node(tmp_path, faults=Faults(failing_queries=(fault,)))
-    with caplog.at_level(logging.WARNING, logger="driver.discovery"):
+    with caplog.at_level(logging.WARNING, logger="driver.gpu.discovery"):
         inventory = _discover(node)
     assert [g.minor for g in inventory.gpus] == [0, 1, 2, 4, 5, 6, 7]
     (skipped,) = inventory.skipped
@@ -275,7 +270,7 @@ def test_real_nvml_without_a_driver_is_missing(tmp_path: Path) -> None:
             pass
         else:
             sys.exit(3)
-        from driver.discovery import discover
+        from driver.gpu.discovery import discover
         from driver.nvml import backend
         from driver.nvml.library import LibraryNotFoundError
         try:

@@ -19,14 +19,14 @@ import pynvml
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver import kubeclient
-from driver.controller import SliceController
-from driver.devicekinds import NodeDevices, counter_sets, node_devices
-from driver.discovery import discover
-from driver.inventory import Inventory
-from driver.limits import validate_resource_slice
+from driver.common.limits import validate_resource_slice
+from driver.gpu.discovery import discover
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import NodeDevices, counter_sets, node_devices
+from driver.gpu.resourceslice import build_resource_slices, counters_apart_for
+from driver.kube import client as kubeclient
 from driver.nvml.simulated import SimulatedNode
-from driver.resourceslice import build_resource_slices, counters_apart_for
+from driver.slices import SliceController
 from driver.tools.allocation import explain_claim
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for

@@ -15,13 +15,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.discovery import discover
+from cli import main
+from driver.gpu.discovery import discover
+from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.faults import Faults
 from driver.nvml.simulated import SimulatedNode
-from driver.resourceslice import build_resource_slices
 from driver.tools.allocation import Explanation, explain_claim
 from kubeletplugin.claims import ClaimRef, plan_claim
-from kubeletplugin.cli import main
 from tests.chart_render import render
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "charts" / "examples"

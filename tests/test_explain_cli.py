@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubeletplugin.cli import main
+from cli import main
 from sandbox.apiserver import LocalApiServer
 
 DRIVER = "gpu.nvidia.com"

@@ -20,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
 from kubeletplugin import draservice
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer

@@ -16,14 +16,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kubeletplugin import node
+from kubeletplugin.gpu import node
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import (
-    NodeDirs,
-    create_claim,
-    create_node,
-    wait_for,
-)
+from tests.pluginharness import NodeDirs, create_claim, create_node, wait_for
 
 NODE = "node-a"
 

@@ -13,15 +13,15 @@ from typing import Any
 import pynvml
 import pytest
 
-from driver import devicehealth
-from driver.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
-from driver.devicekinds import NodeDevices
-from driver.discovery import discover
-from driver.nvml.events import EventWatcher
+from driver.gpu import devicehealth
+from driver.gpu.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
+from driver.gpu.discovery import discover
+from driver.gpu.events import EventWatcher
+from driver.gpu.kinds import NodeDevices
 from driver.nvml.faults import Faults, SimulationConfigError, XidEvent, write_state_file
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin.health import HealthBoard
-from kubeletplugin.healthmonitor import CLEAR_FILE, HealthMonitor, Watched
+from kubeletplugin.gpu.healthmonitor import CLEAR_FILE, HealthMonitor, Watched
+from kubeletplugin.healthstream import HealthBoard
 
 XID79 = Taint(devicehealth.XID_KEY, "79", "NoSchedule")
 LOST = Taint(devicehealth.GPU_LOST_KEY, "", "NoSchedule")

@@ -7,13 +7,13 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from driver import devicehealth
-from driver.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid
-from driver.nvml.events import probe
+from driver.gpu import devicehealth
+from driver.gpu.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid
+from driver.gpu.events import probe
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin.health import HealthBoard
-from kubeletplugin.healthmonitor import HealthMonitor, Recovery
+from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery
+from kubeletplugin.healthstream import HealthBoard
 
 XID8 = Taint(devicehealth.XID_KEY, "8", "NoSchedule")
 XID13 = Taint(devicehealth.XID_KEY, "13", "None")
@@ -152,7 +152,7 @@ def test_the_probe_asks_nvml_for_the_gpu(tmp_path: Path) -> None:
 
 
 def test_recovery_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubeletplugin.cli import build_parser
+    from cli import build_parser
 
     for env in ("AUTO_RECOVER_PROBES", "AUTO_RECOVER_PERIOD", "RECOVERABLE_XIDS"):
         monkeypatch.delenv(f"GPU_DRA_{env}", raising=False)

@@ -9,8 +9,9 @@ import grpc
 import pytest
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
-from kubeletplugin import draservice, health
-from kubeletplugin.health import DeviceHealth, Health, HealthBoard
+from kubeletplugin import draservice
+from kubeletplugin import healthstream as health
+from kubeletplugin.healthstream import DeviceHealth, Health, HealthBoard
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
 from sandbox.kubeletsim import HealthWatch, KubeletSim, choose_health_service, watching

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from driver.discovery import discover
+from driver.common.quantity import Quantity
+from driver.gpu.discovery import discover
+from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
-from driver.quantity import Quantity
-from driver.resourceslice import build_resource_slices
 from driver.tools.allocation import explain_claim
 from tests.chart_render import render
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.errors import PermanentError, RetryableError
-from driver.kubeapi import (
+from driver.common.errors import PermanentError, RetryableError
+from driver.kube.rest import (
     ApiError,
     Client,
     ConflictError,

@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from driver.limits import validate_resource_slice
+from driver.common.limits import validate_resource_slice
 
 
 def _slice(devices: int = 1) -> dict[str, Any]:

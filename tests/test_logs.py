@@ -6,7 +6,7 @@ import random
 import re
 from datetime import UTC, datetime
 
-from driver.logs import JsonFormatter, KeyValueFormatter, kv, timestamp
+from driver.common.logs import JsonFormatter, KeyValueFormatter, kv, timestamp
 
 
 def _record(msg: str, **fields: object) -> logging.LogRecord:

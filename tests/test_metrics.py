@@ -9,10 +9,10 @@ from kubernetes.aio import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.gen import dra_v1_pb2 as v1
-from driver import kubeclient
-from driver.kubeapi import ApiError, Client, ConflictError, NotFoundError, errors_of
+from driver.kube import client as kubeclient
+from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError, errors_of
 from kubeletplugin.draservice import DraService
-from kubeletplugin.health import DeviceHealth, HealthBoard
+from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.metrics import CONTENT_TYPE, Metrics, MetricsServer
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
 
@@ -106,7 +106,7 @@ async def test_every_family_over_http() -> None:
             ({"verb": "update"}, 4.0),
             ({"verb": "delete"}, 0.0),
         ]
-        # Every error class of driver.kubeapi, and nothing else: a bounded label set.
+        # Every error class of driver.kube.rest, and nothing else: a bounded label set.
         classes = sorted(c.__name__ for c in ApiError.__subclasses__())
         failures = dict((labels["error"], v) for labels, v in got["gpu_dra_slice_write_failures"])
         assert failures == {c: (2.0 if c == "ConflictError" else 0.0) for c in classes}

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.devicekinds import NodeDevices
-from driver.devicekinds.gpu import KIND as GPU
+from driver.gpu.kinds import NodeDevices
+from driver.gpu.kinds.gpu import KIND as GPU
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.pluginharness import wait_for

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.devicekinds.base import KindContext
-from driver.nvidiasmi import NvidiaSmi, NvidiaSmiError, NvidiaSmiMissingError
+from driver.gpu.kinds.base import KindContext
+from driver.gpu.nvidiasmi import NvidiaSmi, NvidiaSmiError, NvidiaSmiMissingError
 from driver.nvml import library
 
 # Prints the library it was given, as the loader would use it.

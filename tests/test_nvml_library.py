@@ -16,7 +16,7 @@ import pynvml
 import pytest
 import yaml
 
-from driver.discovery import NvmlMissingError, discover
+from driver.gpu.discovery import NvmlMissingError, discover
 from driver.nvml import Nvml
 from driver.nvml.faults import Faults, write_state_file
 from driver.nvml.library import LIBRARY_DIRS, SONAME, candidates, find
@@ -179,7 +179,7 @@ def test_a_gpu_lost_in_the_middle_of_discovery(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     node = SimulatedNode("p5.48xlarge", "mid", tmp_path / "mid")
-    with caplog.at_level(logging.WARNING, logger="driver.discovery"):
+    with caplog.at_level(logging.WARNING, logger="driver.gpu.discovery"):
         inventory = discover(cast(Nvml, _UnplugDuring(node.nvml, 3)), sysfs_root=node.sysfs_root)
     # NVML re-indexed the survivors under the first reading (GPU 4 took index 3, which had
     # failed); the count changed, so the GPUs were read again: all seven are there.

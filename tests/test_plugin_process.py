@@ -232,7 +232,7 @@ async def test_system_nvml_without_the_library_says_where_it_looked_and_stays_un
 
 
 def test_flags_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubeletplugin.cli import build_parser
+    from cli import build_parser
 
     monkeypatch.setenv("NODE_NAME", "from-env")
     monkeypatch.setenv("POD_UID", "pod-1")

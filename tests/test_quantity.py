@@ -1,4 +1,4 @@
-"""driver.quantity against upstream k8s.io/apimachinery/pkg/api/resource.
+"""driver.common.quantity against upstream k8s.io/apimachinery/pkg/api/resource.
 
 Expected strings follow quantity.go (ParseQuantity: the int64 fast path keeps an already
 canonical string verbatim; CanonicalizeBytes: binary values below 1024 or fractional print as
@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 
-from driver.quantity import Format, Quantity
+from driver.common.quantity import Format, Quantity
 
 # (input, canonical string as the API server returns it, exact value, format)
 CANONICAL = [

@@ -14,9 +14,9 @@ from typing import Any
 
 from kubernetes.aio import client as kclient
 
-from driver.kubeclient import user_agent
+from driver.kube.client import user_agent
 from driver.nvml.faults import write_state_file
-from kubeletplugin import node
+from kubeletplugin.gpu import node
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests.chart_render import rbac_grants, render

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client as k8s
 
-from kubeletplugin import cdi, checkpoint
+from kubeletplugin import cdi
+from kubeletplugin.gpu import checkpoint
 from kubeletplugin.state import DeviceState, StateConfig
 from tests.test_state import _config, _inventory, create_claim, devices_of, reservations
 
@@ -116,7 +117,7 @@ def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
         import asyncio
         from pathlib import Path
         from kubernetes.aio import client
-        from driver.discovery import discover
+        from driver.gpu.discovery import discover
         from driver.nvml.simulated import SimulatedNode
         from kubeletplugin.state import DeviceState, StateConfig
 

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.devicekinds import NodeDevices
-from driver.discovery import discover
-from driver.inventory import Inventory
+from driver.gpu.discovery import discover
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import NodeDevices
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin import cdi, checkpoint
-from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
-from kubeletplugin.containertoolkit import ToolkitError
+from kubeletplugin import cdi
+from kubeletplugin.gpu import checkpoint
+from kubeletplugin.gpu.checkpoint import ForeignCheckpointError, _checksum
+from kubeletplugin.gpu.containertoolkit import ToolkitError
 from kubeletplugin.records import Records
 from kubeletplugin.state import ClaimRef, DeviceState, ForeignStateError, RecordError, StateConfig
 from sandbox.apiserver import LocalApiServer
@@ -694,7 +695,7 @@ async def test_cancelled_prepare_leaves_consistent_state(
 
 def test_crashpoint_kills_only_at_its_name() -> None:
     code = (
-        "from driver.crashpoints import crashpoint\n"
+        "from driver.common.crashpoints import crashpoint\n"
         "crashpoint('a'); crashpoint('b'); print('survived')"
     )
     env = {"GPU_DRA_CRASHPOINT": "b", "PATH": "/usr/bin:/bin"}

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.devicekinds import NodeDevices
+from driver.gpu.kinds import NodeDevices
 from kubeletplugin.state import DeviceState
 from tests.standin import StandIn
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from cli import main
 from driver.tools.validation import Problem, Severity, parse_version, validate_sources
-from kubeletplugin.cli import main
 
 CLASS = {
     "apiVersion": "resource.k8s.io/v1",

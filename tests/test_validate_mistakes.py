@@ -858,7 +858,7 @@ async def test_cluster_supplies_the_templates_a_pod_names(
 ) -> None:
     import asyncio
 
-    from kubeletplugin.cli import main
+    from cli import main
 
     apiserver.seed(
         {**template("single-gpu"), "metadata": {"name": "single-gpu", "namespace": "default"}}
@@ -889,7 +889,7 @@ async def test_cluster_supplies_the_templates_a_pod_names(
 def test_exit_status_is_documented_and_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kubeletplugin.cli import build_parser, main
+    from cli import build_parser, main
 
     sub = build_parser()._subparsers
     assert sub is not None

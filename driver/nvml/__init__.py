@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
 
 SysfsRoot = Path
 HOST_SYSFS_ROOT: SysfsRoot = Path("/")
@@ -56,7 +56,7 @@ class Nvml(Protocol):
         self, gi: Any, profile: int, engProfile: int, /
     ) -> Any: ...
     def nvmlComputeInstanceGetInfo(self, computeInstance: Any, /) -> Any: ...
-    # Dynamic MIG (driver.migmake): placements, and making and removing instances there.
+    # Dynamic MIG (driver.gpu.migmake): placements, and making and removing instances there.
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self, device: Any, profileId: int, placements: Any, count: Any, /
     ) -> int: ...

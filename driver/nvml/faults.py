@@ -39,7 +39,7 @@ from typing import Any, Literal, cast, get_args
 import pynvml
 import yaml
 
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
 
 NvmlState = Literal["ok", "missing", "not-loaded"]
 FabricState = Literal["not-supported", "zero", "in-progress", "completed"]

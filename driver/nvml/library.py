@@ -18,8 +18,8 @@ import logging
 import threading
 from pathlib import Path, PurePosixPath
 
-from driver.errors import PermanentError
-from driver.logs import kv
+from driver.common.errors import PermanentError
+from driver.common.logs import kv
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from driver import logs
+from driver.common import logs
 from sandbox.apiserver._server import LocalApiServer
 
 

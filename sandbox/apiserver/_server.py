@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from driver.logs import kv
-from driver.wire import Obj
+from driver.common.logs import kv
+from driver.common.wire import Obj
 from sandbox.apiserver import _discovery, _gates, _watch
 from sandbox.apiserver import _patch as patching
 from sandbox.apiserver import _status as status

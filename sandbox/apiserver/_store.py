@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from driver.wire import Obj, format_time
+from driver.common.wire import Obj, format_time
 from sandbox.apiserver import _gates as gates
 from sandbox.apiserver import _status as status
 from sandbox.apiserver import _validation as validation

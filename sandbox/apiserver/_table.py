@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.wire import Obj
+from driver.common.wire import Obj
 from sandbox.apiserver._resources import ResourceType
 from sandbox.apiserver._selectors import FieldSelector
 

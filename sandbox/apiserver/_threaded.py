@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from driver.wire import Obj
+from driver.common.wire import Obj
 from sandbox.apiserver._faults import Faults, RequestLog
 from sandbox.apiserver._server import LocalApiServer
 

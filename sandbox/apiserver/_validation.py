@@ -3,7 +3,7 @@
 Schemas come from ``kubernetes_validate`` (strict variant: unknown fields are reported);
 the loaded definitions and one validator per kind are cached, since building them costs far
 more than validating. ResourceSlice rules the schemas do not carry come from
-``driver.limits.validate_resource_slice``.
+``driver.common.limits.validate_resource_slice``.
 """
 
 import functools
@@ -16,9 +16,9 @@ from typing import Any
 import jsonschema
 from referencing import Registry, Resource
 
-from driver import limits
-from driver.limits import DNS_LABEL, DNS_SUBDOMAIN
-from driver.quantity import Quantity
+from driver.common import limits
+from driver.common.limits import DNS_LABEL, DNS_SUBDOMAIN
+from driver.common.quantity import Quantity
 from sandbox.apiserver._resources import ResourceType
 from sandbox.apiserver._status import ApiError
 
@@ -398,7 +398,8 @@ def taint_effect_errors(rt: ResourceType, obj: dict[str, Any], version: str) -> 
 
 
 def extra_errors(rt: ResourceType, obj: dict[str, Any], version: str = DEFAULT_VERSION) -> Errors:
-    """Rules the schemas do not carry (driver.limits, counts, CEL), as (field, message) pairs."""
+    """Rules the schemas do not carry (driver.common.limits, counts, CEL), as (field, message)
+    pairs."""
     spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
     if rt.plural == "deviceclasses":
         return _selector_errors(spec.get("selectors"), "spec.selectors")

@@ -5,7 +5,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from driver.errors import RetryableError
+from driver.common.errors import RetryableError
 from sandbox.demo._nodes import NodePlugin, NodeSpec
 
 _POLL_S = 0.1

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from driver import DEFAULT_DRIVER_NAME, kubeclient
+from driver import DEFAULT_DRIVER_NAME
+from driver.kube import client as kubeclient
 from sandbox.demo import _report as report
 from sandbox.demo import _views as views
 from sandbox.demo._cdi import read_specs

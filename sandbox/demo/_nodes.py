@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from driver.errors import PermanentError, RetryableError
-from driver.limits import is_dns_label
+from driver.common.errors import PermanentError, RetryableError
+from driver.common.limits import is_dns_label
 from kubeletplugin.sockets import SocketPaths, socket_paths
 
 _MAX_NODE_NAME = 32  # the demo's own bound, below a DNS label's 63
@@ -107,7 +107,7 @@ class NodePlugin:
         args = [
             sys.executable,
             "-m",
-            "kubeletplugin.cli",
+            "cli",
             "kubelet-plugin",
             f"--node-name={self.name}",
             f"--driver-name={self.driver}",

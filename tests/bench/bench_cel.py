@@ -36,10 +36,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from driver.discovery import discover
-from driver.inventory import Inventory
+from driver.gpu.discovery import discover
+from driver.gpu.inventory import Inventory
+from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.simulated import SimulatedNode
-from driver.resourceslice import build_resource_slices
 from driver.tools.cel import CelDevice, compile_selector
 
 DRIVER = "gpu.nvidia.com"

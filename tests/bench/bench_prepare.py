@@ -52,13 +52,7 @@ import grpc
 from api.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from kubeletplugin.state import ClaimRef
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import (
-    NodeDirs,
-    PluginProcess,
-    api_client,
-    create_claim,
-    create_node,
-)
+from tests.pluginharness import NodeDirs, PluginProcess, api_client, create_claim, create_node
 
 _ROOT = Path(__file__).resolve().parents[2]
 NODE = "bench-node"

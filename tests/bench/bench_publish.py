@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kubernetes.aio import client
 
-from driver.controller import SliceController, plan
-from driver.devicekinds import NodeDevices
-from driver.discovery import discover
-from driver.inventory import Inventory
-from driver.kubeapi import Client
+from driver.gpu.discovery import discover
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import NodeDevices
+from driver.gpu.resourceslice import build_resource_slices
+from driver.kube.rest import Client
 from driver.nvml.simulated import SimulatedNode
-from driver.resourceslice import build_resource_slices
+from driver.slices import SliceController, plan
 from sandbox.apiserver import RequestRecord, ThreadedApiServer
 
 DRIVER = "gpu.nvidia.com"

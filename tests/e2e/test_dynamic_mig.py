@@ -24,11 +24,7 @@ import pytest_asyncio
 from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
 from tests.e2e.cluster import ControlPlane, run_root
-from tests.e2e.kube import (
-    add_node,
-    await_until,
-    install_chart,
-)
+from tests.e2e.kube import add_node, await_until, install_chart
 from tests.e2e.test_level1 import (
     MINOR,
     _claim_for,

@@ -54,7 +54,7 @@ from typing import Any
 
 import pytest
 
-from driver.quantity import Quantity
+from driver.common.quantity import Quantity
 from driver.tools.allocation import Explanation, explain_claim
 from tests.oracles import gen_alloc
 from tests.oracles.client import Oracle

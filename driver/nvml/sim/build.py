@@ -12,7 +12,7 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
 from driver.nvml.library import SONAME
 
 CACHE_ENV = "GPU_DRA_CACHE"

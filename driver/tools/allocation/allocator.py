@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from driver.quantity import Quantity
+from driver.common.quantity import Quantity
 from driver.tools.allocation.capacity import CapacityProblem, Use, quantity
 from driver.tools.allocation.claims import ClaimProblem, ParsedClaim, claim_spec, parse_claim
 from driver.tools.allocation.model import (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from driver.quantity import Format, Quantity
+from driver.common.quantity import Format, Quantity
 
 
 class CapacityProblem(ValueError):

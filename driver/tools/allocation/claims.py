@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.quantity import Quantity
+from driver.common.quantity import Quantity
 from driver.tools.allocation.capacity import CapacityProblem, quantity
 from driver.tools.allocation.pools import AttributeValue, Device
 from driver.tools.allocation.selectors import SelectorProblem, SelectorRef, selector_refs

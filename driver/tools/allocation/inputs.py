@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from driver.kubeapi import Client
+    from driver.kube.rest import Client
 
-from driver.errors import PermanentError, RetryableError
+from driver.common.errors import PermanentError, RetryableError
 
 # Kinds each input carries, by the field of Inputs they go to.
 SLICE = "ResourceSlice"
@@ -188,7 +188,7 @@ async def read_cluster(api_client: Any) -> Inputs:
     ``api_client`` is a ``kubernetes.aio.client.ApiClient``. Node labels are
     optional: without permission to list Nodes they stay unknown.
     """
-    from driver.kubeapi import Client
+    from driver.kube.rest import Client
 
     api = Client(api_client)
     group = "/apis/resource.k8s.io/v1"
@@ -223,7 +223,7 @@ async def read_references(api_client: Any) -> list[dict[str, Any]]:
     For ``gpu-dra validate --cluster``: a pod in a file may name a template that is
     already in the cluster.
     """
-    from driver.kubeapi import Client
+    from driver.kube.rest import Client
 
     api = Client(api_client)
     group = "/apis/resource.k8s.io/v1"
@@ -240,7 +240,7 @@ async def read_references(api_client: Any) -> list[dict[str, Any]]:
 
 
 async def _list_all(api: "Client", path: str, resource: str) -> list[dict[str, Any]]:
-    from driver.kubeapi import ApiError
+    from driver.kube.rest import ApiError
 
     try:
         return await api.list_all(path, resource=resource)

@@ -1,7 +1,7 @@
 """The explanation model: what the allocator decided for each node, and why.
 
 Plain frozen data with a ``to_json`` each; the JSON shape is the stable output
-of ``gpu-dra explain -o json`` (documented in :mod:`kubeletplugin.cli.explain`).
+of ``gpu-dra explain -o json`` (documented in :mod:`cli.explain`).
 """
 
 from dataclasses import dataclass, field

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.errors import PermanentError
-from driver.quantity import Quantity
+from driver.common.errors import PermanentError
+from driver.common.quantity import Quantity
 from driver.tools.allocation.capacity import CapacityProblem, DeviceCapacity, device_capacities
 from driver.tools.cel import CelDevice
 

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from driver.quantity import Quantity
+from driver.common.quantity import Quantity
 from driver.tools.allocation.capacity import Shortfall, Use, consumption, shortfall
 from driver.tools.allocation.claims import (
     MAX_RESULTS,

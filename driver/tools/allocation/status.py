@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from driver.quantity import Quantity
+from driver.common.quantity import Quantity
 from driver.tools.allocation.claims import ParsedClaim, Request
 from driver.tools.allocation.pools import Device
 

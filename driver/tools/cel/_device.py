@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from driver.quantity import Quantity
-from driver.semver import Semver, SemverError
+from driver.common.quantity import Quantity
+from driver.common.semver import Semver, SemverError
 from driver.tools.cel._errors import CelEvalError
 from driver.tools.cel._runtime import LazyMap
 

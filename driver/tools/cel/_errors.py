@@ -1,6 +1,6 @@
 """The errors of the CEL environment, classed for callers by whether a retry can help."""
 
-from driver.errors import PermanentError
+from driver.common.errors import PermanentError
 
 
 def position(text: str, offset: int) -> str:

@@ -14,8 +14,8 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from driver.quantity import Quantity
-from driver.semver import Semver, SemverError
+from driver.common.quantity import Quantity
+from driver.common.semver import Semver, SemverError
 from driver.tools.cel import _functions as fn_table
 from driver.tools.cel._ast import Call, Ident, Index, ListLit, Lit, MapLit, Node, Select
 from driver.tools.cel._errors import position

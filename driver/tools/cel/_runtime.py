@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from decimal import Decimal
 from typing import Any
 
-from driver.quantity import Quantity
-from driver.semver import Semver
+from driver.common.quantity import Quantity
+from driver.common.semver import Semver
 from driver.tools.cel._errors import CelEvalError
 from driver.tools.cel._values import CelType, UInt
 

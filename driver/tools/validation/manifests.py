@@ -11,7 +11,7 @@ import kubernetes_validate
 import yaml
 
 from driver import DEFAULT_DRIVER_NAME
-from driver.resourceslice import (
+from driver.gpu.resourceslice import (
     DRIVER_ATTRIBUTES,
     DRIVER_CAPACITIES,
     OPTIONAL_ATTRIBUTES,
@@ -28,7 +28,7 @@ from driver.tools.cel import (
 from driver.tools.validation import gates, rules, workloads
 from driver.tools.validation.problems import Problem, Severity
 
-# What this driver publishes (driver/resourceslice.py), the one source for names and types.
+# What this driver publishes (driver/gpu/resourceslice.py), the one source for names and types.
 PUBLISHED = rules.Published(
     driver=DEFAULT_DRIVER_NAME,
     attributes={DEFAULT_DRIVER_NAME: DRIVER_ATTRIBUTES, STANDARD_DOMAIN: STANDARD_ATTRIBUTES},

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from driver.limits import (
+from driver.common.limits import (
     C_IDENTIFIER,
     MAX_DOMAIN,
     MAX_DRIVER_NAME,
@@ -265,7 +265,7 @@ def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iter
 def _capacity_requests(
     path: str, requests: Mapping[str, Any], class_name: str | None, ctx: Context
 ) -> Iterator[Finding]:
-    from driver.quantity import Quantity
+    from driver.common.quantity import Quantity
     from driver.tools.cel import suggest
 
     published = ctx.published
@@ -296,8 +296,8 @@ def _capacity_requests(
 
 def _off_step(path: str, value: str) -> Iterator[Finding]:
     """A memory request the request policy of shared GPUs rounds up (consumable capacity)."""
-    from driver.devicekinds.capacity import MIN, STEP
-    from driver.quantity import Quantity
+    from driver.common.quantity import Quantity
+    from driver.gpu.kinds.capacity import MIN, STEP
 
     try:
         amount = Quantity.parse(value).value

@@ -1,0 +1,129 @@
+"""``gpu-dra``: the one command-line entry.
+
+It lives in the top layer because it is the only place that sees every other
+layer. Each subcommand is one module here exposing ``register(subparsers)``; the
+parser it adds sets ``func`` to a callable taking the parsed namespace and
+returning an exit code. Heavy imports happen inside that callable so
+``gpu-dra --help`` stays fast.
+
+Global options are accepted before and after the subcommand: each subparser
+carries them too, with suppressed defaults so that an option given before the
+subcommand is not overwritten by the subparser's default.
+"""
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from cli import controller, demo, discover, explain, plugin, validate
+from cli._usererrors import one_line
+
+# Order is the order in --help.
+_COMMANDS = (discover, controller, explain, validate, plugin, demo)
+
+# Kept here (not imported from driver.common.logs) so that `gpu-dra --help` imports nothing heavy.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("kv", "json")
+_GLOBAL_ENV = {"log_level": "GPU_DRA_LOG_LEVEL", "log_format": "GPU_DRA_LOG_FORMAT"}
+
+EXIT_USAGE = 2
+
+_EPILOG = """\
+Global options may also come after the subcommand (gpu-dra validate --log-level DEBUG F).
+Every option of `kubelet-plugin` can also be set through the environment variable named in
+its help (GPU_DRA_<OPTION>), as the Helm chart's DaemonSet does.
+
+exit status: 0 success; 2 usage error (unknown option, bad value); otherwise as each
+command's --help says. Every error is one line on stderr, never a traceback."""
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    group = parser.add_argument_group("global options")
+    level = os.environ.get(_GLOBAL_ENV["log_level"], "INFO") if defaults else argparse.SUPPRESS
+    fmt = os.environ.get(_GLOBAL_ENV["log_format"], "kv") if defaults else argparse.SUPPRESS
+    group.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=level,
+        help="least severe log records to print (case-insensitive) "
+        "[env GPU_DRA_LOG_LEVEL, default INFO]",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=fmt,
+        help="kv: key=value pairs; json: one JSON object a line [env GPU_DRA_LOG_FORMAT, "
+        "default kv]",
+    )
+
+
+def _version() -> str:
+    from driver.kube.client import release
+
+    return f"gpu-dra {release()}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors on one line, pointing to --help, instead of the usage block first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gpu-dra",
+        description="Kubernetes DRA driver for NVIDIA GPUs (resource.k8s.io/v1).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_global_options(parser, defaults=True)
+    parser.add_argument("--version", action="version", version=_version())
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in _COMMANDS:
+        command.register(subparsers)
+    for subparser in subparsers.choices.values():
+        _add_global_options(subparser, defaults=False)
+    return parser
+
+
+def _check_environment(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    # argparse checks choices of command-line values only, not of defaults from the environment.
+    for dest, choices in (("log_level", LOG_LEVELS), ("log_format", LOG_FORMATS)):
+        value = getattr(args, dest)
+        if dest == "log_level":
+            value = value.upper()
+            setattr(args, dest, value)
+        if value not in choices:
+            parser.error(
+                f"{_GLOBAL_ENV[dest]}={value!r}: invalid choice (choose from {', '.join(choices)})"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from driver.common import logs
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_environment(parser, args)
+    logs.setup(args.log_level, args.log_format)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        # A user mistake (bad kubeconfig, unreachable server, no permission) is one line;
+        # anything else is a bug of ours and keeps its traceback.
+        line = one_line(exc)
+        if line is None:
+            raise
+        print(f"gpu-dra {args.command}: {line.text}", file=sys.stderr)
+        return line.exit_code
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""``gpu-dra discover``: print what this node would publish."""
+
+import argparse
+import sys
+from typing import Any
+
+from cli import _nvmlargs as nvml_args
+from driver import DEFAULT_DRIVER_NAME
+from driver.common.errors import PermanentError, RetryableError
+
+EXIT_PERMANENT = 1
+EXIT_RETRYABLE = 75  # EX_TEMPFAIL: try again later
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser(
+        "discover",
+        help="print the ResourceSlices this node would publish",
+        description=(
+            "Discover this node's NVIDIA GPUs through NVML (the real library or simulated "
+            "hardware) and print the resource.k8s.io/v1 ResourceSlices the driver would "
+            f"publish. Exit status: 0 on success, {EXIT_PERMANENT} when NVML cannot be used "
+            f"(e.g. no driver installed), {EXIT_RETRYABLE} when the driver is not ready yet."
+        ),
+    )
+    nvml_args.add_nvml_arguments(parser)
+    nvml_args.add_consumable_capacity(parser)
+    nvml_args.add_dynamic_mig(parser)
+    parser.add_argument(
+        "--list-profiles", action="store_true", help="list the simulated hardware profiles and exit"
+    )
+    parser.add_argument(
+        "--node-name",
+        default=None,
+        metavar="NAME",
+        help="node (and pool) name; default: $NODE_NAME, else the host name",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=DEFAULT_DRIVER_NAME,
+        metavar="NAME",
+        help=f"DRA driver name (default: {DEFAULT_DRIVER_NAME})",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json", "table"),
+        default="yaml",
+        help="yaml or json: the ResourceSlice objects; table: one row per GPU (default: yaml)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from driver.gpu.discovery import discover
+
+    if args.list_profiles:
+        from driver.nvml.profile import profile_names
+
+        print("\n".join(profile_names()))
+        return 0
+    node_name = nvml_args.node_name(args)
+    try:
+        with nvml_args.open_backend(args, node_name) as (backend, sysfs_root):
+            inventory = discover(backend, sysfs_root=sysfs_root, dynamic_mig=args.dynamic_mig)
+    except RetryableError as exc:
+        print(f"gpu-dra discover: {exc}", file=sys.stderr)
+        return EXIT_RETRYABLE
+    except PermanentError as exc:
+        print(f"gpu-dra discover: {exc}", file=sys.stderr)
+        return EXIT_PERMANENT
+
+    from driver.common.limits import validate_resource_slice
+    from driver.gpu.resourceslice import build_resource_slices
+
+    slices = build_resource_slices(
+        inventory,
+        driver_name=args.driver_name,
+        node_name=node_name,
+        consumable_capacity=args.consumable_capacity,
+    )
+    problems = [p for s in slices for p in validate_resource_slice(s)]
+    if problems:
+        print(f"gpu-dra discover: invalid ResourceSlice: {problems[0]}", file=sys.stderr)
+        return EXIT_PERMANENT
+    sys.stdout.write(_render(args.output, slices, inventory, node_name))
+    return 0
+
+
+def _render(output: str, slices: list[dict[str, Any]], inventory: Any, node_name: str) -> str:
+    if output == "json":
+        import json
+
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": slices}, indent=2) + "\n"
+    if output == "yaml":
+        import yaml
+
+        return yaml.safe_dump_all(slices, sort_keys=False)
+    return _table(slices, inventory, node_name)
+
+
+def _table(slices: list[dict[str, Any]], inventory: Any, node_name: str) -> str:
+    """One row per published device (GPU or MIG), from what the slices carry."""
+
+    def attr(device: dict[str, Any], name: str) -> str:
+        value = device["attributes"].get(name)
+        return "-" if value is None else str(next(iter(value.values())))
+
+    header = ("DEVICE", "TYPE", "MODEL", "MEMORY", "NUMA", "PCI BUS ID", "NVLINK DOMAIN")
+    rows = [
+        (
+            device["name"],
+            attr(device, "type")
+            + ("" if attr(device, "profile") == "-" else f" {attr(device, 'profile')}"),
+            attr(device, "model"),
+            f"{int(device['capacity']['memory']['value']) // 2**20} MiB",
+            attr(device, "numaNode"),
+            attr(device, "resource.kubernetes.io/pciBusID"),
+            attr(device, "nvlinkDomain"),
+        )
+        for piece in slices
+        for device in piece["spec"]["devices"]
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    cuda = ".".join(map(str, inventory.cuda_driver_version))
+    lines = [
+        f"node {node_name}: {len(rows)} device(s), driver {inventory.driver_version}, CUDA {cuda}, "
+        f"{len(slices)} ResourceSlice(s)",
+        "",
+        *(
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in [header, *rows]
+        ),
+    ]
+    lines += [
+        f"skipped GPU index {s.index} (PCI {s.pci_bus_id or 'unknown'}): {s.error}"
+        for s in inventory.skipped
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,353 @@
+"""``gpu-dra explain``: which devices a claim gets on each node, or exactly why not.
+
+Offline, with the scheduler's structured-parameters semantics (see
+:mod:`driver.tools.allocation`): DeviceClass and request selectors, ``exactly`` with
+``count`` or ``allocationMode: All``, ``firstAvailable``, ``matchAttribute`` /
+``distinctAttribute`` constraints, devices already allocated, pool generations
+and completeness, device taints and tolerations.
+
+JSON output (``-o json``), stable for scripts; keys may be added, never renamed::
+
+    {"claim": {"kind": "ResourceClaim", "namespace": "default", "name": "tp4"},
+     "problems": ["..."],          # claim-level: unknown class, selector not compiling
+     "summary": {"nodes": 2, "allocatable": 1},
+     "nodes": [
+       {"node": "node-a", "allocatable": true,
+        "results": [{"request": "gpus", "driver": "gpu.nvidia.com",
+                     "pool": "node-a", "device": "gpu-0"}, ...],
+        "reasons": [],
+        "allocation": {...}},    # the status.allocation a scheduler would write
+       {"node": "node-b", "allocatable": false, "results": [],
+        "reasons": ["request gpus: needed 4, found 2 matching", ...]}]}
+
+``node`` is null when the slices name no node (only allNodes/nodeSelector pools).
+Without ``-f``, the devices each ``--deviceclass`` selects::
+
+    {"deviceClass": "gpu.nvidia.com", "problems": [],
+     "summary": {"devices": 16, "selected": 8},
+     "devices": [{"node": "node-a", "driver": "gpu.nvidia.com", "pool": "node-a",
+                  "device": "gpu-0", "selected": true, "reason": null}, ...]}
+
+Exit status: 0 when the claim is allocatable on at least one node (or the
+class selects at least one device), 1 when it is allocatable nowhere (or
+selects nothing), 2 when the input is wrong or the API server cannot be read.
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from driver.tools.allocation import ClassListing, Explanation
+    from driver.tools.allocation.inputs import Inputs
+
+_EPILOG = """\
+inputs:
+  -f FILE holds one ResourceClaim or ResourceClaimTemplate (DeviceClasses in the
+  same file are used too). Files may be YAML (multi-document), JSON, or v1 Lists;
+  outputs of several `gpu-dra discover -o yaml` runs may be concatenated.
+  For thousands of slices prefer JSON: it parses about ten times faster than YAML.
+  --cluster reads ResourceSlices, DeviceClasses, allocated ResourceClaims and
+  Node labels through the kubeconfig; --deviceclass files add to (and override)
+  the cluster's classes.
+
+json output (-o json), stable:
+  {"claim": {kind, namespace, name}, "problems": [...],
+   "summary": {"nodes": N, "allocatable": M},
+   "nodes": [{"node", "allocatable", "results": [{"request", "driver", "pool",
+              "device"}], "reasons": [...], "allocation": {...} (if allocatable)}],
+   "advice": "one line" (when no node can take the claim) or null}
+  without -f: {"deviceClass", "problems", "summary": {"devices", "selected"},
+   "devices": [{"node", "driver", "pool", "device", "selected", "reason"}]}
+
+exit status:
+  0  allocatable on at least one node (without -f: the class selects a device)
+  1  allocatable on no node (without -f: the class selects nothing)
+  2  bad input, or the API server could not be read
+"""
+
+
+# Kinds a claim file may carry beside the claim (the pods that use it); never explained.
+_WORKLOADS = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="show which devices a claim gets on each node, or exactly why not",
+        description=(
+            "Allocate a ResourceClaim (or template) offline with the scheduler's DRA\n"
+            "semantics and explain the outcome per node; without -f, list the devices\n"
+            "each DeviceClass selects, and why the others are rejected."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-f",
+        "--filename",
+        type=Path,
+        metavar="CLAIM_OR_TEMPLATE",
+        help="file with the ResourceClaim or ResourceClaimTemplate to explain",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--slices",
+        type=Path,
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        default=[],
+        help="files with ResourceSlices (repeatable)",
+    )
+    source.add_argument(
+        "--cluster",
+        action="store_true",
+        help="read slices, classes and allocated claims from the API server",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig for --cluster (default: $KUBECONFIG or ~/.kube/config)",
+    )
+    parser.add_argument(
+        "--deviceclass",
+        type=Path,
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        default=[],
+        help="files with DeviceClasses (repeatable; claims in them are ignored)",
+    )
+    parser.add_argument(
+        "--allocated",
+        type=Path,
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        default=[],
+        help="files with allocated ResourceClaims whose devices are taken (repeatable)",
+    )
+    parser.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only show these nodes (repeatable)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="search steps allowed per node (default 100000)",
+    )
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="output format"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from driver.common.errors import DriverError
+
+    try:
+        return _run(args, sys.stdout)
+    except DriverError as exc:
+        print(f"gpu-dra explain: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader (e.g. `head`) went away: stop quietly, as shell tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    from driver.tools.allocation import DEFAULT_BUDGET, explain_claim, explain_class
+    from driver.tools.allocation.inputs import (
+        CLAIM,
+        CLASS,
+        SLICE,
+        TEMPLATE,
+        InputError,
+        Inputs,
+        load_file,
+        of_kinds,
+    )
+
+    if not args.cluster and not args.slices:
+        raise InputError("give --slices FILE or --cluster")
+    if args.kubeconfig is not None and not args.cluster:
+        raise InputError("--kubeconfig needs --cluster")
+    inputs = _read_cluster(args.kubeconfig) if args.cluster else Inputs()
+    for path in args.slices:
+        inputs.slices.extend(of_kinds(load_file(path), (SLICE,), str(path)))
+    # A class file may also hold the claims that use the classes (as examples do).
+    extra_classes = [
+        c
+        for p in args.deviceclass
+        for c in of_kinds(load_file(p), (CLASS,), str(p), skip=(CLAIM, TEMPLATE))
+    ]
+    for path in args.allocated:
+        inputs.claims.extend(of_kinds(load_file(path), (CLAIM,), str(path)))
+
+    if args.filename is None:
+        if not extra_classes:
+            raise InputError("give -f CLAIM_OR_TEMPLATE, or --deviceclass FILE to list devices")
+        listings = [
+            explain_class(c, slices=inputs.slices, node_labels=inputs.node_labels)
+            for c in extra_classes
+        ]
+        if args.output == "json":
+            body: Any = [x.to_json() for x in listings]
+            json.dump(body[0] if len(body) == 1 else body, out, indent=2)
+            out.write("\n")
+        else:
+            for listing in listings:
+                _class_table(listing, out)
+        return 0 if any(d.selected for x in listings for d in x.devices) else 1
+
+    # Examples keep the workload beside its claim: the claim is what is explained.
+    objects = of_kinds(
+        load_file(args.filename), (CLAIM, TEMPLATE, CLASS), str(args.filename), skip=_WORKLOADS
+    )
+    claims = [o for o in objects if o.get("kind") in (CLAIM, TEMPLATE)]
+    if len(claims) != 1:
+        raise InputError(
+            f"{args.filename}: expected one ResourceClaim or ResourceClaimTemplate, "
+            f"found {len(claims)}"
+        )
+    extra_classes = [o for o in objects if o.get("kind") == CLASS] + extra_classes
+    explanation = explain_claim(
+        claims[0],
+        slices=inputs.slices,
+        classes=_merge_classes(inputs.classes, extra_classes),
+        allocated=inputs.claims,
+        node_labels=inputs.node_labels,
+        budget=args.budget or DEFAULT_BUDGET,
+    )
+    explanation = _with_lint(explanation, claims[0])
+    if args.node:
+        wanted = set(args.node)
+        unknown = wanted - {n.node for n in explanation.nodes}
+        if unknown:
+            raise InputError(f"no devices published for node(s) {', '.join(sorted(unknown))}")
+        explanation = _only_nodes(explanation, wanted)
+    if args.output == "json":
+        json.dump(explanation.to_json(), out, indent=2)
+        out.write("\n")
+    else:
+        _claim_table(explanation, out)
+    return 0 if explanation.allocatable_nodes else 1
+
+
+def _with_lint(explanation: "Explanation", claim: dict[str, Any]) -> "Explanation":
+    """Add what `gpu-dra validate` finds in the claim: a misspelled attribute fails on every
+    device, and the suggestion says more than the CEL runtime error."""
+    from dataclasses import replace
+
+    import yaml
+
+    from driver.tools.validation import Severity, validate_sources
+
+    found = [
+        f"{p.path}: {p.message}"
+        for p in validate_sources([("claim", yaml.safe_dump(claim))])
+        if p.severity is Severity.ERROR and p.path
+    ]
+    new = tuple(f for f in found if f not in explanation.problems)
+    if not new:
+        return explanation
+    advice = explanation.advice
+    if not explanation.allocatable_nodes:
+        advice = "fix the claim first: `gpu-dra validate` shows every problem in it"
+    return replace(explanation, problems=(*explanation.problems, *new), advice=advice)
+
+
+def _merge_classes(
+    cluster: Sequence[dict[str, Any]], files: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    # Later wins: classes from files replace same-named cluster classes.
+    by_name = {(c.get("metadata") or {}).get("name"): c for c in [*cluster, *files]}
+    return list(by_name.values())
+
+
+def _only_nodes(explanation: "Explanation", wanted: set[str]) -> "Explanation":
+    from dataclasses import replace
+
+    return replace(explanation, nodes=tuple(n for n in explanation.nodes if n.node in wanted))
+
+
+def _read_cluster(kubeconfig: Path | None) -> "Inputs":
+    from cli import _cluster
+    from driver.tools.allocation.inputs import read_cluster
+
+    return _cluster.read(kubeconfig, read_cluster, component="explain")
+
+
+def _device_text(node: str | None, pool: str, device: str) -> str:
+    return device if pool == node else f"{pool}/{device}"
+
+
+def _claim_table(explanation: "Explanation", out: TextIO) -> None:
+    allocatable = len(explanation.allocatable_nodes)
+    out.write(
+        f"{explanation.claim}: allocatable on {allocatable} of {len(explanation.nodes)} node(s)\n"
+    )
+    for problem in explanation.problems:
+        out.write(f"  problem: {problem}\n")
+    if not explanation.nodes:
+        out.write("no node has devices in the given slices\n")
+        return
+    rows = [("NODE", "ALLOCATABLE", "DEVICES")]
+    for entry in explanation.nodes:
+        by_request: dict[str, list[str]] = defaultdict(list)
+        for r in entry.results:
+            by_request[r.request].append(_device_text(entry.node, r.pool, r.device))
+        devices = "; ".join(f"{req}: {', '.join(devs)}" for req, devs in by_request.items())
+        rows.append((entry.node or "(any)", "yes" if entry.allocatable else "no", devices or "-"))
+    _write_rows(rows, out)
+    # Nodes failing for the same reasons are listed once: clusters are mostly alike.
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for entry in explanation.nodes:
+        if not entry.allocatable:
+            groups[entry.reasons].append(entry.node or "(any)")
+    if groups:
+        out.write("\nwhy not:\n")
+    for reasons, nodes in groups.items():
+        shown = ", ".join(nodes[:5]) + (f", ... (+{len(nodes) - 5} more)" if len(nodes) > 5 else "")
+        out.write(f"  {shown}:\n")
+        for reason in reasons:
+            out.write(f"    - {reason}\n")
+    if explanation.advice:
+        out.write(f"\nadvice: {explanation.advice}\n")
+
+
+def _class_table(listing: "ClassListing", out: TextIO) -> None:
+    selected = sum(1 for d in listing.devices if d.selected)
+    out.write(
+        f"DeviceClass {listing.device_class}: selects {selected} of "
+        f"{len(listing.devices)} device(s)\n"
+    )
+    for problem in listing.problems:
+        out.write(f"  problem: {problem}\n")
+    rows = [("NODE", "DRIVER", "POOL", "DEVICE", "SELECTED", "REASON")]
+    rows.extend(
+        (d.node or "-", d.driver, d.pool, d.device, "yes" if d.selected else "no", d.reason or "")
+        for d in listing.devices
+    )
+    _write_rows(rows, out)
+    out.write("\n")
+
+
+def _write_rows(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        out.write("  ".join(cells).rstrip() + "\n")

@@ -1,0 +1,114 @@
+"""``gpu-dra validate``: check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests."""
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+_EPILOG = """\
+what is checked:
+  every object: the Kubernetes API schema, unknown fields rejected (kubernetes-validate
+    --strict) for the chosen version.
+  DeviceClass, ResourceClaim, ResourceClaimTemplate: the rules the schema lacks (DNS-label
+    request names, list limits, exactly one of exactly/firstAvailable, count >= 1, CEL at
+    most 10 KiB); every CEL selector compiled with Kubernetes' DRA environment; attribute
+    and capacity names against what gpu.nvidia.com publishes (with the closest name);
+    comparisons across types (an int attribute against a string); quantity() and semver()
+    literals; constraint attributes; capacity requests; request names used by constraints
+    and config; opaque GpuConfig parameters, parsed as the kubelet plugin parses them;
+    deviceClassName against the DeviceClasses given (when any is).
+  Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet: each container's
+    resources.claims against the pod's resourceClaims, and those against the claims and
+    templates given (in the files, or read with --cluster; when any is known).
+  Fields behind a feature gate that is off by default in the chosen version are warnings.
+
+output: one line per problem, FILE: KIND/NAME: FIELD.PATH: error|warning: MESSAGE
+  (CEL messages start with the LINE:COLUMN of the mistake in the expression).
+
+exit status:
+  0  no errors (warnings alone, or nothing)
+  1  at least one error
+  2  usage error: bad option, unsupported version, a file that cannot be read, or the
+     cluster could not be read with --cluster
+"""
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="check DRA manifests and the pods that use them, offline",
+        description=(
+            "Check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests, and the "
+            "workloads that name them, before applying them (multi-document YAML; '-' reads "
+            "stdin)."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--kubernetes-version",
+        default="1.34",
+        metavar="V",
+        help="Kubernetes version whose schema and feature-gate defaults apply, 1.34 to 1.37 "
+        "(e.g. 1.35 or v1.35.2-eks-113cf36; default 1.34)",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also read DeviceClasses, ResourceClaims and ResourceClaimTemplates from the "
+        "API server, for the names the files use",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig for --cluster (default: $KUBECONFIG or ~/.kube/config)",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="manifest file, or - for stdin")
+    parser.set_defaults(func=_run)
+
+
+def _read(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    with open(name, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from driver.tools.validation import Severity, parse_version, validate_sources
+
+    try:
+        version = parse_version(args.kubernetes_version)
+    except ValueError as exc:
+        print(f"gpu-dra validate: --kubernetes-version: {exc}", file=sys.stderr)
+        return 2
+    sources: list[tuple[str, str]] = []
+    unreadable = 0
+    for name in args.files:
+        try:
+            sources.append((name, _read(name)))
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            print(f"gpu-dra validate: {name}: cannot read: {reason}", file=sys.stderr)
+            unreadable += 1
+    if unreadable:
+        return 2
+    known: list[dict[str, Any]] = []
+    if args.kubeconfig is not None and not args.cluster:
+        print("gpu-dra validate: --kubeconfig needs --cluster", file=sys.stderr)
+        return 2
+    if args.cluster:
+        from cli import _cluster
+        from driver.common.errors import DriverError
+        from driver.tools.allocation.inputs import read_references
+
+        try:
+            known = _cluster.read(args.kubeconfig, read_references, component="validate")
+        except DriverError as exc:
+            print(f"gpu-dra validate: --cluster: {exc}", file=sys.stderr)
+            return 2
+    problems = validate_sources(sources, version=version, known=known)
+    for problem in problems:
+        print(problem)
+    return 1 if any(p.severity is Severity.ERROR for p in problems) else 0

@@ -1,0 +1,1 @@
+"""Pure helpers every part stands on: errors, logs, wire formats, quantities, limits."""

@@ -1,0 +1,1 @@
+"""The GPU model: discovery, the inventory, the device kinds, health rules, slices."""

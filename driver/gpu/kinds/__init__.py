@@ -1,0 +1,136 @@
+"""Device kinds: the one table of them, and the node's devices of every kind.
+
+A new kind is one module implementing :class:`~driver.gpu.kinds.base.DeviceKind`
+and one entry in :data:`KINDS`; nothing else names a kind.
+"""
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import capacity, dynmig, gpu, mig
+from driver.gpu.kinds.base import DeviceKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
+
+__all__ = [
+    "KINDS",
+    "DeviceKind",
+    "KindContext",
+    "NodeDevice",
+    "NodeDevices",
+    "PreparedClaim",
+    "PreparedDevice",
+    "by_name",
+    "counter_sets",
+    "node_devices",
+]
+
+KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND, dynmig.KIND)
+
+
+_index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})
+
+
+def by_name() -> Mapping[str, DeviceKind]:
+    """The table by kind name; rebuilt only when the table is replaced (a test's kind)."""
+    global _index
+    if _index[0] is not KINDS:
+        _index = (KINDS, MappingProxyType({kind.name: kind for kind in KINDS}))
+    return _index[1]
+
+
+def node_devices(
+    inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
+) -> list[NodeDevice]:
+    """Every kind's devices on the node, kind by kind in table order; with
+    ``consumable_capacity``, published for sharing (:mod:`driver.gpu.kinds.capacity`)."""
+    out: list[NodeDevice] = []
+    for kind in KINDS:
+        devices = kind.devices(inventory, node_name=node_name)
+        if consumable_capacity and kind is gpu.KIND:  # a MIG device is a partition already
+            devices = [
+                dataclasses.replace(d, published=capacity.shareable(d.published)) for d in devices
+            ]
+        out.extend(devices)
+    return out
+
+
+def counter_sets(inventory: Inventory) -> list[dict[str, Any]]:
+    """The node's shared counter sets (``ResourceSliceSpec.sharedCounters``) that its
+    devices consume: dynamic MIG's, one per GPU it publishes."""
+    return dynmig.counter_sets(inventory)
+
+
+class NodeDevices:
+    """The node's devices, one discovery for the slice publisher and the claim state.
+
+    ``refresh`` rediscovers (the publisher calls it on every resync) and ``current``
+    is what the last discovery found, which prepare plans against: both sides see
+    one inventory with one lifetime, the process's.
+    """
+
+    def __init__(
+        self,
+        discover: Callable[[], Awaitable[Inventory]],
+        *,
+        node_name: str,
+        consumable_capacity: bool = False,
+    ) -> None:
+        self._discover = discover
+        self._node = node_name
+        self._consumable = consumable_capacity
+        self._current: Mapping[str, NodeDevice] = MappingProxyType({})
+        self._published: list[dict[str, Any]] = []
+        self._inventory: Inventory | None = None
+        self._counter_sets: list[dict[str, Any]] = []
+
+    @classmethod
+    def of(
+        cls, inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
+    ) -> "NodeDevices":
+        """Devices that are already discovered (tests, one-shot tools): no refresh needed."""
+
+        async def same() -> Inventory:
+            return inventory
+
+        devices = cls(same, node_name=node_name, consumable_capacity=consumable_capacity)
+        devices._set(
+            inventory,
+            node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity),
+        )
+        return devices
+
+    def _set(self, inventory: Inventory, devices: Sequence[NodeDevice]) -> None:
+        self._inventory = inventory
+        self._counter_sets = counter_sets(inventory)
+        self._current = MappingProxyType({d.name: d for d in devices})
+        self._published = [dict(d.published) for d in devices]
+
+    @property
+    def current(self) -> Mapping[str, NodeDevice]:
+        return self._current
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """What the last discovery found; None before the first."""
+        return self._inventory
+
+    async def refresh(self) -> Sequence[NodeDevice]:
+        """Rediscover; raises what discovery raises and then keeps the last result."""
+        inventory = await self._discover()
+        devices = node_devices(
+            inventory, node_name=self._node, consumable_capacity=self._consumable
+        )
+        self._set(inventory, devices)
+        return devices
+
+    async def published(self) -> list[dict[str, Any]]:
+        """The publisher's source of desired devices: rediscover, then what to publish."""
+        await self.refresh()
+        return list(self._published)
+
+    def counter_sets(self) -> list[dict[str, Any]]:
+        """The counter sets of what :meth:`published` last returned (none without
+        partitionable devices)."""
+        return list(self._counter_sets)

@@ -1,0 +1,330 @@
+"""MPS on a full GPU (``sharing.strategy: MPS``): the GPU kind's other shared part.
+
+A GPU in exclusive-process mode admits one MPS server, so the claims on one GPU share
+one control daemon, ``nvidia-cuda-mps-control -f``, started by the first prepare and
+stopped by the last unprepare. Its files live in ``<state dir>/<gpu uuid>/``: ``pipe/``
+and ``log/`` (shared into the containers through the CDI spec), ``pid`` (the daemon,
+so that the next plugin adopts it after a restart: the pid and the binary in
+``/proc/<pid>/cmdline`` must both match) and ``holders/<claim uid>``, written before
+the daemon starts and removed before it stops, which counts the claims. A daemon runs
+in its own session, so it outlives the plugin: clients keep working across an upgrade
+or a SIGKILL. The recovery is the unprepare, so a crash at any step ends with a daemon
+exactly where a holder is.
+
+One GPU per MPS claim: a client reaches one pipe directory (``CUDA_MPS_PIPE_DIRECTORY``),
+and a daemon per GPU keeps the count per GPU.
+"""
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from driver.common.errors import PermanentError, RetryableError
+from driver.common.logs import kv
+from driver.common.quantity import Quantity
+from driver.gpu.kinds.base import KindContext, PreparedClaim
+from driver.gpu.kinds.files import SHARED, make_dir, write_atomic
+from driver.gpu.nvidiasmi import NvidiaSmi
+
+log = logging.getLogger(__name__)
+
+STRATEGY = "MPS"
+_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{1,64}$")
+_START_WAIT_S = 10.0
+_STOP_WAIT_S = 10.0
+_POLL_S = 0.02
+_LOG_CHARS = 400
+
+
+class MpsError(PermanentError):
+    """An MPS setting this driver cannot apply (more than one GPU, a bad UUID)."""
+
+
+class MpsDaemonError(RetryableError):
+    """The control daemon did not start or stop; a retry may succeed."""
+
+
+def default_control(container_driver_root: Path) -> Path:
+    return container_driver_root / "usr" / "bin" / "nvidia-cuda-mps-control"
+
+
+def wanted(claim: PreparedClaim, uuid_key: str) -> dict[str, dict[str, str]]:
+    """GPU UUID -> MPS settings, for the devices of ``claim`` that use MPS."""
+    out: dict[str, dict[str, str]] = {}
+    for device in claim.devices:
+        settings = dict(device.sharing)
+        uuid = dict(device.identity).get(uuid_key)
+        if device.admin_access or settings.get("strategy") != STRATEGY or uuid is None:
+            continue  # unshared, or another kind's device (a MIG device)
+        out[uuid] = settings
+    return out
+
+
+def _limit_for(settings: Mapping[str, str], uuid: str, index: str) -> str | None:
+    return (
+        settings.get(f"pinnedMemoryLimit/{uuid}")
+        or settings.get(f"pinnedMemoryLimit/{index}")
+        or settings.get("pinnedMemoryLimit")
+    )
+
+
+def _bytes(limit: str, otherwise: int) -> int:
+    """A configured limit (a quantity) in bytes; ``otherwise`` when it is none."""
+    try:
+        return int(Quantity.parse(limit).value)
+    except ValueError:
+        return otherwise
+
+
+def _share_mib(claim: PreparedClaim, uuid: str, uuid_key: str) -> int | None:
+    """The memory the claim's shares of the GPU consumed (consumable capacity), in MiB."""
+    shares = [
+        Quantity.parse(dict(d.consumed)["memory"]).value
+        for d in claim.devices
+        if dict(d.identity).get(uuid_key) == uuid and "memory" in dict(d.consumed)
+    ]
+    return int(sum(shares) // (1 << 20)) if shares else None
+
+
+def _one_gpu(claim: PreparedClaim, gpus: Mapping[str, object]) -> None:
+    if len(gpus) > 1:
+        raise MpsError(
+            f'claim {claim}: field "sharing.strategy": MPS shares one GPU per claim, '
+            f"this one has {len(gpus)}"
+        )
+
+
+class Mps:
+    def __init__(self, uuid_key: str) -> None:
+        self._uuid_key = uuid_key
+        self._dir: Path | None = None
+        self._control: Path | None = None
+        self._smi: NvidiaSmi | None = None
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped when they exit
+
+    def attach(self, context: KindContext) -> None:
+        self._dir = context.state_dir / "mps"
+        make_dir(self._dir)
+        root = context.container_driver_root
+        self._control = context.mps_control or default_control(root)
+        self._smi = context.nvidia_smi_tool()
+
+    def has_side_effects(self, claim: PreparedClaim) -> bool:
+        return bool(wanted(claim, self._uuid_key))
+
+    def edits(self, claim: PreparedClaim) -> Mapping[str, Any]:
+        """The pipe and log directories and the limits, for a claim's containers."""
+        gpus = wanted(claim, self._uuid_key)
+        if not gpus:
+            return {}
+        _one_gpu(claim, gpus)  # the spec is built at plan time: refused before any record
+        ((uuid, settings),) = gpus.items()
+        pipe, logs = self._gpu_dir(uuid) / "pipe", self._gpu_dir(uuid) / "log"
+        env = [f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_MPS_LOG_DIRECTORY={logs}"]
+        if "activeThreadPercentage" in settings:
+            env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={settings['activeThreadPercentage']}")
+        # The client sees its one GPU as device 0.
+        limit = _limit_for(settings, uuid, "0")
+        share = _share_mib(claim, uuid, self._uuid_key)
+        if share is not None and (limit is None or share << 20 < _bytes(limit, share << 20)):
+            limit = f"{share}M"  # a share of the GPU's memory is enforced as its limit
+        if limit is not None:
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit}")
+        mounts = [
+            {"hostPath": str(d), "containerPath": str(d), "options": ["rbind", "rw"]}
+            for d in (pipe, logs)
+        ]
+        return {"env": env, "mounts": mounts}
+
+    def prepare(self, claim: PreparedClaim) -> None:
+        gpus = wanted(claim, self._uuid_key)
+        _one_gpu(claim, gpus)
+        for uuid in gpus:
+            with self._locked(uuid):
+                holder = self._gpu_dir(uuid) / "holders" / claim.uid
+                make_dir(holder.parent)
+                write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
+                self._ensure_running(uuid, claim)
+
+    def unprepare(self, claim: PreparedClaim) -> None:
+        for uuid in wanted(claim, self._uuid_key):
+            with self._locked(uuid):
+                holders = self._gpu_dir(uuid) / "holders"
+                (holders / claim.uid).unlink(missing_ok=True)
+                if not (holders.exists() and any(holders.iterdir())):
+                    self._stop(uuid, claim)
+
+    @contextlib.contextmanager
+    def _locked(self, uuid: str) -> Iterator[None]:
+        """One claim at a time per GPU: claims sharing a GPU (shares of its memory) are
+        prepared in parallel, and two first prepares must not start two daemons, nor a
+        last unprepare stop the daemon a new holder just counted on. A file lock, so two
+        plugin instances of a node (a surge upgrade) take turns too."""
+        path = self._gpu_dir(uuid).with_name(f"{uuid}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def recover(self, claim: PreparedClaim) -> None:
+        self.unprepare(claim)
+
+    def watch(self) -> list[str]:
+        """Restart the daemon of every GPU that has holders but no daemon (it died: a
+        crash, an OOM kill), each reported in one line; returns those GPUs' UUIDs."""
+        if self._dir is None:
+            return []
+        restarted: list[str] = []
+        for gpu_dir in sorted(p for p in self._dir.iterdir() if p.is_dir()):
+            uuid = gpu_dir.name
+            if not _UUID.fullmatch(uuid):
+                continue
+            with self._locked(uuid):
+                holders = sorted((gpu_dir / "holders").glob("*"))
+                if not holders or self.running_pid(uuid) is not None:
+                    continue
+                namespace, _, name = holders[0].read_text().strip().partition("/")
+                claim = PreparedClaim(holders[0].name, namespace, name, ())
+                log.error(
+                    "MPS control daemon is gone; restarting it",
+                    extra=kv(gpu_uuid=uuid, claims=len(holders), claim_uid=claim.uid,
+                             claim_namespace=namespace, claim_name=name),
+                )  # fmt: skip
+                try:
+                    self._ensure_running(uuid, claim)
+                except (MpsError, MpsDaemonError) as exc:
+                    log.error("MPS control daemon restart failed", extra=kv(error=exc))
+                    continue
+                restarted.append(uuid)
+        return restarted
+
+    def running_pid(self, uuid: str) -> int | None:
+        """The daemon of ``uuid``: the one its pid file names, or else one a plugin killed
+        between starting it and writing that file, found in ``/proc`` and adopted."""
+        self._reap()
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self._gpu_dir(uuid) / "pid").read_text())
+            if self._is_daemon(pid, uuid):
+                return pid
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and self._is_daemon(int(entry.name), uuid):
+                write_atomic(self._gpu_dir(uuid) / "pid", f"{entry.name}\n")
+                return int(entry.name)
+        return None
+
+    def _is_daemon(self, pid: int, uuid: str) -> bool:
+        """Alive, our binary in the foreground (``-f``), serving ``uuid``'s pipe."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            # argv[0], or argv[1] after the interpreter of a script (a test's stand-in).
+            if str(self._control).encode() not in argv[:2] or b"-f" not in argv:
+                return False
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            return False
+        pipe = f"CUDA_MPS_PIPE_DIRECTORY={self._gpu_dir(uuid) / 'pipe'}".encode()
+        return state != "Z" and pipe in environ
+
+    # ---- the daemon -------------------------------------------------------------------
+
+    def _ensure_running(self, uuid: str, claim: PreparedClaim) -> None:
+        if self.running_pid(uuid) is not None:
+            return  # another claim's, or adopted from the plugin before us
+        if self._control is None or self._smi is None:
+            raise MpsError("MPS used before the claim state attached it")
+        gpu_dir = self._gpu_dir(uuid)
+        pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
+        for d in (pipe, logs):
+            make_dir(d, SHARED)
+        # A daemon killed before it could clean up leaves its control pipe behind, which
+        # would read as "started" at once: no daemon serves this GPU now (checked above).
+        (pipe / "control").unlink(missing_ok=True)
+        self._smi.run("-i", uuid, "-c", "EXCLUSIVE_PROCESS")
+        env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(logs),
+        }
+        with (logs / "daemon.out").open("ab") as out:
+            try:
+                child = subprocess.Popen(
+                    [str(self._control), "-f"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # outlives the plugin, and its signals
+                )
+            except OSError as exc:
+                raise MpsError(f"claim {claim}: cannot start {self._control}: {exc}") from exc
+        self._children[child.pid] = child
+        write_atomic(gpu_dir / "pid", f"{child.pid}\n")
+        deadline = time.monotonic() + _START_WAIT_S
+        while not (pipe / "control").exists():
+            if child.poll() is not None or time.monotonic() > deadline:
+                # The unprepare of the rollback sets the compute mode back.
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+                child.wait()
+                (gpu_dir / "pid").unlink(missing_ok=True)
+                tail = (logs / "daemon.out").read_text(errors="replace")[-_LOG_CHARS:].strip()
+                raise MpsDaemonError(
+                    f"claim {claim}: the MPS control daemon for GPU {uuid} did not start "
+                    f"(exit {child.poll()}): {tail}"
+                )
+            time.sleep(_POLL_S)
+        log.info(
+            "MPS control daemon started",
+            extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
+                     claim_name=claim.name, gpu_uuid=uuid, pid=child.pid),
+        )  # fmt: skip
+
+    def _stop(self, uuid: str, claim: PreparedClaim) -> None:
+        gpu_dir = self._gpu_dir(uuid)
+        pid = self.running_pid(uuid)
+        if pid is not None and self._control is not None:
+            env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe")}
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    [str(self._control)], input=b"quit\n", env=env, timeout=_STOP_WAIT_S,
+                    capture_output=True, check=False,
+                )  # fmt: skip
+            deadline = time.monotonic() + _STOP_WAIT_S
+            while self.running_pid(uuid) is not None:
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    deadline = time.monotonic() + _STOP_WAIT_S
+                time.sleep(_POLL_S)
+            log.info(
+                "MPS control daemon stopped",
+                extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
+                         claim_name=claim.name, gpu_uuid=uuid, pid=pid),
+            )  # fmt: skip
+        (gpu_dir / "pid").unlink(missing_ok=True)
+        if self._smi is not None and gpu_dir.exists():
+            self._smi.run("-i", uuid, "-c", "DEFAULT")
+
+    def _reap(self) -> None:
+        for pid, child in list(self._children.items()):
+            if child.poll() is not None:
+                del self._children[pid]
+
+    def _gpu_dir(self, uuid: str) -> Path:
+        if self._dir is None:
+            raise MpsError("MPS used before the claim state attached it")
+        if not _UUID.fullmatch(uuid):
+            raise MpsError(f"GPU UUID {uuid!r} is not one NVML writes")
+        return self._dir / uuid

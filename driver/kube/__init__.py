@@ -1,0 +1,1 @@
+"""The one way to the API server: the configured client, raw calls, leases, backoff."""

@@ -1,0 +1,646 @@
+"""The asyncio shell around :func:`driver.slices.plan.plan`: one per node.
+
+Three loops share one event loop and a little state:
+
+* **discovery** runs ``discover()`` at start, every ``resync_period`` and on
+  :meth:`SliceController.trigger`; a success replaces the desired slices, a failure
+  backs off and keeps the old ones (published slices are never removed because NVML
+  hiccuped);
+* **watch** keeps ``observed`` (this node's slices of this driver) current from a
+  list + watch with the field selector upstream uses; it reconnects from the last
+  resourceVersion and asks for a relist on 410 Gone;
+* **reconcile** plans and sends the writes whenever either side changed.
+
+Two instances for one node (a surge upgrade) are arbitrated by a per-node Lease,
+created only once an instance sees slices it did not write: see
+:mod:`driver.kube.lease`. A node's first publish is one write.
+
+Correctness rests on one rule: *after any failure or doubt, relist before planning
+again.* A create whose response got lost may have committed; a fresh list (a
+quorum read, issued after the failure) shows it, so the controller never creates a
+second slice for the same index. Successful writes go into ``observed`` at once (a
+mutation cache, as upstream's), and watch events older than what is cached are
+ignored, so an echo never looks like a missing slice. A delete leaves a tombstone
+(the deleted object's resourceVersion) that the next event for the name removes:
+slice names are fixed, so a deleted name is re-used, and its later events count.
+
+Every error class of :mod:`driver.kube.rest` is retried with a backoff; those that wait
+on a person (``ApiError.slow``: 401, 403, 400/422) with a ten times longer cap.
+
+When the Node is gone (a create finds no owner), its slices are not re-created; a
+GET of the Node, backing off, notices the Node coming back (a new UID) and
+republishes at once rather than at the next resync.
+"""
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.aio.client import ApiClient
+
+from driver.common.errors import DriverError, PermanentError, RetryableError
+from driver.common.logs import kv
+from driver.common.wire import Obj as _Obj
+from driver.kube.backoff import Backoff
+from driver.kube.lease import LEASE_DURATION, Candidate, PublisherLease, lease_name
+from driver.kube.rest import (
+    WATCH_TIMEOUT_SECONDS,
+    ApiError,
+    Client,
+    ForbiddenError,
+    GoneError,
+    NotFoundError,
+    ServerError,
+    UnavailableError,
+)
+from driver.slices.capabilities import CapabilityGuard
+from driver.slices.plan import InvalidPoolError, Plan, plan
+
+log = logging.getLogger(__name__)
+
+_GROUP = "resource.k8s.io"
+_SLICES = f"/apis/{_GROUP}/v1/resourceslices"
+_RESOURCE = f"resourceslices.{_GROUP}"
+
+
+class ApiVersionMissingError(PermanentError):
+    """The API server does not serve resource.k8s.io/v1."""
+
+
+class NodeNotFoundError(PermanentError):
+    """The Node this controller publishes for does not exist."""
+
+
+@dataclass
+class PublishStats:
+    """What the publisher sent, for the metrics: writes by verb (create, update,
+    delete) and failed writes by error class; both label sets are fixed."""
+
+    writes: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+class SliceController:
+    """Keeps one node's ResourceSlices equal to what discovery finds.
+
+    ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
+    and closes it); ``devices`` is the source of desired devices (every device kind's,
+    rediscovered on each call, ``driver.gpu.kinds.NodeDevices.published``) and may
+    raise (``RetryableError`` for "not yet"); ``counter_sets`` (called right after it,
+    ``NodeDevices.counter_sets``) the shared counters those devices consume, whose layout
+    follows the server's version; the slices are built from them by
+    ``driver.gpu.resourceslice.build_slices``, and the
+    :class:`~driver.slices.capabilities.CapabilityGuard` fits them to what the server
+    keeps.
+
+    ``run()`` works until cancelled, which leaves the slices in place (the kubelet
+    removes a dead driver's slices itself) and releases the publisher lease. It raises
+    :class:`ApiVersionMissingError` or :class:`NodeNotFoundError` at start when
+    publishing cannot work.
+
+    ``published`` (readiness waits for it) is set the first time a reconcile ends with
+    the node's slices as desired: the plan needed no writes, or every write it sent
+    succeeded (not waiting for the watch to show them); or when a newer instance holds
+    the Lease and this one stands by. It is never cleared: it says the node's slices
+    were published once, not that they are current now. A pool the plan refuses
+    (``InvalidPoolError``) does not set it. ``trigger()`` asks for a rediscovery;
+    ``resync()`` also waits for its result to be reconciled.
+
+    ``resync_period``: seconds between rediscoveries. ``identity``: this instance's
+    name in the publisher Lease (default: host name plus a random suffix);
+    ``namespace``: the Lease's namespace (default ``$POD_NAMESPACE``, else
+    ``default``); ``lease_duration`` its ``leaseDurationSeconds``. ``request_timeout``
+    bounds each API call; ``backoff_cap`` the delay between retries.
+    """
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        *,
+        node_name: str,
+        driver_name: str,
+        devices: Callable[[], Awaitable[list[dict[str, Any]]]],
+        counter_sets: Callable[[], list[dict[str, Any]]] | None = None,
+        resync_period: float = 60.0,
+        identity: str | None = None,
+        namespace: str | None = None,
+        request_timeout: float = 30.0,
+        backoff_cap: float = 30.0,
+        lease_duration: float = LEASE_DURATION,
+    ) -> None:
+        self._client = Client(api_client, request_timeout=request_timeout)
+        self._node = node_name
+        self._driver = driver_name
+        self._devices = devices
+        self._counter_sets = counter_sets
+        self._guard = CapabilityGuard(self._client, driver_name=driver_name, node_name=node_name)
+        self._resync_period = resync_period
+        self._backoff_cap = backoff_cap
+        self._selector = f"spec.driver={driver_name},spec.nodeName={node_name}"
+        self._lease = PublisherLease(
+            self._client,
+            namespace=namespace or os.environ.get("POD_NAMESPACE") or "default",
+            name=lease_name(driver_name, node_name),
+            me=Candidate(
+                identity=identity or f"{socket.gethostname()}_{uuid.uuid4()}",
+                started=datetime.now(UTC),
+            ),
+            duration=lease_duration,
+        )
+        self.published = asyncio.Event()
+        self.stats = PublishStats()
+        self._node_uid = ""
+        self._node_gone = False
+        self._desired: list[_Obj] | None = None
+        self._observed: dict[str, _Obj] = {}
+        # name -> resourceVersion of the slice deleted under that name; see _apply_event.
+        self._tombstones: dict[str, int] = {}
+        self._stale = True  # observed must be (re)listed before planning
+        self._watcher: asyncio.Task[None] | None = None
+        self._node_waiter: asyncio.Task[None] | None = None
+        self._dirty = asyncio.Event()
+        self._wake_discovery = asyncio.Event()
+        self._lease_recheck = True
+        self._standby = False
+        # Slice names this instance wrote; a listed slice outside it means another
+        # publisher (or a lost create response): from then on, arbitrate by Lease.
+        self._written: set[str] = set()
+        self._rival_seen = False
+        self._reported: set[str] = set()
+        # Resync bookkeeping: requested -> discovered -> reconciled.
+        self._requested = 0
+        self._desired_seq = 0
+        self._done_seq = 0
+        self._progress = asyncio.Condition()
+        # After a create with an unknown outcome: a request the server still holds is
+        # assumed dead after twice the client's timeout (it got one already).
+        self._settle = request_timeout
+        self._settle_until = 0.0
+
+    # -- public ---------------------------------------------------------------
+
+    def trigger(self, *, relist: bool = False) -> None:
+        """Rediscover now (SIGHUP, health events); returns at once.
+
+        ``relist``: also plan from a fresh list rather than the watched state, for when
+        someone doubts it (an operator's SIGHUP); it costs one list.
+        """
+        if relist:
+            self._stale = True
+        self._requested += 1
+        self._wake_discovery.set()
+
+    async def resync(self) -> None:
+        """Rediscover now and wait until the result has been reconciled."""
+        self.trigger()
+        target = self._requested
+        async with self._progress:
+            await self._progress.wait_for(lambda: self._done_seq >= target)
+
+    @property
+    def standby(self) -> bool:
+        """True while a newer instance for this node publishes instead of this one."""
+        return self._standby
+
+    async def run(self) -> None:
+        await self._check_api()
+        self._node_uid = await self._node_uid_or_fail()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._discovery_loop(), name="slice-discovery")
+                tasks.create_task(self._reconcile_loop(), name="slice-reconcile")
+                tasks.create_task(self._lease.maintain(self._lease_freed), name="slice-lease")
+        finally:
+            await self._stop_watch()
+            await _stopped(self._node_waiter)
+            await self._release_lease()
+
+    # -- start-up checks --------------------------------------------------------
+
+    async def _retrying(self, call: Callable[[], Awaitable[_Obj]], what: str) -> _Obj:
+        backoff = Backoff(cap=self._backoff_cap)
+        slow = Backoff(cap=10 * self._backoff_cap)
+        while True:
+            try:
+                return await call()
+            except (ApiError, RetryableError) as exc:
+                self._report(exc, what=what)
+                delay = slow if isinstance(exc, ApiError) and exc.slow else backoff
+                await asyncio.sleep(delay.next_delay())
+
+    async def _check_api(self) -> None:
+        async def group() -> _Obj:
+            try:
+                return await self._client.request(
+                    "GET", f"/apis/{_GROUP}", verb="get", resource=f"/apis/{_GROUP}"
+                )
+            except NotFoundError:
+                return {}
+
+        found = await self._retrying(group, "API discovery")
+        versions = [v.get("version") for v in found.get("versions") or ()]
+        if "v1" not in versions:
+            served = ", ".join(f"{_GROUP}/{v}" for v in versions if v) or "none"
+            raise ApiVersionMissingError(
+                f"the API server does not serve {_GROUP}/v1 (Kubernetes 1.34 or later is "
+                f"required for DRA); it serves: {served}"
+            )
+
+    async def _node_uid_or_fail(self) -> str:
+        async def node() -> _Obj:
+            try:
+                return await self._client.request(
+                    "GET", f"/api/v1/nodes/{self._node}", verb="get", resource="nodes"
+                )
+            except NotFoundError as exc:
+                raise NodeNotFoundError(
+                    f"node {self._node!r} does not exist; --node-name (NODE_NAME) must name "
+                    "this node as the API server knows it"
+                ) from exc
+
+        found = await self._retrying(node, "read node")
+        uid: str = found["metadata"]["uid"]
+        return uid
+
+    # -- discovery ----------------------------------------------------------------
+
+    async def _discovery_loop(self) -> None:
+        from driver.gpu.resourceslice import build_slices, counters_apart_for
+
+        backoff = Backoff(cap=min(self._backoff_cap, self._resync_period))
+        while True:
+            seq = self._requested
+            self._wake_discovery.clear()
+            try:
+                devices = await self._devices()
+            except (DriverError, OSError) as exc:
+                log.warning(
+                    "discovery failed; keeping the published slices",
+                    extra=kv(
+                        node=self._node, error=str(exc), retryable=isinstance(exc, RetryableError)
+                    ),
+                )
+                await self._wait_discovery(backoff.next_delay())
+                continue
+            sets = self._counter_sets() if self._counter_sets is not None else []
+            try:
+                apart = True
+                if sets:  # where counters go depends on the server's version
+                    apart = counters_apart_for((await self._guard.learn()).version)
+                desired = build_slices(
+                    devices,
+                    driver_name=self._driver,
+                    node_name=self._node,
+                    counter_sets=sets,
+                    counters_apart=apart,
+                )
+                desired = await self._guard.fit(desired)
+            except (ApiError, RetryableError) as exc:
+                self._report(exc, what="learn the API server's capabilities")
+                await self._wait_discovery(backoff.next_delay())
+                continue
+            backoff.reset()
+            if desired != self._desired:
+                log.info(
+                    "discovered devices",
+                    extra=kv(node=self._node, devices=len(devices), slices=len(desired)),
+                )
+            self._desired = desired
+            self._desired_seq = max(self._desired_seq, seq)
+            self._lease_recheck = True
+            self._dirty.set()
+            await self._wait_discovery(self._resync_period)
+
+    async def _wait_discovery(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake_discovery.wait(), delay)
+
+    # -- reconcile ----------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        backoff = Backoff(cap=self._backoff_cap)
+        # For what waits on a person (RBAC, a rejected object): retried, but seldom.
+        slow = Backoff(cap=10 * self._backoff_cap)
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            seq = self._desired_seq
+            try:
+                await self._reconcile()
+            except InvalidPoolError as exc:
+                # Upstream reports and does not retry: the next discovery brings a new pool.
+                log.error("not publishing an invalid pool", extra=kv(error=str(exc)))
+                await self._done(seq)
+            except (ApiError, RetryableError) as exc:
+                self._stale = True
+                self._report(exc, what="publish slices")
+                delay = slow if isinstance(exc, ApiError) and exc.slow else backoff
+                await asyncio.sleep(delay.next_delay())
+                self._dirty.set()
+            else:
+                backoff.reset()
+                slow.reset()
+                await self._done(seq)
+
+    async def _done(self, seq: int) -> None:
+        async with self._progress:
+            self._done_seq = max(self._done_seq, seq)
+            self._progress.notify_all()
+
+    async def _reconcile(self) -> None:
+        if self._stale:
+            settle = self._settle_until - asyncio.get_running_loop().time()
+            if settle > 0:
+                await asyncio.sleep(settle)
+            await self._relist()
+        if self._desired is None:
+            return
+        todo = plan(
+            self._desired,
+            list(self._observed.values()),
+            driver_name=self._driver,
+            node_name=self._node,
+            node_uid=self._node_uid,
+        )
+        if todo.writes:
+            if self._standby and not self._lease_recheck:
+                return  # a newer instance publishes; look again at the next resync
+            self._lease_recheck = False
+            if not await self._lease.ensure(rival_seen=self._rival_seen):
+                if not self._standby:
+                    log.info(
+                        "a newer instance publishes this node's slices; standing by",
+                        extra=kv(node=self._node, lease=self._lease.name),
+                    )
+                self._standby = True
+                self.published.set()
+                return
+            self._standby = False
+            if todo.creates and self.published.is_set():
+                todo = await self._recheck_node(todo)
+            await self._apply(todo)
+        self._reported.clear()
+        if not self.published.is_set():
+            log.info(
+                "slices published",
+                extra=kv(node=self._node, slices=len(self._desired), pools=todo.generations),
+            )
+        self.published.set()
+
+    async def _recheck_node(self, todo: Plan) -> Plan:
+        """Before re-creating slices, make sure their owner still exists.
+
+        Deleting the Node garbage-collects its slices; re-creating them would only feed
+        the garbage collector. A Node re-created under the same name gets a new UID,
+        which the new slices must own.
+        """
+        try:
+            node = await self._client.request(
+                "GET", f"/api/v1/nodes/{self._node}", verb="get", resource="nodes"
+            )
+        except NotFoundError:
+            if not self._node_gone:
+                log.warning("node deleted; not re-creating its slices", extra=kv(node=self._node))
+            self._node_gone = True
+            if self._node_waiter is None or self._node_waiter.done():
+                self._node_waiter = asyncio.create_task(self._wait_for_node(), name="node-wait")
+            return Plan(todo.deletes, todo.updates, (), todo.generations)
+        self._node_gone = False
+        uid = str(node["metadata"]["uid"])
+        if uid == self._node_uid:
+            return todo
+        self._node_uid = uid
+        assert self._desired is not None
+        return plan(
+            self._desired,
+            list(self._observed.values()),
+            driver_name=self._driver,
+            node_name=self._node,
+            node_uid=uid,
+        )
+
+    async def _wait_for_node(self) -> None:
+        """Poll the deleted Node until it is back, then reconcile (it gets its slices).
+
+        A GET while the Node is gone, not a watch: it needs no permission beyond ``get``
+        and costs nothing while the Node exists.
+        """
+        backoff = Backoff(cap=self._backoff_cap)
+        while True:
+            await asyncio.sleep(backoff.next_delay())
+            try:
+                await self._client.get_json(f"/api/v1/nodes/{self._node}", resource="nodes")
+            except (ApiError, RetryableError):
+                continue  # still gone, or the server is away: look again later
+            log.info("node is back; publishing its slices", extra=kv(node=self._node))
+            self._dirty.set()
+            return
+
+    async def _apply(self, todo: Plan) -> None:
+        try:
+            await self._write(todo)
+        except ApiError as exc:
+            self.stats.failures[type(exc).__name__] += 1
+            raise
+
+    async def _write(self, todo: Plan) -> None:
+        for obj in todo.deletes:
+            meta = obj["metadata"]
+            deleted: _Obj = {}
+            with contextlib.suppress(NotFoundError):  # already gone: what we wanted
+                deleted = await self._client.request(
+                    "DELETE",
+                    f"{_SLICES}/{meta['name']}",
+                    verb="delete",
+                    resource=_RESOURCE,
+                    body={
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "preconditions": {
+                            "uid": meta["uid"],
+                            "resourceVersion": meta["resourceVersion"],
+                        },
+                    },
+                )
+            self.stats.writes["delete"] += 1
+            # The answer is the object as deleted; its version is that of the delete.
+            self._forget(meta["name"], max(_version(obj), _version(deleted)))
+        for body in todo.updates:
+            stored = await self._client.request(
+                "PUT",
+                f"{_SLICES}/{body['metadata']['name']}",
+                verb="update",
+                resource=_RESOURCE,
+                body=body,
+            )
+            self.stats.writes["update"] += 1
+            self._remember(stored)
+        for body in todo.creates:
+            try:
+                stored = await self._client.request(
+                    "POST", _SLICES, verb="create", resource=_RESOURCE, body=body
+                )
+            except (UnavailableError, ServerError):
+                # It may still commit on the server; don't list (and re-create) too early.
+                self._settle_until = asyncio.get_running_loop().time() + self._settle
+                raise
+            self.stats.writes["create"] += 1
+            self._remember(stored)
+        log.info(
+            "slices written",
+            extra=kv(
+                node=self._node,
+                # Not "created": LogRecord has that attribute.
+                slices_deleted=len(todo.deletes),
+                slices_updated=len(todo.updates),
+                slices_created=len(todo.creates),
+                generations=todo.generations,
+            ),
+        )
+
+    def _report(self, exc: Exception, *, what: str) -> None:
+        """One line per distinct problem, not one per retry."""
+        key = str(exc) if isinstance(exc, ForbiddenError) else type(exc).__name__ + what
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        if isinstance(exc, ForbiddenError):
+            log.error(str(exc))
+        else:
+            log.warning(f"{what} failed; retrying", extra=kv(node=self._node, error=str(exc)))
+
+    # -- observed state -----------------------------------------------------------
+
+    async def _relist(self) -> None:
+        await self._stop_watch()
+        listed = await self._client.request(
+            "GET",
+            _SLICES,
+            verb="list",
+            resource=_RESOURCE,
+            query=[("fieldSelector", self._selector)],
+        )
+        self._observed = {obj["metadata"]["name"]: obj for obj in listed.get("items") or ()}
+        self._tombstones.clear()  # the list is newer than every delete before it
+        if not self._observed.keys() <= self._written:
+            self._rival_seen = True
+        self._stale = False
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        self._watcher = asyncio.create_task(self._watch(version), name="slice-watch")
+        self._watcher.add_done_callback(self._watch_ended)
+
+    def _watch_ended(self, watcher: "asyncio.Task[None]") -> None:
+        """A watcher that stops by itself (410, or a bug) leaves observed unknown: relist."""
+        if watcher.cancelled():
+            return  # stopped by us, on purpose
+        exc = watcher.exception()
+        if exc is not None:
+            log.error("slice watch failed; relisting", extra=kv(node=self._node, error=repr(exc)))
+        self._stale = True
+        self._dirty.set()
+
+    async def _stop_watch(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            # wait() rather than await: the watcher's cancellation is not ours to raise.
+            await asyncio.wait([watcher])
+
+    async def _watch(self, version: str) -> None:
+        backoff = Backoff(cap=self._backoff_cap)
+        reconnect = False
+        while True:
+            # Like client-go: a random 5-10 minutes, so a fleet doesn't reconnect in step.
+            seconds = random.randint(WATCH_TIMEOUT_SECONDS, 2 * WATCH_TIMEOUT_SECONDS)
+            query = [
+                ("fieldSelector", self._selector),
+                ("resourceVersion", version),
+                ("timeoutSeconds", str(seconds)),
+            ]
+            try:
+                # What the slices may use depends on the server's version, which an
+                # upgrade changes; the upgrade ends this watch.
+                if reconnect and await self._guard.recheck():
+                    self.trigger()
+                reconnect = True
+                async for event in self._client.watch(
+                    _SLICES,
+                    resource=_RESOURCE,
+                    query=query,
+                    read_timeout=seconds + 30,
+                ):
+                    backoff.reset()
+                    obj = event.get("object") or {}
+                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                    if event.get("type") != "BOOKMARK" and self._apply_event(event["type"], obj):
+                        self._dirty.set()
+            except GoneError:
+                log.info("watch expired; relisting", extra=kv(node=self._node))
+                return
+            except (ApiError, RetryableError, ValueError) as exc:  # ValueError: bad JSON
+                self._report(exc, what="watch slices")
+                await asyncio.sleep(backoff.next_delay())
+
+    def _apply_event(self, kind: str, obj: _Obj) -> bool:
+        """Fold a watch event into ``observed``; True when it changed anything.
+
+        A tombstone lives until the next event for its name: that event is the echo of
+        the delete (or older news), dropped, or something newer (the name re-used),
+        applied. Either way the tombstone is gone, so no name is ignored for longer.
+        """
+        name = obj.get("metadata", {}).get("name", "")
+        deleted = self._tombstones.pop(name, None)
+        if deleted is not None and 0 <= _version(obj) <= deleted:
+            return False  # an echo of what we deleted
+        if kind == "DELETED":
+            self._observed.pop(name, None)
+            return True
+        cached = self._observed.get(name)
+        if cached is not None and _version(cached) >= _version(obj):
+            return False  # our own write, already cached, or older news
+        self._observed[name] = obj
+        return True
+
+    def _remember(self, obj: _Obj) -> None:
+        name = obj["metadata"]["name"]
+        self._observed[name] = obj
+        self._written.add(name)
+        self._tombstones.pop(name, None)
+
+    def _forget(self, name: str, version: int) -> None:
+        self._observed.pop(name, None)
+        self._tombstones[name] = version
+
+    def _lease_freed(self) -> None:
+        self._lease_recheck = True
+        self._dirty.set()
+
+    async def _release_lease(self) -> None:
+        if not self._lease.held:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._lease.release()), 5.0)
+        except (DriverError, TimeoutError, asyncio.CancelledError) as exc:
+            log.warning("could not release the publisher lease", extra=kv(error=repr(exc)))
+
+
+async def _stopped(task: "asyncio.Task[None] | None") -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait([task])
+
+
+def _version(obj: _Obj) -> int:
+    text = str(obj.get("metadata", {}).get("resourceVersion") or "")
+    # resourceVersions are opaque to clients, but etcd-backed ones are integers; upstream's
+    # mutation cache compares them the same way.
+    return int(text) if text.isdigit() else -1

@@ -1,5 +1,0 @@
-import sys
-
-from kubeletplugin.cli import main
-
-sys.exit(main())

@@ -1,0 +1,1 @@
+"""The gpu.nvidia.com node driver on the shared kubelet-plugin framework."""

@@ -1,0 +1,305 @@
+"""Device health on the event loop: NVML events in, taints and the health stream out.
+
+The NVML thread hands events to :meth:`HealthMonitor.submit` (thread-safe, never
+blocks). The monitor coalesces them: the first event of a quiet period opens a
+``window``; at its end every event of the window is applied at once, with one
+summary log line, and only a real change costs a state write, a health-stream
+message and one publish. A storm of any size is thus one change and one log line
+per window. Events of a GPU in MIG mode land on its MIG devices
+(:func:`driver.gpu.devicehealth.placed`); taints are kept by published device UUID.
+
+The taints are persisted in ``health.json`` in the plugin's directory, so a
+restarted plugin publishes a broken GPU tainted from its first slice. An admin
+clears them by creating ``health-clear`` in that directory (on the host, or with
+``kubectl exec``): empty for every GPU, else one GPU UUID per line. The plugin
+reads and removes it; no write permission beyond its own directory is needed.
+
+With a :class:`Recovery` (off by default), a device unschedulable only for XIDs that
+NVIDIA resolves by restarting the application is cleared after ``probes`` consecutive
+healthy probes ``period`` seconds apart (NVML answers for its GPU, and no event for it
+meanwhile): any event or failed probe starts the count again. A lost GPU, XID 79 or 48
+are never cleared this way.
+"""
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driver.common.logs import kv
+from driver.gpu import devicehealth
+from driver.gpu.devicehealth import Event, MigPlacement, Taint, Xid
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import gpu, mig
+from driver.gpu.kinds.base import NodeDevice
+from kubeletplugin.healthstream import DeviceHealth, HealthBoard
+from kubeletplugin.records import write_atomic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """What the health watcher follows of the published devices."""
+
+    devices: Mapping[str, str]  # GPU or MIG device UUID -> published device name
+    migs: Mapping[str, tuple[MigPlacement, ...]]  # GPU in MIG mode -> its MIG devices
+    gpus: tuple[str, ...]  # the physical GPUs whose NVML events are registered
+
+    @classmethod
+    def of(cls, current: Mapping[str, NodeDevice], inventory: Inventory | None) -> "Watched":
+        instances = {
+            m.uuid: (m.gi_id, m.ci_id)
+            for g in (inventory.gpus if inventory else ())
+            for m in g.mig_devices
+        }
+        devices: dict[str, str] = {}
+        migs: dict[str, list[MigPlacement]] = {}
+        for device in current.values():
+            if gpu.UUID_KEY in device.identity:
+                devices[device.identity[gpu.UUID_KEY]] = device.name
+            elif (uuid := device.identity.get(mig.UUID_KEY, "")) in instances:
+                devices[uuid] = device.name
+                parent = migs.setdefault(device.identity[mig.PARENT_KEY], [])
+                parent.append(MigPlacement(uuid, *instances[uuid]))
+        whole = [u for u in devices if u not in instances]
+        return cls(
+            devices=devices,
+            migs={p: tuple(ms) for p, ms in sorted(migs.items())},
+            gpus=tuple(sorted({*whole, *migs})),
+        )
+
+
+STATE_FILE = "health.json"
+CLEAR_FILE = "health-clear"
+WINDOW = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    probes: int  # consecutive healthy probes that clear a device
+    period: float  # seconds between two probes
+    xids: frozenset[int] = devicehealth.DEFAULT_RECOVERABLE_XIDS
+    # From any thread: True when the physical GPU of this UUID answers NVML.
+    probe: Callable[[str], bool] = lambda uuid: False
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        plugin_dir: Path,
+        board: HealthBoard,
+        *,
+        pool: str,
+        ignored: frozenset[int] = devicehealth.DEFAULT_IGNORED_XIDS,
+        window: float = WINDOW,
+        on_change: Callable[[], None] = lambda: None,
+        recovery: Recovery | None = None,
+    ) -> None:
+        self._dir = plugin_dir
+        self._board = board
+        self._pool = pool
+        self._ignored = ignored
+        self._window = window
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._pending: list[Event] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._devices: dict[str, str] = {}  # GPU or MIG device UUID -> device name
+        self._migs: dict[str, tuple[MigPlacement, ...]] = {}  # GPUs in MIG mode
+        self.taints: dict[str, tuple[Taint, ...]] = self._load()
+        self.events_by_xid: collections.Counter[int] = collections.Counter()
+        self.changes = 0
+        self.windows = 0
+        self._recovery = recovery
+        self._streaks: dict[str, int] = {}  # device UUID -> consecutive healthy probes
+        self.recoveries = 0
+
+    # -- state ----------------------------------------------------------------
+
+    def _load(self) -> dict[str, tuple[Taint, ...]]:
+        path = self._dir / STATE_FILE
+        try:
+            return devicehealth.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Unreadable state must not stop the plugin; the next event rewrites it.
+            log.error("ignoring unreadable health state", extra=kv(path=path, error=exc))
+            return {}
+
+    def _save(self) -> None:
+        write_atomic(self._dir / STATE_FILE, devicehealth.dumps(self.taints).encode(), fsync=True)
+
+    def set_devices(
+        self, uuid_to_device: Mapping[str, str], migs: devicehealth.Placements | None = None
+    ) -> None:
+        """The published devices (GPUs and MIG devices, by UUID), their health on the board;
+        ``migs``: the MIG devices of each GPU in MIG mode, where its events land."""
+        self._devices = dict(uuid_to_device)
+        self._migs = {parent: tuple(devices) for parent, devices in (migs or {}).items()}
+        self._publish_board()
+
+    def _publish_board(self) -> None:
+        entries = []
+        for uuid, name in sorted(self._devices.items(), key=lambda item: item[1]):
+            health, message = devicehealth.health_of(self.taints.get(uuid, ()))
+            entries.append(DeviceHealth(self._pool, name, health, message))
+        self._board.replace(entries)
+
+    def device_taints(self, device_name: str) -> list[dict[str, str]]:
+        for uuid, name in self._devices.items():
+            if name == device_name:
+                return [t.published() for t in self.taints.get(uuid, ())]
+        return []
+
+    def tainted(
+        self, source: Callable[[], Awaitable[list[dict[str, Any]]]]
+    ) -> Callable[[], Awaitable[list[dict[str, Any]]]]:
+        """``source`` (the publisher's desired devices) with each device's taints."""
+
+        async def devices() -> list[dict[str, Any]]:
+            out = []
+            for device in await source():
+                taints = self.device_taints(str(device.get("name")))
+                out.append({**device, "taints": taints} if taints else device)
+            return out
+
+        return devices
+
+    # -- events ---------------------------------------------------------------
+
+    def submit(self, events: list[Event]) -> None:
+        """From any thread; wakes the loop once per batch of pending events."""
+        with self._lock:
+            first = not self._pending
+            self._pending.extend(events)
+        if first and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _take(self) -> list[Event]:
+        with self._lock:
+            events, self._pending = self._pending, []
+        return events
+
+    async def run(self, clear_check: float = 5.0) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._pending:
+            self._wake.set()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), clear_check)
+            self._check_clear()
+            if not self._wake.is_set():
+                continue
+            await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
+            self._wake.clear()
+            self._apply(self._take())
+
+    def _apply(self, events: list[Event]) -> None:
+        if not events:
+            return
+        self.windows += 1
+        xids = collections.Counter(e.xid for e in events if isinstance(e, Xid))
+        self.events_by_xid.update(xids)
+        on_devices, unplaced = devicehealth.placed(events, self._migs)
+        for event in on_devices:  # anything new about a device starts its count again
+            self._streaks.pop(event.uuid, None)
+        new = devicehealth.apply(self.taints, on_devices, self._ignored)
+        changed = new != self.taints
+        log.warning(
+            "NVML health events",
+            extra=kv(
+                events=len(events),
+                xids=",".join(f"{x}x{n}" for x, n in sorted(xids.items())),
+                other=len(events) - sum(xids.values()),
+                gpus=",".join(sorted({e.uuid for e in events})),
+                devices=len({e.uuid for e in on_devices}),
+                # XIDs naming a MIG instance that is not published: they taint nothing
+                unplaced=len(unplaced),
+                changed=changed,
+            ),
+        )
+        if changed:
+            self._set(new)
+
+    def _set(self, taints: dict[str, tuple[Taint, ...]]) -> None:
+        self.taints = taints
+        self.changes += 1
+        self._save()
+        self._publish_board()
+        self._on_change()
+
+    async def run_recovery(self) -> None:
+        """Probes the recoverable devices every ``period``; returns at once without one."""
+        if self._recovery is None:
+            return
+        while True:
+            await asyncio.sleep(self._recovery.period)
+            await self.probe_once()
+
+    async def probe_once(self) -> None:
+        recovery = self._recovery
+        assert recovery is not None
+        parents = {m.uuid: gpu_uuid for gpu_uuid, ms in self._migs.items() for m in ms}
+        candidates = [
+            uuid for uuid, ts in self.taints.items() if devicehealth.recoverable(ts, recovery.xids)
+        ]
+        self._streaks = {u: n for u, n in self._streaks.items() if u in candidates}
+        answers: dict[str, bool] = {}
+        for uuid in candidates:
+            gpu_uuid = parents.get(uuid, uuid)
+            if gpu_uuid not in answers:
+                answers[gpu_uuid] = await asyncio.to_thread(recovery.probe, gpu_uuid)
+            if uuid not in self.taints or not answers[gpu_uuid]:
+                self._streaks.pop(uuid, None)
+                continue
+            self._streaks[uuid] = self._streaks.get(uuid, 0) + 1
+        # Events applied while the probes ran dropped their devices' counts: re-checked here.
+        done = sorted(
+            u
+            for u, n in self._streaks.items()
+            if n >= recovery.probes
+            and devicehealth.recoverable(self.taints.get(u, ()), recovery.xids)
+        )
+        if not done:
+            return
+        for uuid in done:
+            del self._streaks[uuid]
+        log.warning(
+            "health recovered after healthy probes",
+            extra=kv(
+                devices=",".join(self._devices.get(u, u) for u in done), probes=recovery.probes
+            ),
+        )
+        self.recoveries += len(done)
+        self._set(devicehealth.recovered(self.taints, done))
+
+    def _check_clear(self) -> None:
+        path = self._dir / CLEAR_FILE
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.error("cannot read the health clear request", extra=kv(path=path, error=exc))
+            return
+        uuids: Iterable[str] | None = [line.strip() for line in text.splitlines() if line.strip()]
+        if not uuids:
+            uuids = None
+        else:  # a GPU UUID clears its MIG devices too
+            uuids = [*uuids, *(m.uuid for u in uuids for m in self._migs.get(u, ()))]
+        new = devicehealth.cleared(self.taints, uuids)
+        log.warning(
+            "health cleared by request",
+            extra=kv(gpus="all" if uuids is None else ",".join(uuids), changed=new != self.taints),
+        )
+        if new != self.taints:
+            self._set(new)
+        path.unlink(missing_ok=True)

@@ -1,0 +1,467 @@
+"""The node process: kubelet plugin, slice controller and probe service in one event loop.
+
+Order matters. The probe service comes up first (NOT_SERVING), so probes get
+an answer while setup runs. Setup (device-plugin guard, NVML, discovery, claim
+state) retries instead of exiting: a crash-looping pod helps no one, a
+NOT_SERVING one with a clear log line does. Then the DRA socket, then the
+registration socket (the kubelet may call the DRA socket as soon as it sees
+the registration one), then the controller and the reconciler. SIGTERM undoes
+it in reverse, removing only this process's sockets; slices stay for the next
+instance.
+"""
+
+import asyncio
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+from kubernetes.aio import client
+
+from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
+from driver import DEFAULT_DRIVER_NAME
+from driver.common.errors import DriverError, PermanentError
+from driver.common.logs import kv
+from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS
+from driver.gpu.discovery import discover
+from driver.gpu.inventory import Inventory
+from driver.gpu.kinds import NodeDevices
+from driver.kube import client as kubeclient
+from driver.kube.rest import errors_of
+from driver.slices import SliceController
+from kubeletplugin import draservice
+from kubeletplugin import healthstream as health
+from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery, Watched
+from kubeletplugin.metrics import Metrics, MetricsServer
+from kubeletplugin.probes import ProbeServer
+from kubeletplugin.registration import RegistrationServicer
+from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
+from kubeletplugin.state import DeviceState, StateConfig
+
+if TYPE_CHECKING:
+    import ctypes
+
+    from driver.gpu.events import EventWatcher
+    from driver.nvml import Nvml
+
+log = logging.getLogger(__name__)
+
+# The extended resource the NVIDIA device plugin advertises.
+DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    kubeconfig: Path | None = None
+    registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    cdi_root: Path = Path("/var/run/cdi")
+    nvidia_driver_root: Path = Path("/")
+    container_driver_root: Path = Path("/driver-root")
+    nvidia_smi: Path | None = None
+    mps_control: Path | None = None
+    # Publish GPUs for consumable capacity (driver.gpu.kinds.capacity).
+    consumable_capacity: bool = False
+    # Publish GPUs in MIG mode as partitions, made at prepare (driver.gpu.kinds.dynmig).
+    dynamic_mig: bool = False
+    pod_uid: str | None = None
+    nvml: str = "system"
+    profile: str | None = None
+    sim_state: Path | None = None
+    healthcheck_port: int = 51515
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    # Automatic recovery of devices tainted for recoverable XIDs: after this many
+    # consecutive healthy probes, recovery_period apart; 0: off (an admin clears them).
+    recovery_probes: int = 0
+    recoverable_xids: frozenset[int] = DEFAULT_RECOVERABLE_XIDS
+    recovery_period: float = 10.0
+    # Prometheus metrics on this TCP port (0: a free one); None: not served.
+    metrics_port: int | None = None
+    slice_resync_period: float = 600.0
+    reconcile_period: float = 600.0
+    # How often an MPS daemon that died is looked for, and restarted.
+    watch_period: float = 5.0
+    # How long to wait before retrying a failed setup or re-checking the guard.
+    retry_period: float = 30.0
+
+
+async def main(config: NodeConfig) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP rediscovers (and so re-reads NVML) and relists."""
+    import signal
+
+    stop, hup = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
+    return await run(config, stop, hup=hup)
+
+
+async def run(config: NodeConfig, stop: asyncio.Event, *, hup: asyncio.Event | None = None) -> int:
+    try:
+        paths = socket_paths(
+            registrar_dir=config.registrar_dir,
+            plugins_dir=config.plugins_dir,
+            driver_name=config.driver_name,
+            pod_uid=config.pod_uid,
+        )
+    except PermanentError as exc:
+        log.error("invalid configuration", extra=kv(error=exc))
+        return 2
+    probes = ProbeServer(paths, port=config.healthcheck_port)
+    try:
+        await probes.start()
+    except OSError as exc:
+        log.error("cannot serve the probe service", extra=kv(error=exc))
+        return 2
+    try:
+        api_client = await kubeclient.api_client(config.kubeconfig, component="kubelet-plugin")
+    except Exception as exc:
+        await probes.stop()
+        log.error("cannot configure the Kubernetes client", extra=kv(error=exc))
+        return 2
+    try:
+        return await _Node(config, paths, probes, api_client, hup).run(stop)
+    finally:
+        await kubeclient.close(api_client)
+        await probes.stop()
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to ``seconds``; True when asked to stop meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+async def _on_hup(hup: asyncio.Event, controller: SliceController) -> None:
+    while True:
+        await hup.wait()
+        hup.clear()
+        log.info("SIGHUP: rediscovering and relisting")
+        controller.trigger(relist=True)
+
+
+class _Node:
+    def __init__(
+        self,
+        config: NodeConfig,
+        paths: SocketPaths,
+        probes: ProbeServer,
+        api_client: client.ApiClient,
+        hup: asyncio.Event | None = None,
+    ) -> None:
+        self._config = config
+        self._hup = hup
+        self._paths = paths
+        self._probes = probes
+        self._api = api_client
+        self._servers: list[SocketServer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        # Owns the NVML backend (a simulated node's sysfs tree) for the process's life.
+        self._exit_stack = contextlib.ExitStack()
+        self._backend: tuple[Nvml, Path] | None = None
+        self._devices: NodeDevices | None = None
+        # The kubelet's health stream reads it; the NVML watcher writes it.
+        self._health = health.HealthBoard()
+        self._watcher: tuple[threading.Thread, EventWatcher] | None = None
+        self._metrics: MetricsServer | None = None
+
+    async def run(self, stop: asyncio.Event) -> int:
+        try:
+            state = await self._setup(stop)
+            if state is None:
+                return 0
+            await self._serve(state)
+            self._probes.set_ready()
+            _return_freed_memory()
+            log.info(
+                "kubelet plugin ready",
+                extra=kv(node=self._config.node_name, driver=self._config.driver_name),
+            )
+            return await self._wait_for_stop(stop)
+        finally:
+            await self._shutdown()
+
+    async def _setup(self, stop: asyncio.Event) -> DeviceState | None:
+        """Guard, discovery and claim state, retried until they succeed or we are stopped."""
+        last = ""
+        while not stop.is_set():
+            try:
+                reason = await self._device_plugin_present()
+                if reason is None:
+                    return await self._open_state()
+            except (DriverError, OSError) as exc:
+                reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc}"
+            except Exception as exc:  # API errors of the kubernetes client, NVML errors
+                reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc!r}"
+            self._probes.set_not_ready(reason)
+            if reason != last:  # one line per distinct problem, not one per retry
+                log.error(reason, extra=kv(node=self._config.node_name))
+                last = reason
+            if await _wait(stop, self._config.retry_period):
+                break
+        return None
+
+    async def _device_plugin_present(self) -> str | None:
+        # Raw JSON: importing CoreV1Api and its models costs 24 MiB of RSS.
+        from driver.kube.rest import Client
+
+        node = await Client(self._api).request(
+            "GET", f"/api/v1/nodes/{self._config.node_name}", verb="get", resource="nodes"
+        )
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        count = capacity.get(DEVICE_PLUGIN_RESOURCE)
+        if count is None or str(count) == "0":
+            return None
+        return (
+            f"node {self._config.node_name} already advertises {DEVICE_PLUGIN_RESOURCE}={count} "
+            "from a device plugin: not registering and not publishing ResourceSlices, since "
+            "both would hand out the same GPUs; remove the NVIDIA device plugin from this node"
+        )
+
+    async def _open_state(self) -> DeviceState:
+        cfg = self._config
+        backend, sysfs_root = await asyncio.to_thread(self._load_nvml)
+
+        reported: set[str] = set()  # skipped GPUs warned about once, not every resync
+
+        async def _discover() -> Inventory:
+            return await asyncio.to_thread(
+                discover,
+                backend,
+                sysfs_root=sysfs_root,
+                reported=reported,
+                dynamic_mig=cfg.dynamic_mig,
+            )
+
+        # One inventory for the publisher and the claim state, for the process's life.
+        self._devices = NodeDevices(
+            _discover, node_name=cfg.node_name, consumable_capacity=cfg.consumable_capacity
+        )
+        await self._devices.refresh()
+        state_config = StateConfig(
+            plugin_dir=cfg.plugins_dir / cfg.driver_name,
+            cdi_root=cfg.cdi_root,
+            driver_name=cfg.driver_name,
+            node_name=cfg.node_name,
+            nvidia_driver_root=cfg.nvidia_driver_root,
+            container_driver_root=cfg.container_driver_root,
+            nvidia_smi=cfg.nvidia_smi,
+            mps_control=cfg.mps_control,
+            pod_uid=cfg.pod_uid,
+            nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
+            nvml=backend,
+            proc_root=sysfs_root,
+        )
+        state = await DeviceState.open(state_config, self._api, self._devices)
+        if cfg.dynamic_mig:
+            # Recovery may have destroyed the instances a crash left, which the first
+            # discovery took for out of band: their placements are free again.
+            await self._devices.refresh()
+        return state
+
+    def _load_nvml(self) -> "tuple[Nvml, Path]":
+        from driver import nvml
+
+        cfg = self._config
+        if self._backend is None:  # setup retries reuse the backend
+            self._backend = self._exit_stack.enter_context(
+                nvml.backend(
+                    cfg.nvml,
+                    profile=cfg.profile,
+                    node_name=cfg.node_name,
+                    state_file=cfg.sim_state,
+                    driver_root=cfg.container_driver_root,
+                )
+            )
+        return self._backend
+
+    async def _serve(self, state: DeviceState) -> None:
+        cfg = self._config
+        assert self._devices is not None, "_open_state runs first"
+        # Health first: the first slice already carries what the last instance persisted.
+        monitor = HealthMonitor(
+            cfg.plugins_dir / cfg.driver_name,
+            self._health,
+            pool=cfg.node_name,
+            ignored=cfg.ignored_xids,
+            on_change=lambda: controller.trigger(),
+            recovery=self._recovery(),
+        )
+        watched = self._watched()
+        monitor.set_devices(watched.devices, watched.migs)
+        metrics = Metrics(
+            board=self._health,
+            events_by_xid=lambda: monitor.events_by_xid,
+            slice_writes=lambda: controller.stats.writes,
+            slice_write_failures=lambda: controller.stats.failures,
+            api_errors=lambda: errors_of(self._api),
+        )
+        by_name = {name: uuid for uuid, name in watched.devices.items()}
+        assert self._devices is not None
+        discovered = self._devices.published
+
+        async def published() -> list[dict[str, Any]]:
+            # Each resync rediscovers; devices that came or went change what is watched.
+            nonlocal watched
+            devices = await discovered()
+            now = self._watched()
+            if now != watched:
+                log.info(
+                    "GPU inventory changed: following it with the health watcher",
+                    extra=kv(
+                        node=cfg.node_name,
+                        added=len(now.devices.keys() - watched.devices.keys()),
+                        removed=len(watched.devices.keys() - now.devices.keys()),
+                    ),
+                )
+                if self._watcher is not None and now.gpus != watched.gpus:
+                    self._watcher[1].watch(now.gpus)
+                watched = now
+                monitor.set_devices(now.devices, now.migs)
+                by_name.clear()
+                by_name.update({name: uuid for uuid, name in now.devices.items()})
+            return devices
+
+        dra = grpc.aio.server()
+        draservice.add_to_server(dra, state, metrics, lambda name: by_name.get(name, ""))
+        health.add_to_server(dra, self._health)
+        registration = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(
+                driver_name=cfg.driver_name,
+                endpoint=str(self._paths.dra),
+                versions=draservice.SUPPORTED_VERSIONS + health.SERVICE_NAMES,
+            ),
+            registration,
+        )
+        # The DRA socket first: the kubelet calls it as soon as registration succeeds.
+        for path, server in ((self._paths.dra, dra), (self._paths.registration, registration)):
+            socket_server = SocketServer(path, server)
+            await socket_server.start()
+            self._servers.append(socket_server)
+        controller = SliceController(
+            self._api,
+            node_name=cfg.node_name,
+            driver_name=cfg.driver_name,
+            devices=monitor.tainted(published),
+            counter_sets=self._devices.counter_sets,
+            resync_period=cfg.slice_resync_period,
+        )
+        if cfg.metrics_port is not None:  # after the controller: its counts are scraped
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
+            await self._metrics.start()
+        self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
+        if cfg.recovery_probes > 0:
+            self._tasks.append(asyncio.create_task(monitor.run_recovery(), name="health-recovery"))
+        if self._hup is not None:
+            self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))
+        self._start_watcher(monitor)
+        self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
+        self._tasks.append(
+            asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
+        )
+        self._tasks.append(
+            asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
+        )
+
+    def _recovery(self) -> Recovery | None:
+        from driver.gpu.events import EventNvml, probe
+
+        cfg = self._config
+        if cfg.recovery_probes <= 0:
+            return None
+        assert self._backend is not None
+        nvml = cast(EventNvml, self._backend[0])
+        return Recovery(
+            probes=cfg.recovery_probes,
+            period=cfg.recovery_period,
+            xids=cfg.recoverable_xids,
+            probe=lambda uuid: probe(nvml, uuid),
+        )
+
+    def _watched(self) -> Watched:
+        assert self._devices is not None
+        return Watched.of(self._devices.current, self._devices.inventory)
+
+    def _start_watcher(self, monitor: HealthMonitor) -> None:
+        from driver.gpu.events import EventNvml, EventWatcher
+
+        assert self._backend is not None
+        nvml = cast(EventNvml, self._backend[0])
+        watcher = EventWatcher(nvml, self._watched().gpus, monitor.submit)
+        # A thread of its own: the wait blocks in C for up to 5 s at a time.
+        thread = threading.Thread(target=watcher.run, name="nvml-events", daemon=True)
+        thread.start()
+        self._watcher = (thread, watcher)
+
+    async def _wait_for_stop(self, stop: asyncio.Event) -> int:
+        stopping = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopping, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        if stopping in done:
+            log.info("stopping on signal")
+            return 0
+        stopping.cancel()
+        for task in done:
+            # A background loop only ends by failing: restart the whole process.
+            exc = task.exception()
+            log.error("background task ended", extra=kv(task=task.get_name(), error=repr(exc)))
+        self._probes.set_not_ready("a background task failed")
+        return 1
+
+    async def _shutdown(self) -> None:
+        # Registration first, so the kubelet stops choosing this instance.
+        for server in reversed(self._servers):
+            await server.stop()
+        self._servers.clear()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._metrics is not None:
+            await self._metrics.stop()
+            self._metrics = None
+        if self._watcher is not None:  # before NVML goes away with the exit stack
+            thread, watcher = self._watcher
+            watcher.stop()
+            await asyncio.to_thread(thread.join, 10)
+            self._watcher = None
+        await asyncio.to_thread(self._exit_stack.close)
+
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def _libc() -> "ctypes.CDLL | None":
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl): its allocator has neither knob
+        return None
+
+
+def limit_malloc_arenas() -> None:
+    """One glibc heap per thread (gRPC's pollers, the executor, the NVML watcher) keeps
+    freed memory per thread; the daemon's threads mostly wait, so two heaps serve them."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_ARENA_MAX, 2)
+
+
+def _return_freed_memory() -> None:
+    """Start-up (imports, discovery, the first slice write) frees much of what it allocated,
+    but glibc keeps freed heap pages mapped: hand them back, so the node's resting RSS is
+    what the daemon holds, not what it once touched."""
+    import gc
+
+    gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
