@@ -10,21 +10,19 @@ message converts to and from v1 through the wire format.
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import grpc
-from google.protobuf.message import Message
 
 from api.gen import dra_v1_pb2 as v1
 from api.gen import dra_v1_pb2_grpc as v1_grpc
 from api.gen import dra_v1beta1_pb2 as v1beta1
 from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
+from api.protoconv import convert
 from driver.common.logs import kv
 from kubeletplugin import names
+from kubeletplugin.metrics import DeviceInfo, Metrics
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
-
-if TYPE_CHECKING:
-    from kubeletplugin.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +30,6 @@ log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 _Context = grpc.aio.ServicerContext[Any, Any]
-_M = TypeVar("_M", bound=Message)
 
 
 class ClaimPreparer(Protocol):
@@ -41,13 +38,6 @@ class ClaimPreparer(Protocol):
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]: ...
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]: ...
-
-
-def convert(message: Message, target: type[_M]) -> _M:
-    """Re-read ``message`` as ``target``, dropping fields ``target`` does not know."""
-    out = target.FromString(message.SerializeToString())
-    out.DiscardUnknownFields()
-    return out
 
 
 def _claim_refs(claims: Sequence[v1.Claim]) -> list[ClaimRef]:
@@ -87,7 +77,7 @@ class DraService:
     def __init__(
         self,
         state: ClaimPreparer,
-        metrics: "Metrics | None" = None,
+        metrics: Metrics | None = None,
         gpu_uuid: Callable[[str], str] = lambda device: "",
     ) -> None:
         self._state = state
@@ -110,8 +100,6 @@ class DraService:
     ) -> None:
         if self._metrics is None:
             return
-        from kubeletplugin.metrics import DeviceInfo
-
         failed = False
         for claim in _claim_refs(request.claims):
             entry = response.claims[claim.uid]

@@ -22,8 +22,8 @@ from api.gen import dra_health_v1_pb2 as v1
 from api.gen import dra_health_v1_pb2_grpc as v1_grpc
 from api.gen import dra_health_v1alpha1_pb2 as v1alpha1
 from api.gen import dra_health_v1alpha1_pb2_grpc as v1alpha1_grpc
+from api.protoconv import convert
 from driver.common.logs import kv
-from kubeletplugin.draservice import convert
 
 log = logging.getLogger(__name__)
 

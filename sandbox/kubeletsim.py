@@ -29,8 +29,8 @@ from api.gen import dra_v1beta1_pb2 as v1beta1
 from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from api.gen import pluginregistration_v1_pb2 as reg_pb
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
+from api.protoconv import convert
 from driver.common.errors import PermanentError
-from kubeletplugin.draservice import convert
 
 # What the kubelet of Kubernetes 1.34+ speaks, in no particular order: the
 # plugin's list decides the preference.

@@ -595,7 +595,7 @@ def test_selector_check_is_injectable() -> None:
     seen: list[str] = []
 
     def reject(expression: str) -> Any:
-        from driver.tools.validation.rules import Finding
+        from driver.tools.validation.problems import Finding
 
         seen.append(expression)
         return Finding("", "rejected")

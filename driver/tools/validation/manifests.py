@@ -26,7 +26,7 @@ from driver.tools.cel import (
     lint_selector,
 )
 from driver.tools.validation import gates, rules, workloads
-from driver.tools.validation.problems import Problem, Severity
+from driver.tools.validation.problems import Finding, Problem, Severity
 
 # What this driver publishes (driver/gpu/resourceslice.py), the one source for names and types.
 PUBLISHED = rules.Published(
@@ -43,15 +43,15 @@ _DRA_KINDS = frozenset({"DeviceClass", *_CLAIM_SPEC_PATH})
 _RULE_API_VERSIONS = frozenset({"resource.k8s.io/v1", "resource.k8s.io/v1beta2"})
 
 
-def check_selector(expression: str) -> rules.Finding | None:
+def check_selector(expression: str) -> Finding | None:
     """Compile with Kubernetes' CEL environment; a compile error is an error, a feature this
     tool does not implement yet only a warning (the API server may well accept it)."""
     try:
         compile_selector(expression)
     except CelUnsupportedError as exc:
-        return rules.Finding("", f"not checked: {exc}", Severity.WARNING)
+        return Finding("", f"not checked: {exc}", Severity.WARNING)
     except CelCompileError as exc:
-        return rules.Finding("", f"invalid CEL: {exc}")
+        return Finding("", f"invalid CEL: {exc}")
     return None
 
 
@@ -68,9 +68,9 @@ def linter(published: rules.Published) -> "rules.SelectorLint":
     """Selector findings against what ``published`` says the driver publishes."""
     schema = _schema_of(published)
 
-    def lint(expression: str) -> list[rules.Finding]:
+    def lint(expression: str) -> list[Finding]:
         return [
-            rules.Finding("", f.message, Severity.WARNING if f.warning else Severity.ERROR)
+            Finding("", f.message, Severity.WARNING if f.warning else Severity.ERROR)
             for f in lint_selector(expression, schema)
         ]
 
@@ -92,17 +92,17 @@ def _field_path(parts: Sequence[object]) -> str:
     return out
 
 
-def _schema(doc: Mapping[str, Any], version: gates.Version) -> rules.Finding | None:
+def _schema(doc: Mapping[str, Any], version: gates.Version) -> Finding | None:
     """kubernetes-validate --strict: the API's OpenAPI schema, unknown fields rejected."""
     if not isinstance(doc.get("apiVersion"), str) or not isinstance(doc.get("kind"), str):
-        return rules.Finding("", "apiVersion and kind must be set: not a Kubernetes object")
+        return Finding("", "apiVersion and kind must be set: not a Kubernetes object")
     try:
         kubernetes_validate.validate(dict(doc), f"{version[0]}.{version[1]}", strict=True)
     except kubernetes_validate.ValidationError as exc:
-        return rules.Finding(_field_path(list(exc.path)), str(exc.message))
+        return Finding(_field_path(list(exc.path)), str(exc.message))
     except kubernetes_validate.SchemaNotFoundError as exc:
         severity = Severity.ERROR if doc["kind"] in _DRA_KINDS else Severity.WARNING
-        return rules.Finding("", f"{exc.message}; not checked", severity)
+        return Finding("", f"{exc.message}; not checked", severity)
     return None
 
 
@@ -128,18 +128,20 @@ def _class_names(docs: Sequence[Any]) -> frozenset[str] | None:
     )
 
 
-def _object_findings(doc: Mapping[str, Any], ctx: rules.Context) -> Iterator[rules.Finding]:
+def _object_findings(
+    doc: Mapping[str, Any], ctx: rules.Context, claims: workloads.Claims
+) -> Iterator[Finding]:
     schema = _schema(doc, ctx.version)
     if schema is not None:
         yield schema
     kind = doc.get("kind")
     if kind in workloads.POD_SPEC_PATHS:
-        yield from workloads.check_workload(doc, ctx.claims)
+        yield from workloads.check_workload(doc, claims)
         return
     if kind not in _DRA_KINDS:
         return
     if doc.get("apiVersion") not in _RULE_API_VERSIONS:
-        yield rules.Finding(
+        yield Finding(
             "apiVersion",
             f"only the schema was checked for {doc.get('apiVersion')}: write resource.k8s.io/v1",
             Severity.WARNING,
@@ -188,8 +190,8 @@ def validate_sources(
         classes=_class_names(every),
         lint_selector=linter(published) if published is not None else rules.no_lint,
         published=published,
-        claims=workloads.collect_claims(every),
     )
+    claims = workloads.collect_claims(every)
     problems: list[Problem] = []
     for file, docs, unparsable in per_file:
         for index, doc in docs:
@@ -201,7 +203,7 @@ def validate_sources(
             label = _label(doc, index)
             problems.extend(
                 Problem(file, label, f.path, f.message, f.severity)
-                for f in _object_findings(doc, ctx)
+                for f in _object_findings(doc, ctx, claims)
             )
         problems.extend(unparsable)
     return problems

@@ -1,4 +1,5 @@
-"""One finding of ``gpu-dra validate``: where it is, what is wrong, and whether it blocks."""
+"""What ``gpu-dra validate`` reports: a rule's finding inside one object, and the problem it
+becomes once the file and the object are known."""
 
 from dataclasses import dataclass
 from enum import Enum
@@ -7,6 +8,15 @@ from enum import Enum
 class Severity(Enum):
     ERROR = "error"  # the API server rejects the object, or it can never allocate
     WARNING = "warning"  # accepted, but not what the author asked for (a gated field is dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What a rule found, at a field path inside the object it checked."""
+
+    path: str
+    message: str
+    severity: Severity = Severity.ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ accessor tolerates a wrong type, because the schema check reports those already.
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from driver.common.limits import (
     C_IDENTIFIER,
@@ -20,17 +20,7 @@ from driver.common.limits import (
     is_dns_subdomain,
 )
 from driver.tools.validation import gates
-from driver.tools.validation.problems import Severity
-
-if TYPE_CHECKING:
-    from driver.tools.validation.workloads import Claims
-
-
-def _no_claims() -> "Claims":
-    from driver.tools.validation.workloads import Claims
-
-    return Claims()
-
+from driver.tools.validation.problems import Finding, Severity
 
 # pkg/apis/resource/types.go
 MAX_REQUESTS = 32  # DeviceRequestsMaxSize
@@ -44,13 +34,6 @@ MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength
 
 _ALLOCATION_MODES = ("ExactCount", "All")
 _USES_ALLOW_MULTIPLE = re.compile(r"\ballowMultipleAllocations\b")
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    path: str
-    message: str
-    severity: Severity = Severity.ERROR
 
 
 # compile_selector stand-in for tests of the rules alone: returns an error message, a
@@ -85,8 +68,6 @@ class Context:
     # Findings that compile cannot make: names and types against what drivers publish.
     lint_selector: SelectorLint = no_lint
     published: Published | None = None
-    # Claims and templates known from the given files, for the pods that name them.
-    claims: "Claims" = field(default_factory=lambda: _no_claims())
 
 
 def _list(value: Any) -> list[Any]:

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.tools.cel import suggest
-from driver.tools.validation.problems import Severity
-from driver.tools.validation.rules import Finding
+from driver.tools.validation.problems import Finding, Severity
 
 # kind -> path from the object to its PodSpec
 POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
