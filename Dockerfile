@@ -19,6 +19,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY api ./api
 COPY cli ./cli
+COPY cluster ./cluster
 COPY driver ./driver
 COPY kubeletplugin ./kubeletplugin
 RUN python -m venv /opt/gpu-dra \

@@ -17,7 +17,7 @@ Layout (``plugin_dir`` is ``<plugins-dir>/<driver>``):
 - ``plugin_dir/boot_id``: the boot these records belong to, written once per boot at
   startup. ``plugin_dir/checkpoint.json``: release 0.1.0's node checkpoint, which
   startup migrates, replaced by a marker that 0.1.0 reads as "rebuild from the CDI
-  specs" (``kubeletplugin.gpu.checkpoint``).
+  specs" (``kubeletplugin.checkpoint``).
 
 A prepare: reserve each device (one ``symlink`` each, skipped for adminAccess), the
 per-claim record if there are side effects, the side effects, the spec (temp file,

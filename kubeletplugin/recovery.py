@@ -18,7 +18,7 @@ second plugin instance starting meanwhile waits). What it decides, per record:
 - device reservations: void at the first start of a boot; otherwise kept (a
   reservation without a spec is an interrupted prepare, as above);
 - release 0.1.0's checkpoint: migrated (its claims are the truth, as 0.1.0 held them),
-  then replaced by the marker a rollback to 0.1.0 understands (``kubeletplugin.gpu.checkpoint``).
+  then replaced by the marker a rollback to 0.1.0 understands (``kubeletplugin.checkpoint``).
 """
 
 import logging
@@ -30,8 +30,7 @@ import yaml
 from driver.common.errors import PermanentError
 from driver.common.logs import kv
 from driver.gpu.kinds import PreparedClaim, PreparedDevice, by_name
-from kubeletplugin import cdi
-from kubeletplugin.gpu import checkpoint
+from kubeletplugin import cdi, checkpoint
 from kubeletplugin.records import Holder, RecordError, Records, decode_claim_record, parse_target
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from driver.gpu.kinds import (
 )
 from driver.gpu.migmake import Maker
 from driver.nvml import library
-from kubeletplugin import cdi, dirs, recovery
+from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
     ClaimPlan,
@@ -50,7 +50,6 @@ from kubeletplugin.claims import (
     fetch_claim,
     plan_claim,
 )
-from kubeletplugin.gpu import containertoolkit
 from kubeletplugin.records import (
     DeviceTakenError,
     Holder,

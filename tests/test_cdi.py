@@ -12,7 +12,7 @@ from driver.gpu.inventory import Gpu, Inventory
 from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice
 from driver.gpu.kinds.gpu import node_device
 from kubeletplugin import cdi
-from kubeletplugin.gpu.containertoolkit import base_edits, translate_edits
+from kubeletplugin.containertoolkit import base_edits, translate_edits
 from kubeletplugin.records import Records
 
 # The CDI specification's own schema, kept as test data (see its README for the origin).
@@ -229,7 +229,7 @@ async def test_simulated_nodes_need_no_toolkit(tmp_path: Path) -> None:
 async def test_real_node_without_toolkit_is_one_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubeletplugin.gpu.containertoolkit import ToolkitError
+    from kubeletplugin.containertoolkit import ToolkitError
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-ctk on PATH either
     with pytest.raises(ToolkitError, match=r"nvidia-ctk .* not found under"):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kubeletplugin.gpu.checkpoint import (
+from kubeletplugin.checkpoint import (
     Checkpoint,
     ClaimRecord,
     ClaimState,
@@ -74,7 +74,7 @@ def test_unknown_fields_are_tolerated() -> None:
     data["claims"]["u1"]["futureClaimField"] = True
     data["claims"]["u1"]["devices"][0]["futureDeviceField"] = [1, 2]
     # A writer that adds fields computes the checksum over them, as ours does.
-    from kubeletplugin.gpu.checkpoint import _checksum
+    from kubeletplugin.checkpoint import _checksum
 
     document["checksum"] = _checksum(data)
     assert decode(json.dumps(document).encode()) == _checkpoint()
@@ -84,7 +84,7 @@ def test_unknown_fields_are_tolerated() -> None:
 
 
 def test_claims_under_another_key_are_refused_not_read_as_none() -> None:
-    from kubeletplugin.gpu.checkpoint import _checksum
+    from kubeletplugin.checkpoint import _checksum
 
     document = json.loads(encode(_checkpoint()))
     document["data"]["preparedClaims"] = document["data"].pop("claims")
@@ -102,7 +102,7 @@ def test_the_marker_is_what_0_1_0_reads_as_a_corrupt_checkpoint() -> None:
 
 
 def test_version_1_is_upgraded() -> None:
-    from kubeletplugin.gpu.checkpoint import _checksum
+    from kubeletplugin.checkpoint import _checksum
 
     data = {
         "preparedClaims": {

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client as k8s
 
-from kubeletplugin import cdi
-from kubeletplugin.gpu import checkpoint
+from kubeletplugin import cdi, checkpoint
 from kubeletplugin.state import DeviceState, StateConfig
 from tests.test_state import _config, _inventory, create_claim, devices_of, reservations
 

@@ -17,10 +17,9 @@ from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import NodeDevices
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin import cdi
-from kubeletplugin.gpu import checkpoint
-from kubeletplugin.gpu.checkpoint import ForeignCheckpointError, _checksum
-from kubeletplugin.gpu.containertoolkit import ToolkitError
+from kubeletplugin import cdi, checkpoint
+from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
+from kubeletplugin.containertoolkit import ToolkitError
 from kubeletplugin.records import Records
 from kubeletplugin.state import ClaimRef, DeviceState, ForeignStateError, RecordError, StateConfig
 from sandbox.apiserver import LocalApiServer

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kubeletplugin import cdi
-from kubeletplugin.gpu.containertoolkit import base_edits
+from kubeletplugin.containertoolkit import base_edits
 from tests.simroot import ctk_binary, fake_root, install_driver_files
 from tests.test_cdi import DEVICES, _record, assert_valid_spec
 
