@@ -17,6 +17,7 @@ import yaml
 
 from tests import chart_render
 from tests.chart_render import EKS_VALUES, NAMESPACE, rbac_grants, render
+from tests.e2e import build as e2e_build
 
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
@@ -500,17 +501,28 @@ def test_strict_schema_check_catches_a_misspelt_field(default: list[dict[str, An
         kubernetes_validate.validate(daemonset, "1.34", strict=True)
 
 
-@pytest.mark.skipif(
-    shutil.which("helm") is None,
-    reason="no helm binary (not packaged for Debian or PyPI; `go install "
-    "helm.sh/helm/v3/cmd/helm@v3.22.0` builds one); helm-python-sdk's lint engine runs in "
-    "test_helm_lint_is_clean",
-)
+def helm_binary() -> str | None:
+    """helm on PATH, or the one the e2e tier built (tests/e2e/versions.toml pins it)."""
+    cached = e2e_build.cache_root() / f"helm-{e2e_build.VERSIONS['helm']['version']}" / "helm"
+    return shutil.which("helm") or (str(cached) if cached.exists() else None)
+
+
+@pytest.fixture
+def helm() -> str:
+    found = helm_binary()
+    if found is None:
+        pytest.skip(
+            "no helm binary: `make e2e-build` builds the pinned one (tests/e2e/versions.toml); "
+            "helm-python-sdk's lint engine runs in test_helm_lint_is_clean"
+        )
+    return found
+
+
 @pytest.mark.parametrize("values", [(), (EKS_VALUES,)], ids=["default", "eks"])
-def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
+def test_helm_binary_lint_strict_is_clean(helm: str, values: tuple[str, ...]) -> None:
     files = [arg for path in values for arg in ("-f", str(path))]
     out = subprocess.run(
-        ["helm", "lint", "--strict", str(chart_render.CHART_DIR), *files],
+        [helm, "lint", "--strict", str(chart_render.CHART_DIR), *files],
         capture_output=True,
         text=True,
         timeout=120,
@@ -518,12 +530,11 @@ def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="no helm binary installed")
-def test_helm_template_renders_what_the_tests_render() -> None:
+def test_helm_template_renders_what_the_tests_render(helm: str) -> None:
     """`helm template` (the README's render command) and the engine of these tests agree."""
     out = subprocess.run(
         [
-            "helm",
+            helm,
             "template",
             "gpu-dra-driver",
             str(chart_render.CHART_DIR),
