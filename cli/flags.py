@@ -69,7 +69,7 @@ def help_text(flag: Flag, default: str | None, *, environment: bool) -> str:
 
 
 def add(
-    parser: argparse.ArgumentParser | Any,
+    parser: argparse.ArgumentParser,
     command: str,
     flags: Iterable[Flag],
     *,
