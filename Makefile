@@ -55,6 +55,12 @@ demo: $(STAMP)
 chart: $(STAMP)
 	$(PY) -m tests.chart_render
 
+# The generated tables of docs/reference.md, from the flag table, chart schema, attribute
+# tables and metrics registry (tests/test_docs_reference.py fails when they drift).
+.PHONY: docs
+docs: $(STAMP)
+	$(PY) -m tests.docs_reference
+
 proto: $(STAMP)
 	$(PY) -m api.protogen
 
