@@ -23,6 +23,8 @@ _CLUSTER_TOOLS = {
     "helm": "needs a real EKS cluster",
     "eksctl": "needs a real EKS cluster",
     "docker": "needs a container engine and a registry the nodes pull from",
+    "aws": "needs an AWS account",
+    "skopeo": "pushes to a registry the nodes pull from (ECR)",
 }
 
 
@@ -53,6 +55,8 @@ def skip_reason(command: str) -> str | None:
     words = shlex.split(command)
     if command.startswith("make venv"):
         return "the test runs in the project's virtualenv already (make would reinstall it)"
+    if command.startswith("make image"):
+        return "built and checked by the e2e tier (tests/e2e/test_image.py): minutes, as root"
     if words[0] in _CLUSTER_TOOLS:
         return _CLUSTER_TOOLS[words[0]]
     if words[0] == "gpu-dra" and "--cluster" in words:
