@@ -89,6 +89,8 @@ def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # leases
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # users' GpuConfigs
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     namespaced = [o for o in default if "namespace" in o["metadata"]]
@@ -386,9 +388,36 @@ def test_lease_policy_binds_writes_to_own_lease(default: list[dict[str, Any]]) -
     assert 'variables.leaseName == "gpu.nvidia.com-" + variables.userNodeName' in checks
 
 
+def _policy_names(objects: list[dict[str, Any]]) -> set[str]:
+    return {o["metadata"]["name"] for o in by_kind(objects, "ValidatingAdmissionPolicy")}
+
+
 def test_policy_can_be_turned_off() -> None:
     objects = render((), ("resourceSlicePolicy.enabled=false",))
-    assert by_kind(objects, "ValidatingAdmissionPolicy") == []
+    assert _policy_names(objects) == {"gpu-dra-driver-gpuconfig"}
+
+
+def test_config_admission_can_be_turned_off() -> None:
+    objects = render((), ("configAdmission.enabled=false",))
+    assert "gpu-dra-driver-gpuconfig" not in _policy_names(objects)
+    assert len(_policy_names(objects)) == 2
+
+
+def test_config_admission_matches_claims_and_templates_of_this_driver_on_create(
+    default: list[dict[str, Any]],
+) -> None:
+    (policy,) = [
+        p for p in by_kind(default, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == "gpu-dra-driver-gpuconfig"
+    ]  # fmt: skip
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceclaims", "resourceclaimtemplates"]
+    assert rule["operations"] == ["CREATE"]
+    assert spec["matchConstraints"]["matchPolicy"] == "Equivalent"
+    (condition,) = spec["matchConditions"]
+    assert 'c.opaque.driver == "gpu.nvidia.com"' in condition["expression"]
 
 
 def test_mig_device_class(default: list[dict[str, Any]]) -> None:
