@@ -35,7 +35,8 @@ def _levels(calls: list[str]) -> list[int]:
 
 def _holders(dirs: NodeDirs) -> list[Path]:
     root = dirs.plugin_data / "kinds" / "gpu" / "timeslice"
-    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+    # <gpu uuid>/<claim uid>; beside them, each GPU's lock file, which is no holder
+    return [p for p in root.glob("*/*") if p.is_file()] if root.exists() else []
 
 
 def _left(dirs: NodeDirs) -> dict[str, list[str]]:
