@@ -22,13 +22,17 @@ from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, crea
 
 STAND_IN = """#!/bin/sh
 echo "$*" >> {log}
-if [ -e {fail} ]; then echo "Unable to set the compute policy: GPU is busy" >&2; exit 3; fi
+if [ -e {fail} ]; then
+  only=$(cat {fail})
+  case "$*" in *"$only"*) echo "Unable to set the compute policy: GPU is busy" >&2; exit 3;; esac
+fi
 exit 0
 """
 
 
 class Smi(StandIn):
-    """A stand-in nvidia-smi that appends its arguments, one call a line, to a file."""
+    """A stand-in nvidia-smi that appends its arguments, one call a line, to a file. While
+    ``fail`` exists it fails every call, or, when the file holds a GPU UUID, that GPU's."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, "nvidia-smi", STAND_IN)

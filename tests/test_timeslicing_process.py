@@ -93,3 +93,46 @@ async def test_sigkill_at_each_step_leaves_no_setting_behind(
     assert _levels(smi.calls())[-1:] in ([], [0])
     assert _left(dirs) == {"specs": [], "reservations": [], "claim records": [], "holders": []}
     assert await plugin.terminate() == 0
+
+
+async def test_a_gpu_whose_nvidia_smi_fails_keeps_only_its_own_claim_from_recovering(
+    kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess]
+) -> None:
+    api, kubeconfig = kube
+    smi = Smi(dirs.root / "smi")
+    env = {"GPU_DRA_NVIDIA_SMI": str(smi.path)}
+    bad = await create_claim(
+        api, "bad", node=NODE, devices=["gpu-0"], config=[timeslicing("Short")]
+    )
+    other = await create_claim(
+        api, "other", node=NODE, devices=["gpu-1"], config=[timeslicing("Long")]
+    )
+
+    def start(**kwargs: Any) -> PluginProcess:
+        proc = PluginProcess(dirs, kubeconfig=kubeconfig, node_name=NODE, extra_env=env, **kwargs)
+        processes.append(proc)
+        return proc
+
+    # Killed after setting gpu-0's time slice, before the spec: recovery must set it back.
+    await die_at(start(crashpoint="after-side-effects"), "after-side-effects", bad)
+    (uuid,) = {m[1] for c in smi.calls() if (m := re.search(r"-i (GPU-[0-9a-f-]+) ", c))}
+    smi.fail.write_text(uuid)  # that GPU's nvidia-smi fails from now on (an XID 79 does)
+
+    plugin = start()
+    await plugin.wait_ready()  # the rest of the node serves
+    await plugin.wait_log(rf"interrupted prepare not rolled back.*claim_uid={bad.uid}")
+    left = _left(dirs)
+    # Its record stays for the retry; its holder went first, as in any unprepare.
+    assert left["claim records"] == [f"{bad.uid}.json"] and left["specs"] == []
+    assert left["reservations"] == ["gpu-0"]  # the bad claim keeps its GPU meanwhile
+    async with await KubeletSim.register(plugin.paths.registration) as kubelet:
+        assert (await kubelet.prepare([other])).claims[other.uid].error == ""
+        error = (await kubelet.prepare([bad])).claims[bad.uid].error
+        assert uuid in error and "nvidia-smi" in error and "GPU is busy" in error, error
+        smi.fail.unlink()  # the GPU is back (replaced, reset)
+        assert (await kubelet.prepare([bad])).claims[bad.uid].error == ""
+        assert _levels(smi.calls())[-1:] == [1]
+        response = await kubelet.unprepare([bad, other])
+        assert {uid: r.error for uid, r in response.claims.items()} == {bad.uid: "", other.uid: ""}
+    assert _left(dirs) == {"specs": [], "reservations": [], "claim records": [], "holders": []}
+    assert await plugin.terminate() == 0
