@@ -5,6 +5,7 @@ and the limits in the CDI spec, a plugin restart adopting it, bad input per clai
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -289,4 +290,65 @@ async def test_what_is_not_a_file_at_the_daemon_log_is_replaced_not_opened(
     assert (logs / "daemon.out").is_file() and not (logs / "daemon.out").is_symlink()
     assert len(daemon_pids(tmp_path)) == 1
     assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
+    api_client: k8s.ApiClient,
+    tmp_path: Path,
+    control: Control,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="driver.gpu.kinds.mps")
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    (a_dev, a_uuid), (b_dev, b_uuid) = sorted(
+        ((d, _uuid(tmp_path, d)) for d in ("gpu-2", "gpu-3")), key=lambda p: p[1]
+    )
+    a = await create_claim(api_client, "a", [a_dev], config=[mps()])
+    b = await create_claim(api_client, "b", [b_dev], config=[mps()])
+    results = await state.prepare([a, b])
+    assert {uid: r.error for uid, r in results.items()} == {a.uid: "", b.uid: ""}
+    smi.fail.write_text(a_uuid)  # the first GPU the watchdog visits is lost (an XID 79)
+    for pid in daemon_pids(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+    await wait_for(
+        lambda: GPU.mps.running_pid(a_uuid) is None and GPU.mps.running_pid(b_uuid) is None,
+        "both daemons gone",
+    )
+    watchdog = asyncio.create_task(state.run_watchdog(period=0.05))
+    try:
+        await wait_for(lambda: GPU.mps.running_pid(b_uuid) is not None, "GPU B's daemon back")
+        failed = [
+            r for r in caplog.records if r.getMessage() == "MPS control daemon restart failed"
+        ]
+        assert failed and {getattr(r, "gpu_uuid", None) for r in failed} == {a_uuid}
+        assert a_uuid in str(getattr(failed[0], "error", ""))
+        # Round after round the same failure: reported once, not every 5 s.
+        await wait_for(
+            lambda: (
+                len(
+                    [
+                        r
+                        for r in caplog.records
+                        if r.getMessage() == "MPS control daemon restart failed"
+                    ]
+                )
+                > 2
+            ),
+            "rounds",
+        )
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert [r.getMessage() for r in errors if getattr(r, "gpu_uuid", None) == a_uuid] == [
+            "MPS control daemon is gone; restarting it",
+            "MPS control daemon restart failed",
+        ]
+        assert GPU.mps.running_pid(a_uuid) is None
+        smi.fail.unlink()  # the GPU is back: the next round restarts its daemon
+        await wait_for(lambda: GPU.mps.running_pid(a_uuid) is not None, "GPU A's daemon back")
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
+    assert await state.unprepare([a, b]) == {a.uid: "", b.uid: ""}
     assert daemon_pids(tmp_path) == []

@@ -124,10 +124,12 @@ class Mps:
         self._control: Path | None = None
         self._smi: NvidiaSmi | None = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped when they exit
+        self._failing: dict[str, str] = {}  # GPU UUID -> the watchdog's last restart error
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir / "mps"
         make_dir(self._dir)
+        self._failing = {}
         root = context.container_driver_root
         self._control = context.mps_control or default_control(root)
         self._smi = context.nvidia_smi_tool()
@@ -207,10 +209,18 @@ class Mps:
             try:
                 if self._restart_if_gone(uuid):
                     restarted.append(uuid)
+                self._failing.pop(uuid, None)
             except Exception as exc:
                 # One GPU's trouble (a pipe directory a container tampered with, a GPU whose
                 # nvidia-smi fails) is that GPU's: the next GPU's dead daemon still comes back.
-                log.error("MPS control daemon restart failed", extra=kv(gpu_uuid=uuid, error=exc))
+                # A GPU lost for good fails every round: one line per distinct error.
+                again = self._failing.get(uuid) == str(exc)
+                self._failing[uuid] = str(exc)
+                log.log(
+                    logging.DEBUG if again else logging.ERROR,
+                    "MPS control daemon restart failed",
+                    extra=kv(gpu_uuid=uuid, error=exc),
+                )
         return restarted
 
     def _restart_if_gone(self, uuid: str) -> bool:
@@ -220,7 +230,8 @@ class Mps:
                 return False
             namespace, _, name = holders[0].read_text().strip().partition("/")
             claim = PreparedClaim(holders[0].name, namespace, name, ())
-            log.error(
+            log.log(
+                logging.DEBUG if uuid in self._failing else logging.ERROR,
                 "MPS control daemon is gone; restarting it",
                 extra=kv(gpu_uuid=uuid, claims=len(holders), claim_uid=claim.uid,
                          claim_namespace=namespace, claim_name=name),
