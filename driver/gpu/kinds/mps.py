@@ -26,7 +26,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import signal
 import subprocess
 import time
@@ -37,6 +36,7 @@ from typing import Any
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.logs import kv
 from driver.common.quantity import Quantity
+from driver.gpu.inventory import is_gpu_uuid
 from driver.gpu.kinds.base import KindContext, PreparedClaim
 from driver.gpu.kinds.files import (
     SHARED,
@@ -52,7 +52,6 @@ from driver.gpu.nvidiasmi import NvidiaSmi
 log = logging.getLogger(__name__)
 
 STRATEGY = "MPS"
-_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{1,64}$")
 _START_WAIT_S = 10.0
 _STOP_WAIT_S = 10.0
 _POLL_S = 0.02
@@ -204,7 +203,7 @@ class Mps:
         restarted: list[str] = []
         for gpu_dir in sorted(p for p in self._dir.iterdir() if p.is_dir()):
             uuid = gpu_dir.name
-            if not _UUID.fullmatch(uuid):
+            if not is_gpu_uuid(uuid):
                 continue
             try:
                 if self._restart_if_gone(uuid):
@@ -379,7 +378,7 @@ class Mps:
     def _gpu_dir(self, uuid: str) -> Path:
         if self._dir is None:
             raise MpsError("MPS used before the claim state attached it")
-        if not _UUID.fullmatch(uuid):
+        if not is_gpu_uuid(uuid):
             raise MpsError(f"GPU UUID {uuid!r} is not one NVML writes")
         return self._dir / uuid
 

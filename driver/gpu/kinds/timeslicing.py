@@ -23,12 +23,12 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from driver.common.errors import PermanentError
 from driver.common.logs import kv
+from driver.gpu.inventory import is_gpu_uuid
 from driver.gpu.kinds.base import KindContext, PreparedClaim
 from driver.gpu.kinds.files import make_dir, write_atomic
 from driver.gpu.nvidiasmi import NvidiaSmi
@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 
 STRATEGY = "TimeSlicing"
 DEFAULT_INTERVAL = "Default"
-# NVML writes GPU UUIDs as GPU-<hex groups>; anything else never becomes a path.
-_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{1,64}$")
 
 
 class TimeSliceConflictError(PermanentError):
@@ -174,7 +172,7 @@ class TimeSlicing:
     def _gpu_dir(self, uuid: str) -> Path:
         if self._dir is None:
             raise TimeSlicingNotReadyError("time-slicing used before the claim state attached it")
-        if not _UUID.fullmatch(uuid):
+        if not is_gpu_uuid(uuid):
             raise TimeSliceConflictError(f"GPU UUID {uuid!r} is not one NVML writes")
         return self._dir / uuid
 
