@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.common.errors import RetryableError
 from driver.common.logs import kv
+from driver.common.supervise import OnFailure, supervised
 from driver.gpu import devicehealth
 from driver.gpu.devicehealth import Event, MigPlacement, Taint, Xid
 from driver.gpu.inventory import Inventory
@@ -80,6 +82,11 @@ CLEAR_FILE = "health-clear"
 WINDOW = 1.0
 
 
+class HealthWriteError(RetryableError):
+    """``health.json`` could not be written; the taints stay published, and the next
+    round writes them again."""
+
+
 @dataclass(frozen=True, slots=True)
 class Recovery:
     probes: int  # consecutive healthy probes that clear a device
@@ -120,6 +127,10 @@ class HealthMonitor:
         self._recovery = recovery
         self._streaks: dict[str, int] = {}  # device UUID -> consecutive healthy probes
         self.recoveries = 0
+        # Taints changed since the last successful write; one write at a time, so an
+        # older state never lands after a newer one.
+        self._unsaved = False
+        self._save_lock = asyncio.Lock()
 
     # -- state ----------------------------------------------------------------
 
@@ -134,8 +145,23 @@ class HealthMonitor:
             log.error("ignoring unreadable health state", extra=kv(path=path, error=exc))
             return {}
 
-    def _save(self) -> None:
-        write_atomic(self._dir / STATE_FILE, devicehealth.dumps(self.taints).encode(), fsync=True)
+    async def _save(self) -> None:
+        """Write the taints if they changed; off the loop, since the fsync can take long on a
+        busy disk and prepares are served meanwhile. Raises HealthWriteError."""
+        async with self._save_lock:
+            if not self._unsaved:
+                return
+            path = self._dir / STATE_FILE
+            content = devicehealth.dumps(self.taints).encode()
+            self._unsaved = False  # a change during the write sets it again
+            try:
+                await asyncio.to_thread(write_atomic, path, content, fsync=True)
+            except OSError as exc:
+                self._unsaved = True
+                raise HealthWriteError(
+                    f"cannot write {path}: {exc}; the taints stay published and are written "
+                    "again at the next round"
+                ) from exc
 
     def set_devices(
         self, uuid_to_device: Mapping[str, str], migs: devicehealth.Placements | None = None
@@ -192,15 +218,22 @@ class HealthMonitor:
         self._loop = asyncio.get_running_loop()
         if self._pending:
             self._wake.set()
-        while True:
+
+        async def round_() -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), clear_check)
-            self._check_clear()
-            if not self._wake.is_set():
-                continue
-            await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
-            self._wake.clear()
-            self._apply(self._take())
+            try:
+                self._check_clear()
+                if self._wake.is_set():
+                    await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
+                    self._wake.clear()
+                    self._apply(self._take())
+            finally:  # a change is written even when the round failed after making it
+                await self._save()
+
+        # The taints live in memory and in the slices; a failed write or clear request
+        # is worth a log line and another try, not the daemon.
+        await supervised("health-monitor", round_, OnFailure.CONTINUE, pause=self._window)
 
     def _apply(self, events: list[Event]) -> None:
         if not events:
@@ -230,19 +263,25 @@ class HealthMonitor:
             self._set(new)
 
     def _set(self, taints: dict[str, tuple[Taint, ...]]) -> None:
+        # Published before it is written: a disk that fails must not keep a broken GPU
+        # schedulable. The caller's round writes it (:meth:`_save`).
         self.taints = taints
         self.changes += 1
-        self._save()
+        self._unsaved = True
         self._publish_board()
         self._on_change()
 
     async def run_recovery(self) -> None:
         """Probes the recoverable devices every ``period``; returns at once without one."""
-        if self._recovery is None:
+        recovery = self._recovery
+        if recovery is None:
             return
-        while True:
-            await asyncio.sleep(self._recovery.period)
+
+        async def round_() -> None:
+            await asyncio.sleep(recovery.period)
             await self.probe_once()
+
+        await supervised("health-recovery", round_, OnFailure.CONTINUE, pause=recovery.period)
 
     async def probe_once(self) -> None:
         recovery = self._recovery
@@ -280,6 +319,7 @@ class HealthMonitor:
         )
         self.recoveries += len(done)
         self._set(devicehealth.recovered(self.taints, done))
+        await self._save()
 
     def _check_clear(self) -> None:
         path = self._dir / CLEAR_FILE
