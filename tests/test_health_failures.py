@@ -15,12 +15,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from driver.common.errors import PermanentError
 from driver.gpu import devicehealth
 from driver.gpu.devicehealth import Taint, Xid
 from driver.nvml.faults import write_state_file
 from kubeletplugin import records
 from kubeletplugin.gpu import node
-from kubeletplugin.gpu.healthmonitor import STATE_FILE, HealthMonitor
+from kubeletplugin.gpu.healthmonitor import STATE_FILE, HealthMonitor, HealthStateError
 from kubeletplugin.healthstream import HealthBoard
 from tests.pluginharness import NodeDirs, create_node, wait_for
 
@@ -166,3 +167,87 @@ async def test_the_health_write_runs_off_the_event_loop(
     assert writers and loop_thread not in writers
     assert responsive == [True]
     assert devicehealth.loads((tmp_path / STATE_FILE).read_text()) == {"GPU-a": (XID79,)}
+
+
+# A health.json this release cannot understand: each is refused, none read as "no taints".
+_WRITTEN = devicehealth.dumps({"GPU-a": (XID79,)})
+_UNREADABLE = {
+    "truncated": _WRITTEN[: len(_WRITTEN) // 2],
+    "empty": "",
+    "taints-a-string": '{"version": 1, "taints": "GPU-a"}',
+    "taint-list-a-string": '{"version": 1, "taints": {"GPU-a": "xid=79"}}',
+    "taint-an-int": '{"version": 1, "taints": {"GPU-a": [79]}}',
+    "key-a-number": '{"version": 1, "taints": {"GPU-a": [{"key": 1, "value": "79",'
+    ' "effect": "NoSchedule"}]}}',
+    "value-missing": '{"version": 1, "taints": {"GPU-a": [{"key": "gpu.nvidia.com/xid",'
+    ' "effect": "NoSchedule"}]}}',
+    "a-list": "[1, 2]",
+    "version-2": '{"version": 2, "taints": {}}',
+}
+
+
+@pytest.mark.parametrize("text", _UNREADABLE.values(), ids=_UNREADABLE.keys())
+def test_a_state_file_that_cannot_be_understood_is_refused_not_read_as_no_taints(
+    tmp_path: Path, text: str
+) -> None:
+    (tmp_path / STATE_FILE).write_text(text)
+    with pytest.raises(HealthStateError) as refused:
+        HealthMonitor(tmp_path, HealthBoard(), pool="node-a")
+    message = str(refused.value)
+    assert str(tmp_path / STATE_FILE) in message and "remove" in message
+    assert isinstance(refused.value, PermanentError)  # no retry reads it differently
+    assert isinstance(refused.value.__cause__, ValueError)
+    assert (tmp_path / STATE_FILE).read_text() == text  # left for the admin to judge
+
+
+def test_no_state_file_is_no_taints_and_a_written_one_is_read(tmp_path: Path) -> None:
+    assert HealthMonitor(tmp_path, HealthBoard(), pool="node-a").taints == {}
+    (tmp_path / STATE_FILE).write_text(_WRITTEN)
+    assert HealthMonitor(tmp_path, HealthBoard(), pool="node-a").taints == {"GPU-a": (XID79,)}
+
+
+@pytest.mark.parametrize("case", ["taint-list-a-string", "truncated"])
+async def test_the_node_stays_up_not_ready_with_one_line_until_the_file_is_dealt_with(
+    apiserver: Any,
+    kube: tuple[Any, Path],
+    dirs: NodeDirs,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+) -> None:
+    api, kubeconfig = kube
+    await create_node(api, NODE)
+    dirs.plugin_data.mkdir(parents=True)
+    health_file = dirs.plugin_data / STATE_FILE
+    health_file.write_text(_UNREADABLE[case])
+    config = dirs.node_config(kubeconfig, node_name=NODE, profile="p5.48xlarge")
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO)
+    running = asyncio.create_task(node.run(config, stop))
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if STATE_FILE in r.getMessage()]
+
+    try:
+        await wait_for(
+            lambda: bool(lines()) or running.done() or dirs.paths().registration.exists(),
+            "the refusal's log line",
+        )
+        assert not running.done(), "the plugin ended instead of waiting, not ready"
+        assert not dirs.paths().registration.exists(), "registered with the file unread"
+        # Setup retries every 0.2 s here, reading the Node each time: still one line.
+        reads = apiserver.requests.count("get", "nodes")
+        await wait_for(
+            lambda: apiserver.requests.count("get", "nodes") >= reads + 3, "three setup retries"
+        )
+        assert len(lines()) == 1, lines()
+        assert str(health_file) in lines()[0] and "remove" in lines()[0]
+        assert await _health(_health_port(caplog)) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert not dirs.paths().registration.exists()
+        assert not (await _taints(api))  # nothing published as healthy meanwhile
+
+        health_file.unlink()  # what the line says to do, having checked the GPUs
+        await wait_for(dirs.paths().registration.is_socket, "registration after the removal")
+        assert not running.done()
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0

@@ -9,7 +9,9 @@ per window. Events of a GPU in MIG mode land on its MIG devices
 (:func:`driver.gpu.devicehealth.placed`); taints are kept by published device UUID.
 
 The taints are persisted in ``health.json`` in the plugin's directory, so a
-restarted plugin publishes a broken GPU tainted from its first slice. An admin
+restarted plugin publishes a broken GPU tainted from its first slice; a file it cannot
+understand (torn, truncated, wrong types) keeps the node not ready with one line
+(:class:`HealthStateError`), never read as "no taints". An admin
 clears them by creating ``health-clear`` in that directory (on the host, or with
 ``kubectl exec``): empty for every GPU, else one GPU UUID per line. The plugin
 reads and removes it; no write permission beyond its own directory is needed.
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.common.errors import RetryableError
+from driver.common.errors import PermanentError, RetryableError
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.gpu import devicehealth
@@ -82,6 +84,29 @@ CLEAR_FILE = "health-clear"
 WINDOW = 1.0
 
 
+class HealthStateError(PermanentError):
+    """``health.json`` cannot be understood: the node is not served until an admin looks."""
+
+
+def read_state(plugin_dir: Path) -> dict[str, tuple[Taint, ...]]:
+    """The persisted taints; none without a file. Raises HealthStateError for a file
+    that cannot be read or understood: reading it as "no taints" would publish a GPU that
+    fell off the bus as schedulable, so the node stays not ready instead, as it does for
+    a claim record it cannot read."""
+    path = plugin_dir / STATE_FILE
+    try:
+        return devicehealth.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise HealthStateError(
+            f"{path} holds the GPU taints but cannot be read ({exc}): not serving, so as not "
+            "to publish a failed GPU as healthy; check the GPUs (nvidia-smi), then remove the "
+            "file (every GPU is then published untainted until NVML reports otherwise) or "
+            "run the release that wrote it"
+        ) from exc
+
+
 class HealthWriteError(RetryableError):
     """``health.json`` could not be written; the taints stay published, and the next
     round writes them again."""
@@ -107,7 +132,10 @@ class HealthMonitor:
         window: float = WINDOW,
         on_change: Callable[[], None] = lambda: None,
         recovery: Recovery | None = None,
+        taints: Mapping[str, tuple[Taint, ...]] | None = None,
     ) -> None:
+        """``taints``: what :func:`read_state` read; None: read it here (raises what it
+        raises)."""
         self._dir = plugin_dir
         self._board = board
         self._pool = pool
@@ -120,7 +148,9 @@ class HealthMonitor:
         self._wake = asyncio.Event()
         self._devices: dict[str, str] = {}  # GPU or MIG device UUID -> device name
         self._migs: dict[str, tuple[MigPlacement, ...]] = {}  # GPUs in MIG mode
-        self.taints: dict[str, tuple[Taint, ...]] = self._load()
+        self.taints: dict[str, tuple[Taint, ...]] = dict(
+            read_state(plugin_dir) if taints is None else taints
+        )
         self.events_by_xid: collections.Counter[int] = collections.Counter()
         self.changes = 0
         self.windows = 0
@@ -133,17 +163,6 @@ class HealthMonitor:
         self._save_lock = asyncio.Lock()
 
     # -- state ----------------------------------------------------------------
-
-    def _load(self) -> dict[str, tuple[Taint, ...]]:
-        path = self._dir / STATE_FILE
-        try:
-            return devicehealth.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            # Unreadable state must not stop the plugin; the next event rewrites it.
-            log.error("ignoring unreadable health state", extra=kv(path=path, error=exc))
-            return {}
 
     async def _save(self) -> None:
         """Write the taints if they changed; off the loop, since the fsync can take long on a

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -25,7 +26,7 @@ from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
 from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
-from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS
+from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS, Taint
 from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import NodeDevices
@@ -34,7 +35,7 @@ from driver.kube.rest import errors_of
 from driver.slices import SliceController
 from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
-from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery, Watched
+from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
 from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
@@ -171,6 +172,7 @@ class _Node:
         self._health = health.HealthBoard()
         self._watcher: tuple[threading.Thread, EventWatcher] | None = None
         self._metrics: MetricsServer | None = None
+        self._taints: Mapping[str, tuple[Taint, ...]] = {}  # health.json, read in setup
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
@@ -227,6 +229,9 @@ class _Node:
 
     async def _open_state(self) -> DeviceState:
         cfg = self._config
+        # In setup, so a health.json it cannot understand keeps the node not ready with
+        # one line, as an unreadable claim record does, instead of crashing the process.
+        self._taints = await asyncio.to_thread(read_state, cfg.plugins_dir / cfg.driver_name)
         backend, sysfs_root = await asyncio.to_thread(self._load_nvml)
 
         reported: set[str] = set()  # skipped GPUs warned about once, not every resync
@@ -293,6 +298,7 @@ class _Node:
             ignored=cfg.ignored_xids,
             on_change=lambda: controller.trigger(),
             recovery=self._recovery(),
+            taints=self._taints,
         )
         watched = self._watched()
         monitor.set_devices(watched.devices, watched.migs)
