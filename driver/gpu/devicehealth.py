@@ -67,9 +67,10 @@ class Xid:
 class MigPlacement:
     """A published MIG device: its UUID and the GPU and compute instance it is."""
 
-    uuid: str
-    gi: int
-    ci: int
+    uuid: str  # what its taints are kept by
+    # None: a dynamic MIG placement with no instance yet, which only whole-GPU events hit.
+    gi: int | None
+    ci: int | None
 
 
 @dataclass(frozen=True, slots=True)

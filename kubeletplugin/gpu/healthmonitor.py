@@ -39,7 +39,7 @@ from driver.common.supervise import OnFailure, supervised
 from driver.gpu import devicehealth
 from driver.gpu.devicehealth import Event, MigPlacement, Taint, Xid
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import gpu, mig
+from driver.gpu.kinds import by_name
 from driver.gpu.kinds.base import NodeDevice
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.records import write_atomic
@@ -51,31 +51,35 @@ log = logging.getLogger(__name__)
 class Watched:
     """What the health watcher follows of the published devices."""
 
-    devices: Mapping[str, str]  # GPU or MIG device UUID -> published device name
-    migs: Mapping[str, tuple[MigPlacement, ...]]  # GPU in MIG mode -> its MIG devices
+    devices: Mapping[str, str]  # taint key (a GPU or MIG device UUID) -> device name
+    migs: Mapping[str, tuple[MigPlacement, ...]]  # GPU in MIG mode -> its parts
     gpus: tuple[str, ...]  # the physical GPUs whose NVML events are registered
 
     @classmethod
     def of(cls, current: Mapping[str, NodeDevice], inventory: Inventory | None) -> "Watched":
-        instances = {
-            m.uuid: (m.gi_id, m.ci_id)
-            for g in (inventory.gpus if inventory else ())
-            for m in g.mig_devices
-        }
+        """Each device where its kind says its events come from; the monitor names no
+        kind, so a new kind is watched by implementing ``health_target``."""
+        kinds = by_name()
         devices: dict[str, str] = {}
         migs: dict[str, list[MigPlacement]] = {}
+        whole: set[str] = set()
         for device in current.values():
-            if gpu.UUID_KEY in device.identity:
-                devices[device.identity[gpu.UUID_KEY]] = device.name
-            elif (uuid := device.identity.get(mig.UUID_KEY, "")) in instances:
-                devices[uuid] = device.name
-                parent = migs.setdefault(device.identity[mig.PARENT_KEY], [])
-                parent.append(MigPlacement(uuid, *instances[uuid]))
-        whole = [u for u in devices if u not in instances]
+            kind = kinds.get(device.kind)
+            target = None
+            if kind is not None and inventory is not None:
+                target = kind.health_target(device, inventory)
+            if target is None:
+                continue
+            devices[target.key] = device.name
+            if target.part:
+                placement = MigPlacement(target.key, target.gi, target.ci)
+                migs.setdefault(target.gpu_uuid, []).append(placement)
+            else:
+                whole.add(target.gpu_uuid)
         return cls(
             devices=devices,
             migs={p: tuple(ms) for p, ms in sorted(migs.items())},
-            gpus=tuple(sorted({*whole, *migs})),
+            gpus=tuple(sorted(whole | migs.keys())),
         )
 
 

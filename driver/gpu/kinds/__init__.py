@@ -11,11 +11,19 @@ from typing import Any
 
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import capacity, dynmig, gpu, mig
-from driver.gpu.kinds.base import DeviceKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
+from driver.gpu.kinds.base import (
+    DeviceKind,
+    HealthTarget,
+    KindContext,
+    NodeDevice,
+    PreparedClaim,
+    PreparedDevice,
+)
 
 __all__ = [
     "KINDS",
     "DeviceKind",
+    "HealthTarget",
     "KindContext",
     "NodeDevice",
     "NodeDevices",
