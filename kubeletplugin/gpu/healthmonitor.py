@@ -245,20 +245,18 @@ class HealthMonitor:
         async def round_() -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), clear_check)
-            try:
-                self._check_clear()
-                if self._wake.is_set():
-                    await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
-                    self._wake.clear()
-                    self._apply(self._take())
-            finally:  # a change is written even when the round failed after making it
-                await self._save()
+            await self._check_clear()
+            if self._wake.is_set():
+                await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
+                self._wake.clear()
+                await self._apply(self._take())
+            await self._save()  # a change whose write failed is written again here
 
         # The taints live in memory and in the slices; a failed write or clear request
         # is worth a log line and another try, not the daemon.
         await supervised("health-monitor", round_, OnFailure.CONTINUE, pause=self._window)
 
-    def _apply(self, events: list[Event]) -> None:
+    async def _apply(self, events: list[Event]) -> None:
         if not events:
             return
         self.windows += 1
@@ -283,16 +281,19 @@ class HealthMonitor:
             ),
         )
         if changed:
-            self._set(new)
+            await self._set(new)
 
-    def _set(self, taints: dict[str, tuple[Taint, ...]]) -> None:
-        # Published before it is written: a disk that fails must not keep a broken GPU
-        # schedulable. The caller's round writes it (:meth:`_save`).
+    async def _set(self, taints: dict[str, tuple[Taint, ...]]) -> None:
         self.taints = taints
-        self.changes += 1
         self._unsaved = True
-        self._publish_board()
-        self._on_change()
+        try:
+            await self._save()  # durable before it is published, where the disk allows
+        finally:
+            # Published even when the write failed: a broken disk must not keep a broken
+            # GPU schedulable. The next round writes it again.
+            self.changes += 1
+            self._publish_board()
+            self._on_change()
 
     async def run_recovery(self) -> None:
         """Probes the recoverable devices every ``period``; returns at once without one."""
@@ -341,10 +342,9 @@ class HealthMonitor:
             ),
         )
         self.recoveries += len(done)
-        self._set(devicehealth.recovered(self.taints, done))
-        await self._save()
+        await self._set(devicehealth.recovered(self.taints, done))
 
-    def _check_clear(self) -> None:
+    async def _check_clear(self) -> None:
         path = self._dir / CLEAR_FILE
         try:
             text = path.read_text()
@@ -364,5 +364,5 @@ class HealthMonitor:
             extra=kv(gpus="all" if uuids is None else ",".join(uuids), changed=new != self.taints),
         )
         if new != self.taints:
-            self._set(new)
+            await self._set(new)
         path.unlink(missing_ok=True)
