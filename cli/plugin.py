@@ -119,6 +119,12 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         None,
         "TCP port of the Prometheus metrics (GET /metrics); 0 picks a free port; unset: off",
     ),
+    "--metrics-address": (
+        "GPU_DRA_METRICS_ADDRESS",
+        "127.0.0.1",
+        "IP address the metrics are served on (the chart gives the pod's IP, status.podIP); "
+        "0.0.0.0: every interface",
+    ),
     "--healthcheck-port": (
         "GPU_DRA_HEALTHCHECK_PORT",
         "51515",
@@ -279,6 +285,7 @@ def _run(args: argparse.Namespace) -> int:
         sim_state=_path(args.sim_state),
         healthcheck_port=args.healthcheck_port,
         metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
         ignored_xids=DEFAULT_IGNORED_XIDS | (args.additional_xids_to_ignore or frozenset()),
         recovery_probes=args.auto_recover_probes,
         recoverable_xids=args.recoverable_xids,

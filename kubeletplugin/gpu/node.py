@@ -83,6 +83,8 @@ class NodeConfig:
     recovery_period: float = 10.0
     # Prometheus metrics on this TCP port (0: a free one); None: not served.
     metrics_port: int | None = None
+    # ... on this address: the chart gives the pod's IP; loopback unless one is given.
+    metrics_address: str = "127.0.0.1"
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
     # How often an MPS daemon that died is looked for, and restarted.
@@ -309,7 +311,7 @@ class _Node:
             slice_write_failures=lambda: controller.stats.failures,
             api_errors=lambda: errors_of(self._api),
         )
-        by_name = {name: uuid for uuid, name in watched.devices.items()}
+        await state.observe(metrics)  # what is prepared, recovered claims first
         assert self._devices is not None
         discovered = self._devices.published
 
@@ -331,12 +333,10 @@ class _Node:
                     self._watcher[1].watch(now.gpus)
                 watched = now
                 monitor.set_devices(now.devices, now.migs)
-                by_name.clear()
-                by_name.update({name: uuid for uuid, name in now.devices.items()})
             return devices
 
         dra = grpc.aio.server()
-        draservice.add_to_server(dra, state, metrics, lambda name: by_name.get(name, ""))
+        draservice.add_to_server(dra, state, metrics)
         health.add_to_server(dra, self._health)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
@@ -361,7 +361,7 @@ class _Node:
             resync_period=cfg.slice_resync_period,
         )
         if cfg.metrics_port is not None:  # after the controller: its counts are scraped
-            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port, host=cfg.metrics_address)
             await self._metrics.start()
         self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
         if cfg.recovery_probes > 0:

@@ -31,6 +31,7 @@ __all__ = [
     "PreparedDevice",
     "by_name",
     "counter_sets",
+    "gpu_uuid",
     "node_devices",
 ]
 
@@ -62,6 +63,16 @@ def node_devices(
             ]
         out.extend(devices)
     return out
+
+
+def gpu_uuid(identity: Mapping[str, str]) -> str:
+    """The physical GPU of a device by its recorded identity: a whole GPU's UUID, or the
+    parent of a MIG device (static or dynamic); "" for a device of no GPU."""
+    return (
+        identity.get(gpu.UUID_KEY)
+        or identity.get(mig.PARENT_KEY)
+        or identity.get(dynmig.PARENT_KEY, "")
+    )
 
 
 def counter_sets(inventory: Inventory) -> list[dict[str, Any]]:
