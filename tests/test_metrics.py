@@ -233,7 +233,11 @@ async def test_a_restarted_node_serves_the_recovered_claims_over_http(
     config = dirs.node_config(kubeconfig, node_name="node-a", profile="p5.48xlarge", metrics_port=0)
     caplog.set_level(logging.INFO)
 
+    def served() -> int:
+        return sum(r.getMessage() == "serving metrics" for r in caplog.records)
+
     async def serve_once(prepare: bool) -> dict[str, list[tuple[dict[str, str], float]]]:
+        earlier = served()
         stop = asyncio.Event()
         running = asyncio.create_task(gpunode.run(config, stop))
         try:
@@ -242,6 +246,8 @@ async def test_a_restarted_node_serves_the_recovered_claims_over_http(
                 async with await KubeletSim.register(dirs.paths().registration) as kubelet:
                     response = await kubelet.prepare([claim])
                     assert response.claims[claim.uid].error == ""
+            # The metrics server starts after the sockets: wait for this run's line.
+            await wait_for(lambda: served() > earlier, "the metrics server")
             return await _scrape_served(caplog)
         finally:
             stop.set()
