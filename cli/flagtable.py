@@ -194,6 +194,13 @@ FLAGS: tuple[Flag, ...] = (
         metavar="PORT",
     ),
     Flag(
+        "--metrics-address",
+        "IP address the metrics are served on (the chart gives the pod's IP, status.podIP); "
+        "0.0.0.0: every interface",
+        default="127.0.0.1",
+        metavar="IP",
+    ),
+    Flag(
         "--healthcheck-port",
         "TCP port of the grpc.health.v1 service; 0 picks a free port",
         type=int,

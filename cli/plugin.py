@@ -31,6 +31,7 @@ FLAG_NAMES = (
     "--auto-recover-period",
     "--recoverable-xids",
     "--metrics-port",
+    "--metrics-address",
     "--healthcheck-port",
 )
 
@@ -89,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
         sim_state=_path(args.sim_state),
         healthcheck_port=args.healthcheck_port,
         metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
         ignored_xids=DEFAULT_IGNORED_XIDS | (args.additional_xids_to_ignore or frozenset()),
         recovery_probes=args.auto_recover_probes,
         recoverable_xids=args.recoverable_xids,

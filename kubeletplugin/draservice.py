@@ -9,7 +9,7 @@ message converts to and from v1 through the wire format.
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -21,7 +21,7 @@ from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from api.protoconv import convert
 from driver.common.logs import kv
 from kubeletplugin import names
-from kubeletplugin.metrics import DeviceInfo, Metrics
+from kubeletplugin.metrics import Metrics
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
@@ -74,15 +74,11 @@ def _log_claim(verb: str, claim: ClaimRef, error: str, **fields: object) -> None
 class DraService:
     """Prepare and unprepare in v1 terms; every claim of a request gets an entry."""
 
-    def __init__(
-        self,
-        state: ClaimPreparer,
-        metrics: Metrics | None = None,
-        gpu_uuid: Callable[[str], str] = lambda device: "",
-    ) -> None:
+    def __init__(self, state: ClaimPreparer, metrics: Metrics | None = None) -> None:
+        # Only the calls are counted here; what is prepared, the claim state tells the
+        # metrics itself (kubeletplugin.state.ClaimObserver), whichever path changed it.
         self._state = state
         self._metrics = metrics
-        self._gpu_uuid = gpu_uuid
 
     async def prepare(
         self, request: v1.NodePrepareResourcesRequest
@@ -105,20 +101,6 @@ class DraService:
             entry = response.claims[claim.uid]
             failed |= bool(entry.error)
             self._metrics.prepare_total.labels("error" if entry.error else "success").inc()
-            if not entry.error:
-                self._metrics.prepared(
-                    claim.uid,
-                    [
-                        DeviceInfo(
-                            claim.uid,
-                            claim.namespace,
-                            claim.name,
-                            d.device_name,
-                            self._gpu_uuid(d.device_name),
-                        )
-                        for d in entry.devices
-                    ],
-                )
         self._metrics.prepare_seconds.labels("error" if failed else "success").observe(seconds)
 
     async def _prepare(
@@ -161,11 +143,9 @@ class DraService:
         response = await self._unprepare(request)
         if self._metrics is not None:
             failed = False
-            for uid, entry in response.claims.items():
+            for entry in response.claims.values():
                 failed |= bool(entry.error)
                 self._metrics.unprepare_total.labels("error" if entry.error else "success").inc()
-                if not entry.error:
-                    self._metrics.unprepared(uid)
             outcome = "error" if failed else "success"
             self._metrics.unprepare_seconds.labels(outcome).observe(time.perf_counter() - start)
         return response
@@ -229,8 +209,7 @@ def add_to_server(
     server: grpc.aio.Server,
     state: ClaimPreparer,
     metrics: "Metrics | None" = None,
-    gpu_uuid: Callable[[str], str] = lambda device: "",
 ) -> None:
-    service = DraService(state, metrics, gpu_uuid)
+    service = DraService(state, metrics)
     v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(service), server)
     v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(service), server)

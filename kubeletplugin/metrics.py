@@ -2,28 +2,30 @@
 
 Counters and histograms are updated where things happen (prepare, unprepare);
 health and NVML event counts are read from their owners at scrape time, so no
-second copy can drift. Every label set is bounded: outcomes and health states
-are fixed sets, XIDs are bytes, and the per-device info series exist only while
-their claim is prepared (they go with its unprepare).
+second copy can drift. What is prepared comes from the claim state, which tells
+:class:`Metrics` (a ``kubeletplugin.state.ClaimObserver``) of every prepare and
+unprepare, the claims recovered at start, and at each reconcile what the node's
+records hold, another instance's work included. Every label set is bounded: outcomes
+and health states are fixed sets, XIDs are bytes, and the per-device info series
+exist only while their claim is prepared.
+
+The server is one asyncio server on the daemon's loop: a bounded number of
+connections at a time (the rest are closed at once), each given ``read_timeout`` to
+send its request, so a slow or hostile client costs no thread and no unbounded memory.
 """
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-    start_http_server,
-)
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from driver.common.logs import kv
+from driver.gpu.kinds import PreparedClaim, gpu_uuid
 from driver.kube.rest import ApiError
 from kubeletplugin.healthstream import HealthBoard
 
@@ -88,11 +90,16 @@ class Metrics:
         self._devices: dict[str, tuple[DeviceInfo, ...]] = {}  # claim uid -> its devices
         self.registry.register(_Scraped(self))
 
-    def prepared(self, claim_uid: str, devices: Sequence[DeviceInfo]) -> None:
-        self._devices[claim_uid] = tuple(devices)
+    # The claim state's observer (kubeletplugin.state.ClaimObserver).
 
-    def unprepared(self, claim_uid: str) -> None:
-        self._devices.pop(claim_uid, None)
+    def prepared(self, claim: PreparedClaim) -> None:
+        self._devices[claim.uid] = _infos(claim)
+
+    def unprepared(self, uid: str) -> None:
+        self._devices.pop(uid, None)
+
+    def recorded(self, claims: Mapping[str, PreparedClaim]) -> None:
+        self._devices = {uid: _infos(claim) for uid, claim in claims.items()}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -119,7 +126,7 @@ class Metrics:
             "One series per prepared device: which claim holds which GPU",
             labels=["gpu_uuid", "device", "claim_namespace", "claim_name", "claim_uid"],
         )
-        for devices in tuple(self._devices.values()):  # scraped from the server's thread
+        for devices in self._devices.values():
             for d in devices:
                 info.add_metric(
                     [d.gpu_uuid, d.device, d.claim_namespace, d.claim_name, d.claim_uid], 1
@@ -151,6 +158,15 @@ class Metrics:
         )
 
 
+def _infos(claim: PreparedClaim) -> tuple[DeviceInfo, ...]:
+    return tuple(
+        DeviceInfo(
+            claim.uid, claim.namespace, claim.name, d.device_name, gpu_uuid(dict(d.identity))
+        )
+        for d in claim.devices
+    )
+
+
 def _counted(
     name: str, documentation: str, label: str, known: Sequence[str], counts: Mapping[str, int]
 ) -> CounterMetricFamily:
@@ -169,27 +185,77 @@ class _Scraped(Collector):
         return self._metrics.collect_scraped()
 
 
+_REQUEST_LIMIT = 8192  # bytes of request line and headers; a scrape sends a few hundred
+
+
 class MetricsServer:
-    """``GET /metrics`` on ``port`` (0: a free one, then :attr:`port` says which).
+    """``GET /metrics`` on ``host``:``port`` (port 0: a free one, then :attr:`port` says
+    which). ``host``: the pod's IP in the chart; loopback by default, so metrics are not
+    offered on every interface of a host-network pod unless asked for."""
 
-    prometheus_client's own threaded HTTP server: nothing the daemon does not already
-    import, and a slow scrape never holds up the event loop. Collection reads the claim
-    state from that thread, hence the copies in :meth:`Metrics.collect_scraped`.
-    """
-
-    def __init__(self, metrics: Metrics, *, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        port: int,
+        host: str = "127.0.0.1",
+        max_connections: int = 8,
+        read_timeout: float = 10.0,
+    ) -> None:
         self._metrics = metrics
         self._host = host
         self.port = port
-        self._server: WSGIServer | None = None
+        self._max = max_connections
+        self._read_timeout = read_timeout
+        self._active = 0
+        self._server: asyncio.Server | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._host, self.port
 
     async def start(self) -> None:
-        self._server, _ = start_http_server(self.port, self._host, self._metrics.registry)
-        self.port = int(self._server.server_port)
-        log.info("serving metrics", extra=kv(port=self.port))
+        self._server = await asyncio.start_server(
+            self._connection, self._host, self.port, limit=_REQUEST_LIMIT
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info(
+            "serving metrics",
+            extra=kv(address=self._host, port=self.port, max_connections=self._max),
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
             server, self._server = self._server, None
-            await asyncio.to_thread(server.shutdown)  # returns once its loop has stopped
-            server.server_close()
+            server.close()
+            await server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._active >= self._max:  # over the cap: no slot, and no wait for one
+            writer.close()
+            return
+        self._active += 1
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._read_timeout)
+            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+            path = rest.partition(" ")[0].partition("?")[0]
+            if method not in ("GET", "HEAD"):
+                status, body = "405 Method Not Allowed", b"GET only\n"
+            elif path in ("/metrics", "/"):
+                status, body = "200 OK", self._metrics.render()
+            else:
+                status, body = "404 Not Found", b"not found: GET /metrics\n"
+            content_type = CONTENT_TYPE if status == "200 OK" else "text/plain; charset=utf-8"
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + (body if method != "HEAD" else b"")
+            )
+            await asyncio.wait_for(writer.drain(), self._read_timeout)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # a client that is slow, gone or sends too much gets no answer
+        finally:
+            self._active -= 1
+            writer.close()
+            with contextlib.suppress(OSError, TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), self._read_timeout)

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from kubernetes.aio.client import ApiClient
 
@@ -61,6 +61,7 @@ from kubeletplugin.records import (
 from kubeletplugin.recovery import ForeignStateError
 
 __all__ = [
+    "ClaimObserver",
     "ClaimRef",
     "DeviceState",
     "ForeignStateError",
@@ -81,6 +82,18 @@ _GONE_CHECKS_IN_FLIGHT = 8
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+
+
+class ClaimObserver(Protocol):
+    """Told what is prepared on the node (the metrics): every path that changes it, this
+    process's and, at each reconcile, another instance's (its records are the node's)."""
+
+    def prepared(self, claim: PreparedClaim) -> None: ...
+
+    def unprepared(self, uid: str) -> None: ...
+
+    def recorded(self, claims: Mapping[str, PreparedClaim]) -> None:
+        """Exactly ``claims`` are prepared, as the node's records say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +179,8 @@ class DeviceState:
         self._held: dict[str, tuple[str, ...]] = {}
         self._claim_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._observer: ClaimObserver | None = None
+        self._observed = 0  # claims told to the observer, for a resync racing them
 
     @classmethod
     async def open(
@@ -241,6 +256,7 @@ class DeviceState:
                 await self._detached(self._unprepare_one(ref))
 
         await asyncio.gather(*(check(h) for h in holders))
+        await self._resync_observer()
 
     # ---- per-claim work ---------------------------------------------------------------
 
@@ -294,6 +310,8 @@ class DeviceState:
             except Exception as exc:
                 log.exception("prepare failed unexpectedly", extra=_claim_kv(ref))
                 result = PrepareResult(error=f"internal error preparing claim {ref}: {exc!r}")
+            if not result.error:
+                self._tell(lambda o: o.prepared(claim))
         log.info(
             "prepare",
             extra={
@@ -465,6 +483,8 @@ class DeviceState:
             except Exception as exc:
                 log.exception("unprepare failed unexpectedly", extra=_claim_kv(ref))
                 outcome, error = "error", f"internal error unpreparing claim {ref}: {exc!r}"
+            if not error:
+                self._tell(lambda o: o.unprepared(ref.uid))
         log.info(
             "unprepare",
             extra={
@@ -491,6 +511,45 @@ class DeviceState:
             crashpoint("after-side-effects-undone")
         released = self._records.release(ref.uid, self._held.pop(ref.uid, None))
         return "unprepared" if removed or released or with_effects else "nothing-to-do"
+
+    # ---- the observer (metrics): told what is prepared -------------------------------
+
+    async def observe(self, observer: ClaimObserver) -> None:
+        """From now on tell ``observer`` what is prepared, starting with what is now
+        (the claims recovery found, and any other instance's)."""
+        self._observer = observer
+        await self._resync_observer()
+
+    def _tell(self, news: Callable[[ClaimObserver], None]) -> None:
+        if self._observer is None:
+            return
+        self._observed += 1
+        try:
+            news(self._observer)
+        except Exception:  # the metrics must never fail a prepare that succeeded
+            log.exception("claim observer failed")
+
+    async def _resync_observer(self) -> None:
+        if self._observer is None:
+            return
+        told = self._observed
+        claims = await asyncio.to_thread(self._prepared_on_disk)
+        # A claim told meanwhile may be missing from what was read: the next round resyncs.
+        if told == self._observed:
+            self._tell(lambda o: o.recorded(claims))
+
+    def _prepared_on_disk(self) -> dict[str, PreparedClaim]:
+        """The node's prepared claims: our CDI specs, whichever instance wrote them."""
+        found: dict[str, PreparedClaim] = {}
+        for path in self._records.spec_files():
+            try:
+                spec = cdi.parse(path.read_bytes(), path)
+                if cdi.is_ours(spec):
+                    claim = cdi.claim_from_spec(spec)
+                    found[claim.uid] = claim
+            except (OSError, ValueError, cdi.SpecError):
+                continue  # judged at the next start, not here
+        return found
 
     # ---- reconciliation (worker thread) -----------------------------------------------
 

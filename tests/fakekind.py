@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import KindContext, NodeDevice, PreparedClaim
+from driver.gpu.kinds import HealthTarget, KindContext, NodeDevice, PreparedClaim
 
 NAME = "fake-accelerator"
 
@@ -33,6 +33,9 @@ class FakeAccelerator:
                 identity={"serial": f"{node_name}-fake-0"},
             )
         ]
+
+    def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
+        return None  # no NVML events: not a GPU
 
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         return {}

@@ -172,12 +172,14 @@ def test_daemonset_runs_the_kubelet_plugin(default: list[dict[str, Any]]) -> Non
         "--nvml=system",
         "--healthcheck-port=51515",
         "--metrics-port=9401",
+        "--metrics-address=$(POD_IP)",
     ]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
     assert env == {
         "NODE_NAME": "spec.nodeName",
         "POD_UID": "metadata.uid",
         "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",
     }
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["serviceAccountName"] == one(default, "ServiceAccount")["metadata"]["name"]
@@ -202,7 +204,7 @@ def test_plugin_args_parse_with_the_real_command(default: list[dict[str, Any]]) 
 
     container = plugin_container(default)
     # The kubelet expands $(VAR) from the container's env; do the same with sample values.
-    env = {"NODE_NAME": "node-a", "POD_UID": "6a0e6d3c-uid"}
+    env = {"NODE_NAME": "node-a", "POD_UID": "6a0e6d3c-uid", "POD_IP": "10.0.1.7"}
     argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], arg) for arg in container["args"]]
     args = build_parser().parse_args(argv)
     assert (args.command, args.node_name, args.pod_uid) == (
@@ -216,6 +218,7 @@ def test_plugin_args_parse_with_the_real_command(default: list[dict[str, Any]]) 
         "/driver-root",
     )
     assert args.log_level == "INFO"
+    assert (args.metrics_port, args.metrics_address) == (9401, "10.0.1.7")
 
 
 def test_health_values_become_the_plugins_flags() -> None:
@@ -613,7 +616,8 @@ def test_metrics_are_served_on_the_port_the_service_names(default: list[dict[str
     assert service["spec"]["selector"].items() <= pod_labels.items()
     off = render((), ("metrics.enabled=false",))
     assert not by_kind(off, "Service")
-    assert not any(a.startswith("--metrics-port") for a in plugin_container(off)["args"])
+    assert not any(a.startswith("--metrics-") for a in plugin_container(off)["args"])
+    assert "POD_IP" not in {e["name"] for e in plugin_container(off)["env"]}
 
 
 def test_service_monitor_only_where_the_cluster_serves_it() -> None:

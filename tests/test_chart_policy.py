@@ -92,11 +92,17 @@ def evaluate(
     obj: dict[str, Any],
     user_node: str | None,
     user: str | None = None,
+    request_name: str | None = None,
 ) -> list[str]:
+    """``request_name``: the request's ``name``, by default the object's; the API server
+    gives "" for a CREATE whose name it generates (from ``generateName``)."""
     extra = {NODE_NAME_KEY: [user_node]} if user_node is not None else {}
+    if request_name is None:
+        request_name = str(obj.get("metadata", {}).get("name", ""))
     data: dict[str, Any] = {
         "request": {
             "operation": operation,
+            "name": request_name,
             "userInfo": {"username": user or policy.plugin_user, "extra": extra},
         },
         "object": None if operation == "DELETE" else obj,
@@ -218,20 +224,99 @@ def test_every_name_the_controller_writes_is_admitted(tmp_path: Path) -> None:
                 )
                 == []
             )
-    # A node name so long that the controller falls back to generateName: any name goes.
+    # A node name so long that the controller falls back to generateName.
     long_node = "n" * 240
     assert slice_name(0, 1, "gpu.nvidia.com", long_node) is None
-    generated = "00000-gpu.nvidia.com-" + "n" * 30 + "x7k2p"
-    assert (
-        admit(
-            policy_for_names(),
-            operation="CREATE",
-            slice_node=long_node,
-            user_node=long_node,
-            name=generated,
-        )
-        == []
+    for operation in ("CREATE", "UPDATE", "DELETE"):
+        body = generated_slice(0, 1, long_node, long_node)
+        assert generated_request(policy_for_names(), operation, body, long_node) == []
+
+
+def _long_node(length: int) -> str:
+    """A valid node name (a DNS subdomain: labels of at most 63) of ``length`` characters."""
+    labels, rest = divmod(length, 62)
+    return ".".join(["n" * 61] * labels + ["m" * rest] if rest else ["n" * 61] * labels)
+
+
+def generated_slice(index: int, count: int, node: str, own_node: str) -> dict[str, Any]:
+    """A slice of ``node`` as the controller sends it for a long name, with the name the API
+    server gives it (the generateName cut to 248 characters, five random ones after)."""
+    from driver.gpu.resourceslice import slice_metadata
+
+    metadata = slice_metadata(index, count, "gpu.nvidia.com", node)
+    assert set(metadata) == {"generateName"}, metadata
+    name = metadata["generateName"][:248] + "x7k2p"
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name, "generateName": metadata["generateName"]},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": own_node, "pool": {"name": own_node}},
+    }
+
+
+def generated_request(policy: Policy, operation: str, body: dict[str, Any], node: str) -> list[str]:
+    # On CREATE the request's name is "": the server generates it after the request.
+    request_name = "" if operation == "CREATE" else body["metadata"]["name"]
+    return evaluate(
+        policy, operation=operation, obj=body, user_node=node, request_name=request_name
     )
+
+
+@pytest.mark.parametrize("length", [233, 240, 253])
+def test_a_long_named_nodes_slices_are_admitted(tmp_path: Path, length: int) -> None:
+    """Every slice the controller writes for a long-named node, and its probes, pass."""
+    from driver.gpu.discovery import discover
+    from driver.nvml.simulated import SimulatedNode
+    from driver.slices.capabilities import probe_slices
+
+    node = _long_node(length)
+    assert len(node) == length
+    simulated = SimulatedNode("p5.48xlarge", "n", tmp_path, state_file=tmp_path / "none")
+    inventory = discover(simulated.nvml, sysfs_root=simulated.sysfs_root)
+    slices = build_resource_slices(inventory, driver_name="gpu.nvidia.com", node_name=node)
+    assert slices and all("generateName" in s["metadata"] for s in slices)
+    for index in range(len(slices)):
+        body = generated_slice(index, len(slices), node, node)
+        assert body["spec"]["pool"]["name"] == slices[index]["spec"]["pool"]["name"]
+        for operation in ("CREATE", "UPDATE", "DELETE"):
+            assert generated_request(policy_for_names(), operation, body, node) == []
+    for probe in probe_slices("gpu.nvidia.com", node).values():
+        assert "generateName" in probe["metadata"]
+        assert (
+            evaluate(
+                policy_for_names(), operation="CREATE", obj=probe, user_node=node, request_name=""
+            )
+            == []
+        )
+
+
+@pytest.mark.parametrize("length", [233, 253])
+@pytest.mark.parametrize(
+    "victim",
+    ["node-b", "n" * 232],  # a short name, and the longest with a fixed name
+)
+def test_a_long_named_node_may_not_create_another_nodes_fixed_name(
+    length: int, victim: str
+) -> None:
+    from driver.gpu.resourceslice import slice_name
+
+    node = _long_node(length)
+    fixed = slice_name(0, 1, "gpu.nvidia.com", victim)
+    assert fixed is not None
+    squat = generated_slice(0, 1, node, node)
+    squat["metadata"]["name"] = fixed  # chosen, not generated: the request names it
+    (denial,) = evaluate(policy_for_names(), operation="CREATE", obj=squat, user_node=node)
+    assert f"may not create ResourceSlice {fixed}" in denial
+    del squat["metadata"]["generateName"]  # a plain create under the other node's name
+    denials = evaluate(policy_for_names(), operation="CREATE", obj=squat, user_node=node)
+    assert len(denials) == 2 and all(fixed in d for d in denials), denials
+
+
+def test_a_long_named_node_may_not_generate_under_another_nodes_prefix() -> None:
+    node, other = _long_node(253), _long_node(240)
+    body = generated_slice(0, 1, other, node)  # its own nodeName and pool, another's prefix
+    denials = generated_request(policy_for_names(), "CREATE", body, node)
+    assert len(denials) == 1 and "generateName" in denials[0], denials
 
 
 def test_the_capability_probes_are_admitted() -> None:

@@ -321,7 +321,11 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
     ),
     "metrics.enabled": (
         ("metrics.enabled=false",),
-        lambda o: not kind(o, "Service") and "--metrics-port=9401" not in args(o),
+        lambda o: (
+            not kind(o, "Service")
+            and "--metrics-port=9401" not in args(o)
+            and "--metrics-address=$(POD_IP)" not in args(o)
+        ),
     ),
     "health.additionalXidsToIgnore": (
         ("health.additionalXidsToIgnore={94,95}",),
@@ -520,7 +524,7 @@ def test_rendered_flags_parse_with_every_new_value() -> None:
             "kubeletPlugin.extraArgs[0]=--container-driver-root=/host",
         ),
     )
-    env = {"NODE_NAME": "node-a", "POD_UID": "uid"}
+    env = {"NODE_NAME": "node-a", "POD_UID": "uid", "POD_IP": "10.0.1.7"}
     argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], a) for a in args(objects)]
     parsed = build_parser().parse_args(argv)
     assert parsed.feature_gates == {"DRAExtendedResource": True}

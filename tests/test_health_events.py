@@ -281,7 +281,7 @@ async def test_taints_survive_a_restart_and_the_clear_file_removes_them(tmp_path
 async def test_published_devices_carry_their_taints(tmp_path: Path) -> None:
     monitor = _monitor(tmp_path, HealthBoard(), [])
     monitor.set_devices({"GPU-a": "gpu-0", "GPU-b": "gpu-1"})
-    monitor._apply([Xid("GPU-a", 79), Unmonitored("GPU-b", "no events")])
+    await monitor._apply([Xid("GPU-a", 79), Unmonitored("GPU-b", "no events")])
 
     async def source() -> list[dict[str, Any]]:
         return [{"name": "gpu-0"}, {"name": "gpu-1"}, {"name": "other"}]

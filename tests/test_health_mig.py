@@ -5,6 +5,7 @@ GPU takes all of them. Over the simulated C library (p4d.24xlarge-mig: GPUs 0-3 
 instance 0)."""
 
 import asyncio
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -17,11 +18,14 @@ from driver.gpu import devicehealth
 from driver.gpu.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
 from driver.gpu.discovery import discover
 from driver.gpu.events import EventWatcher
-from driver.gpu.kinds import NodeDevices
+from driver.gpu.inventory import MigDevice
+from driver.gpu.kinds import NodeDevice, NodeDevices, dynmig
 from driver.nvml.faults import Faults, SimulationConfigError, XidEvent, write_state_file
 from driver.nvml.simulated import SimulatedNode
+from kubeletplugin.gpu import node as gpunode
 from kubeletplugin.gpu.healthmonitor import CLEAR_FILE, HealthMonitor, Watched
 from kubeletplugin.healthstream import HealthBoard
+from tests.pluginharness import NodeDirs, create_node
 
 XID79 = Taint(devicehealth.XID_KEY, "79", "NoSchedule")
 LOST = Taint(devicehealth.GPU_LOST_KEY, "", "NoSchedule")
@@ -180,3 +184,116 @@ async def test_the_monitor_taints_mig_devices_and_a_gpu_clear_clears_them(tmp_pa
         runner.cancel()
     assert monitor.taints == {} and monitor.changes == 3 and len(writes) == 3
     assert {d.health for d in board.snapshot()[1]} == {"Healthy"}
+
+
+# -- dynamic MIG (--dynamic-mig): devices are placements of a GPU in MIG mode ------------
+
+
+def _dynamic_node(tmp_path: Path) -> tuple[SimulatedNode, Path]:
+    profile = tmp_path / "dynamic.yaml"
+    profile.write_text("extends: p5.48xlarge\nmig: {enabled: all}\n")
+    state = tmp_path / "state.yaml"
+    write_state_file(state, {})
+    return SimulatedNode(profile, "dyn", tmp_path / "root", state_file=state), state
+
+
+def test_the_watcher_follows_gpus_published_for_dynamic_mig(tmp_path: Path) -> None:
+    sim, _ = _dynamic_node(tmp_path)
+    inventory = discover(sim.nvml, sysfs_root=sim.sysfs_root, dynamic_mig=True)
+    devices = NodeDevices.of(inventory, node_name="dyn")
+    watched = Watched.of(devices.current, inventory)
+    assert len(devices.current) == 8 * 25  # every placement of every H100
+    assert watched.gpus == tuple(sorted(g.uuid for g in inventory.gpus))
+    assert sorted(watched.devices.values()) == sorted(devices.current)
+    for parent, placements in watched.migs.items():
+        assert parent not in watched.devices and len(placements) == 25
+        # No instance is made before a claim needs one: only whole-GPU events hit them.
+        assert {(m.gi, m.ci) for m in placements} == {(None, None)}
+
+
+def test_a_dynamic_mig_device_with_an_instance_gets_the_xids_naming_it(tmp_path: Path) -> None:
+    sim, _ = _dynamic_node(tmp_path)
+    inventory = discover(sim.nvml, sysfs_root=sim.sysfs_root, dynamic_mig=True)
+    gpu0 = inventory.gpus[0]
+    made, other = gpu0.mig_partitions[0], gpu0.mig_partitions[-1]
+    instance = MigDevice(
+        uuid="MIG-made", profile=made.profile, profile_id=made.profile_id, gi_id=5, ci_id=0,
+        placement_start=made.placement_start, placement_size=made.placement_size,
+        spans_gpu_instance=True, memory_bytes=made.memory_bytes,
+        multiprocessors=made.multiprocessors, copy_engines=made.copy_engines,
+        decoders=made.decoders, encoders=made.encoders, jpeg_engines=made.jpeg_engines,
+        ofa_engines=made.ofa_engines, gi_access_minor=1, ci_access_minor=2,
+    )  # fmt: skip
+    with_instance = dataclasses.replace(
+        inventory, gpus=(dataclasses.replace(gpu0, mig_devices=(instance,)),)
+    )
+    current = {
+        dynmig.device_name(gpu0, p): NodeDevice(
+            kind=dynmig.NAME,
+            name=dynmig.device_name(gpu0, p),
+            published={},
+            edits={},
+            identity=dynmig.identity(gpu0, p),
+        )
+        for p in (made, other)
+    }
+    watched = Watched.of(current, with_instance)
+    assert watched.gpus == (gpu0.uuid,)
+    by_name = {name: key for key, name in watched.devices.items()}
+    events, unplaced = placed([Xid(gpu0.uuid, 79, gi=5, ci=0)], watched.migs)
+    assert [e.uuid for e in events] == [by_name[dynmig.device_name(gpu0, made)]] and not unplaced
+    events, _ = placed([Xid(gpu0.uuid, 79)], watched.migs)  # no instance named: the GPU
+    assert sorted(e.uuid for e in events) == sorted(by_name.values())
+
+
+async def test_a_fatal_xid_on_a_dynamic_mig_gpu_taints_its_devices(
+    kube: tuple[Any, Path], dirs: NodeDirs
+) -> None:
+    api, kubeconfig = kube
+    await create_node(api, "dyn")
+    profile = dirs.root / "dynamic.yaml"
+    profile.write_text("extends: p5.48xlarge\nmig: {enabled: all}\n")
+    state = dirs.root / "sim-state.yaml"
+    write_state_file(state, {})
+    config = dirs.node_config(
+        kubeconfig, node_name="dyn", profile=str(profile), sim_state=state, dynamic_mig=True
+    )
+    stop, hup = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(gpunode.run(config, stop, hup=hup))
+
+    async def taints() -> dict[str, list[Any]]:
+        from kubernetes.aio import client
+
+        found = await client.ResourceV1Api(api).list_resource_slice(
+            field_selector="spec.nodeName=dyn"
+        )
+        return {
+            d.name: [(t.key, t.value, t.effect) for t in d.taints or []]
+            for s in found.items
+            for d in s.spec.devices or []
+        }
+
+    async def until(predicate: Any) -> dict[str, list[Any]]:
+        deadline = time.monotonic() + 30
+        while True:
+            assert not running.done(), running.result()
+            now = await taints()
+            if now and predicate(now):
+                return now
+            assert time.monotonic() < deadline, {k: v for k, v in now.items() if v}
+            await asyncio.sleep(0.05)
+
+    try:
+        await until(lambda t: len(t) == 8 * 25)
+        write_state_file(state, {"xidEvents": [{"gpu": 2, "xid": 79}]})
+        hup.set()  # a rediscovery: the simulated library re-reads its state at nvmlInit
+        found = await until(lambda t: any(t.values()))
+        tainted = sorted(name for name, ts in found.items() if ts)
+        assert tainted == sorted(n for n in found if n.startswith("gpu-2-mig-"))
+        assert len(tainted) == 25
+        assert {tuple(ts) for n, ts in found.items() if n in tainted} == {
+            (("gpu.nvidia.com/xid", "79", "NoSchedule"),)
+        }
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0

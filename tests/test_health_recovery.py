@@ -68,7 +68,7 @@ async def test_three_healthy_probes_in_a_row_clear_a_recoverable_xid_only(tmp_pa
         Xid("GPU-b", 79),
         GpuLost("GPU-c"),
     ]
-    monitor._apply(events)
+    await monitor._apply(events)
     assert len(writes) == 1
     for _ in range(2):
         await monitor.probe_once()
@@ -88,10 +88,10 @@ async def test_a_new_event_or_a_failed_probe_starts_the_count_again(tmp_path: Pa
     probe = _Probe()
     writes: list[int] = []
     monitor = _monitor(tmp_path, probe, writes)
-    monitor._apply([Xid("GPU-a", 8)])
+    await monitor._apply([Xid("GPU-a", 8)])
     await monitor.probe_once()
     await monitor.probe_once()
-    monitor._apply([Xid("GPU-a", 11)])  # the GPU is still failing: count from zero
+    await monitor._apply([Xid("GPU-a", 11)])  # the GPU is still failing: count from zero
     await monitor.probe_once()
     await monitor.probe_once()
     probe.healthy = False
@@ -107,9 +107,9 @@ async def test_a_new_event_or_a_failed_probe_starts_the_count_again(tmp_path: Pa
 async def test_a_fatal_xid_after_a_recoverable_one_stops_the_recovery(tmp_path: Path) -> None:
     probe = _Probe()
     monitor = _monitor(tmp_path, probe, [])
-    monitor._apply([Xid("GPU-a", 8)])
+    await monitor._apply([Xid("GPU-a", 8)])
     await monitor.probe_once()
-    monitor._apply([Xid("GPU-a", 79)])
+    await monitor._apply([Xid("GPU-a", 79)])
     for _ in range(5):
         await monitor.probe_once()
     assert monitor.taints["GPU-a"] == (XID79,) and monitor.recoveries == 0
@@ -121,7 +121,7 @@ async def test_a_mig_device_is_probed_through_its_gpu(tmp_path: Path) -> None:
     monitor = _monitor(tmp_path, probe, writes)
     migs = {"GPU-m": (MigPlacement("MIG-a", 1, 0), MigPlacement("MIG-b", 2, 0))}
     monitor.set_devices({"MIG-a": "gpu-0-mig-a", "MIG-b": "gpu-0-mig-b"}, migs)
-    monitor._apply([Xid("GPU-m", 8, gi=1, ci=0)])
+    await monitor._apply([Xid("GPU-m", 8, gi=1, ci=0)])
     assert set(monitor.taints) == {"MIG-a"}
     for _ in range(3):
         await monitor.probe_once()

@@ -67,9 +67,10 @@ class Xid:
 class MigPlacement:
     """A published MIG device: its UUID and the GPU and compute instance it is."""
 
-    uuid: str
-    gi: int
-    ci: int
+    uuid: str  # what its taints are kept by
+    # None: a dynamic MIG placement with no instance yet, which only whole-GPU events hit.
+    gi: int | None
+    ci: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,16 +224,27 @@ def dumps(taints: Taints) -> str:
 
 
 def loads(text: str) -> dict[str, tuple[Taint, ...]]:
-    """The taints of :func:`dumps`; ValueError for anything else."""
+    """The taints of :func:`dumps`; ValueError for anything else, a torn or truncated
+    file included: none of it may be read as "no taints"."""
     data: Any = json.loads(text)
     if not isinstance(data, dict) or data.get("version") != 1:
         raise ValueError("not a health state file of version 1")
+    body = data.get("taints")
+    if not isinstance(body, dict):
+        raise ValueError(f"taints: an object of GPU UUIDs expected, not {type(body).__name__}")
     out: dict[str, tuple[Taint, ...]] = {}
-    for uuid, items in (data.get("taints") or {}).items():
+    for uuid, items in body.items():
+        if not isinstance(items, list):
+            raise ValueError(f"{uuid}: a list of taints expected, not {type(items).__name__}")
         taints = []
         for item in items:
-            if item.get("effect") not in ("NoSchedule", "None"):
-                raise ValueError(f"{uuid}: unknown taint effect {item.get('effect')!r}")
-            taints.append(Taint(str(item["key"]), str(item["value"]), item["effect"]))
-        out[str(uuid)] = tuple(taints)
+            if not isinstance(item, dict):
+                raise ValueError(f"{uuid}: a taint object expected, not {type(item).__name__}")
+            key, value, effect = item.get("key"), item.get("value"), item.get("effect")
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise ValueError(f"{uuid}: a taint needs a string key and value: {item!r}")
+            if effect not in ("NoSchedule", "None"):
+                raise ValueError(f"{uuid}: unknown taint effect {effect!r}")
+            taints.append(Taint(key, value, effect))
+        out[uuid] = tuple(taints)
     return out

@@ -9,7 +9,9 @@ per window. Events of a GPU in MIG mode land on its MIG devices
 (:func:`driver.gpu.devicehealth.placed`); taints are kept by published device UUID.
 
 The taints are persisted in ``health.json`` in the plugin's directory, so a
-restarted plugin publishes a broken GPU tainted from its first slice. An admin
+restarted plugin publishes a broken GPU tainted from its first slice; a file it cannot
+understand (torn, truncated, wrong types) keeps the node not ready with one line
+(:class:`HealthStateError`), never read as "no taints". An admin
 clears them by creating ``health-clear`` in that directory (on the host, or with
 ``kubectl exec``): empty for every GPU, else one GPU UUID per line. The plugin
 reads and removes it; no write permission beyond its own directory is needed.
@@ -31,11 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.common.errors import PermanentError, RetryableError
 from driver.common.logs import kv
+from driver.common.supervise import OnFailure, supervised
 from driver.gpu import devicehealth
 from driver.gpu.devicehealth import Event, MigPlacement, Taint, Xid
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import gpu, mig
+from driver.gpu.kinds import by_name
 from driver.gpu.kinds.base import NodeDevice
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.records import write_atomic
@@ -47,37 +51,69 @@ log = logging.getLogger(__name__)
 class Watched:
     """What the health watcher follows of the published devices."""
 
-    devices: Mapping[str, str]  # GPU or MIG device UUID -> published device name
-    migs: Mapping[str, tuple[MigPlacement, ...]]  # GPU in MIG mode -> its MIG devices
+    devices: Mapping[str, str]  # taint key (a GPU or MIG device UUID) -> device name
+    migs: Mapping[str, tuple[MigPlacement, ...]]  # GPU in MIG mode -> its parts
     gpus: tuple[str, ...]  # the physical GPUs whose NVML events are registered
 
     @classmethod
     def of(cls, current: Mapping[str, NodeDevice], inventory: Inventory | None) -> "Watched":
-        instances = {
-            m.uuid: (m.gi_id, m.ci_id)
-            for g in (inventory.gpus if inventory else ())
-            for m in g.mig_devices
-        }
+        """Each device where its kind says its events come from; the monitor names no
+        kind, so a new kind is watched by implementing ``health_target``."""
+        kinds = by_name()
         devices: dict[str, str] = {}
         migs: dict[str, list[MigPlacement]] = {}
+        whole: set[str] = set()
         for device in current.values():
-            if gpu.UUID_KEY in device.identity:
-                devices[device.identity[gpu.UUID_KEY]] = device.name
-            elif (uuid := device.identity.get(mig.UUID_KEY, "")) in instances:
-                devices[uuid] = device.name
-                parent = migs.setdefault(device.identity[mig.PARENT_KEY], [])
-                parent.append(MigPlacement(uuid, *instances[uuid]))
-        whole = [u for u in devices if u not in instances]
+            kind = kinds.get(device.kind)
+            target = None
+            if kind is not None and inventory is not None:
+                target = kind.health_target(device, inventory)
+            if target is None:
+                continue
+            devices[target.key] = device.name
+            if target.part:
+                placement = MigPlacement(target.key, target.gi, target.ci)
+                migs.setdefault(target.gpu_uuid, []).append(placement)
+            else:
+                whole.add(target.gpu_uuid)
         return cls(
             devices=devices,
             migs={p: tuple(ms) for p, ms in sorted(migs.items())},
-            gpus=tuple(sorted({*whole, *migs})),
+            gpus=tuple(sorted(whole | migs.keys())),
         )
 
 
 STATE_FILE = "health.json"
 CLEAR_FILE = "health-clear"
 WINDOW = 1.0
+
+
+class HealthStateError(PermanentError):
+    """``health.json`` cannot be understood: the node is not served until an admin looks."""
+
+
+def read_state(plugin_dir: Path) -> dict[str, tuple[Taint, ...]]:
+    """The persisted taints; none without a file. Raises HealthStateError for a file
+    that cannot be read or understood: reading it as "no taints" would publish a GPU that
+    fell off the bus as schedulable, so the node stays not ready instead, as it does for
+    a claim record it cannot read."""
+    path = plugin_dir / STATE_FILE
+    try:
+        return devicehealth.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise HealthStateError(
+            f"{path} holds the GPU taints but cannot be read ({exc}): not serving, so as not "
+            "to publish a failed GPU as healthy; check the GPUs (nvidia-smi), then remove the "
+            "file (every GPU is then published untainted until NVML reports otherwise) or "
+            "run the release that wrote it"
+        ) from exc
+
+
+class HealthWriteError(RetryableError):
+    """``health.json`` could not be written; the taints stay published, and the next
+    round writes them again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +136,10 @@ class HealthMonitor:
         window: float = WINDOW,
         on_change: Callable[[], None] = lambda: None,
         recovery: Recovery | None = None,
+        taints: Mapping[str, tuple[Taint, ...]] | None = None,
     ) -> None:
+        """``taints``: what :func:`read_state` read; None: read it here (raises what it
+        raises)."""
         self._dir = plugin_dir
         self._board = board
         self._pool = pool
@@ -113,29 +152,39 @@ class HealthMonitor:
         self._wake = asyncio.Event()
         self._devices: dict[str, str] = {}  # GPU or MIG device UUID -> device name
         self._migs: dict[str, tuple[MigPlacement, ...]] = {}  # GPUs in MIG mode
-        self.taints: dict[str, tuple[Taint, ...]] = self._load()
+        self.taints: dict[str, tuple[Taint, ...]] = dict(
+            read_state(plugin_dir) if taints is None else taints
+        )
         self.events_by_xid: collections.Counter[int] = collections.Counter()
         self.changes = 0
         self.windows = 0
         self._recovery = recovery
         self._streaks: dict[str, int] = {}  # device UUID -> consecutive healthy probes
         self.recoveries = 0
+        # Taints changed since the last successful write; one write at a time, so an
+        # older state never lands after a newer one.
+        self._unsaved = False
+        self._save_lock = asyncio.Lock()
 
     # -- state ----------------------------------------------------------------
 
-    def _load(self) -> dict[str, tuple[Taint, ...]]:
-        path = self._dir / STATE_FILE
-        try:
-            return devicehealth.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            # Unreadable state must not stop the plugin; the next event rewrites it.
-            log.error("ignoring unreadable health state", extra=kv(path=path, error=exc))
-            return {}
-
-    def _save(self) -> None:
-        write_atomic(self._dir / STATE_FILE, devicehealth.dumps(self.taints).encode(), fsync=True)
+    async def _save(self) -> None:
+        """Write the taints if they changed; off the loop, since the fsync can take long on a
+        busy disk and prepares are served meanwhile. Raises HealthWriteError."""
+        async with self._save_lock:
+            if not self._unsaved:
+                return
+            path = self._dir / STATE_FILE
+            content = devicehealth.dumps(self.taints).encode()
+            self._unsaved = False  # a change during the write sets it again
+            try:
+                await asyncio.to_thread(write_atomic, path, content, fsync=True)
+            except OSError as exc:
+                self._unsaved = True
+                raise HealthWriteError(
+                    f"cannot write {path}: {exc}; the taints stay published and are written "
+                    "again at the next round"
+                ) from exc
 
     def set_devices(
         self, uuid_to_device: Mapping[str, str], migs: devicehealth.Placements | None = None
@@ -192,17 +241,22 @@ class HealthMonitor:
         self._loop = asyncio.get_running_loop()
         if self._pending:
             self._wake.set()
-        while True:
+
+        async def round_() -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), clear_check)
-            self._check_clear()
-            if not self._wake.is_set():
-                continue
-            await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
-            self._wake.clear()
-            self._apply(self._take())
+            await self._check_clear()
+            if self._wake.is_set():
+                await asyncio.sleep(self._window)  # the window: what arrives meanwhile joins
+                self._wake.clear()
+                await self._apply(self._take())
+            await self._save()  # a change whose write failed is written again here
 
-    def _apply(self, events: list[Event]) -> None:
+        # The taints live in memory and in the slices; a failed write or clear request
+        # is worth a log line and another try, not the daemon.
+        await supervised("health-monitor", round_, OnFailure.CONTINUE, pause=self._window)
+
+    async def _apply(self, events: list[Event]) -> None:
         if not events:
             return
         self.windows += 1
@@ -227,22 +281,31 @@ class HealthMonitor:
             ),
         )
         if changed:
-            self._set(new)
+            await self._set(new)
 
-    def _set(self, taints: dict[str, tuple[Taint, ...]]) -> None:
+    async def _set(self, taints: dict[str, tuple[Taint, ...]]) -> None:
         self.taints = taints
-        self.changes += 1
-        self._save()
-        self._publish_board()
-        self._on_change()
+        self._unsaved = True
+        try:
+            await self._save()  # durable before it is published, where the disk allows
+        finally:
+            # Published even when the write failed: a broken disk must not keep a broken
+            # GPU schedulable. The next round writes it again.
+            self.changes += 1
+            self._publish_board()
+            self._on_change()
 
     async def run_recovery(self) -> None:
         """Probes the recoverable devices every ``period``; returns at once without one."""
-        if self._recovery is None:
+        recovery = self._recovery
+        if recovery is None:
             return
-        while True:
-            await asyncio.sleep(self._recovery.period)
+
+        async def round_() -> None:
+            await asyncio.sleep(recovery.period)
             await self.probe_once()
+
+        await supervised("health-recovery", round_, OnFailure.CONTINUE, pause=recovery.period)
 
     async def probe_once(self) -> None:
         recovery = self._recovery
@@ -279,9 +342,9 @@ class HealthMonitor:
             ),
         )
         self.recoveries += len(done)
-        self._set(devicehealth.recovered(self.taints, done))
+        await self._set(devicehealth.recovered(self.taints, done))
 
-    def _check_clear(self) -> None:
+    async def _check_clear(self) -> None:
         path = self._dir / CLEAR_FILE
         try:
             text = path.read_text()
@@ -301,5 +364,5 @@ class HealthMonitor:
             extra=kv(gpus="all" if uuids is None else ",".join(uuids), changed=new != self.taints),
         )
         if new != self.taints:
-            self._set(new)
+            await self._set(new)
         path.unlink(missing_ok=True)

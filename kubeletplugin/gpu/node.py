@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -25,7 +26,7 @@ from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
 from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
-from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS
+from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS, Taint
 from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import NodeDevices
@@ -34,7 +35,7 @@ from driver.kube.rest import errors_of
 from driver.slices import SliceController
 from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
-from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery, Watched
+from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
 from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
@@ -82,6 +83,8 @@ class NodeConfig:
     recovery_period: float = 10.0
     # Prometheus metrics on this TCP port (0: a free one); None: not served.
     metrics_port: int | None = None
+    # ... on this address: the chart gives the pod's IP; loopback unless one is given.
+    metrics_address: str = "127.0.0.1"
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
     # How often an MPS daemon that died is looked for, and restarted.
@@ -171,6 +174,7 @@ class _Node:
         self._health = health.HealthBoard()
         self._watcher: tuple[threading.Thread, EventWatcher] | None = None
         self._metrics: MetricsServer | None = None
+        self._taints: Mapping[str, tuple[Taint, ...]] = {}  # health.json, read in setup
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
@@ -227,6 +231,9 @@ class _Node:
 
     async def _open_state(self) -> DeviceState:
         cfg = self._config
+        # In setup, so a health.json it cannot understand keeps the node not ready with
+        # one line, as an unreadable claim record does, instead of crashing the process.
+        self._taints = await asyncio.to_thread(read_state, cfg.plugins_dir / cfg.driver_name)
         backend, sysfs_root = await asyncio.to_thread(self._load_nvml)
 
         reported: set[str] = set()  # skipped GPUs warned about once, not every resync
@@ -293,6 +300,7 @@ class _Node:
             ignored=cfg.ignored_xids,
             on_change=lambda: controller.trigger(),
             recovery=self._recovery(),
+            taints=self._taints,
         )
         watched = self._watched()
         monitor.set_devices(watched.devices, watched.migs)
@@ -303,7 +311,7 @@ class _Node:
             slice_write_failures=lambda: controller.stats.failures,
             api_errors=lambda: errors_of(self._api),
         )
-        by_name = {name: uuid for uuid, name in watched.devices.items()}
+        await state.observe(metrics)  # what is prepared, recovered claims first
         assert self._devices is not None
         discovered = self._devices.published
 
@@ -325,12 +333,10 @@ class _Node:
                     self._watcher[1].watch(now.gpus)
                 watched = now
                 monitor.set_devices(now.devices, now.migs)
-                by_name.clear()
-                by_name.update({name: uuid for uuid, name in now.devices.items()})
             return devices
 
         dra = grpc.aio.server()
-        draservice.add_to_server(dra, state, metrics, lambda name: by_name.get(name, ""))
+        draservice.add_to_server(dra, state, metrics)
         health.add_to_server(dra, self._health)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
@@ -355,7 +361,7 @@ class _Node:
             resync_period=cfg.slice_resync_period,
         )
         if cfg.metrics_port is not None:  # after the controller: its counts are scraped
-            self._metrics = MetricsServer(metrics, port=cfg.metrics_port)
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port, host=cfg.metrics_address)
             await self._metrics.start()
         self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
         if cfg.recovery_probes > 0:

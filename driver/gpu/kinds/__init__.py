@@ -11,11 +11,19 @@ from typing import Any
 
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import capacity, dynmig, gpu, mig
-from driver.gpu.kinds.base import DeviceKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
+from driver.gpu.kinds.base import (
+    DeviceKind,
+    HealthTarget,
+    KindContext,
+    NodeDevice,
+    PreparedClaim,
+    PreparedDevice,
+)
 
 __all__ = [
     "KINDS",
     "DeviceKind",
+    "HealthTarget",
     "KindContext",
     "NodeDevice",
     "NodeDevices",
@@ -23,6 +31,7 @@ __all__ = [
     "PreparedDevice",
     "by_name",
     "counter_sets",
+    "gpu_uuid",
     "node_devices",
 ]
 
@@ -54,6 +63,16 @@ def node_devices(
             ]
         out.extend(devices)
     return out
+
+
+def gpu_uuid(identity: Mapping[str, str]) -> str:
+    """The physical GPU of a device by its recorded identity: a whole GPU's UUID, or the
+    parent of a MIG device (static or dynamic); "" for a device of no GPU."""
+    return (
+        identity.get(gpu.UUID_KEY)
+        or identity.get(mig.PARENT_KEY)
+        or identity.get(dynmig.PARENT_KEY, "")
+    )
 
 
 def counter_sets(inventory: Inventory) -> list[dict[str, Any]]:

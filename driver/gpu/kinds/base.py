@@ -69,6 +69,19 @@ class PreparedClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class HealthTarget:
+    """Where a device's health comes from: NVML reports events per physical GPU."""
+
+    gpu_uuid: str  # the physical GPU whose events are registered for the device
+    key: str  # what its taints are kept by, in health.json too: stable across restarts
+    # A part of its GPU (a MIG device): only events naming its instance, or none, hit it.
+    part: bool = False
+    # The GPU and compute instance the part is now; None: no instance (not made yet).
+    gi: int | None = None
+    ci: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KindContext:
     """What a kind with side effects is given of the node, once, before recovery."""
 
@@ -102,6 +115,11 @@ class DeviceKind(Protocol):
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         """This kind's devices on the node, in publishing order."""
+
+    def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
+        """The physical GPU whose NVML events concern ``device`` (one of this kind's, as
+        :meth:`devices` built it from ``inventory``), and where on it; None: not watched
+        (no GPU behind it, or a MIG device discovery no longer lists)."""
 
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         """CDI containerEdits for the whole claim, given its devices of this kind (and the

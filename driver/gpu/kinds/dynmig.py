@@ -30,7 +30,13 @@ from driver.common.errors import PermanentError
 from driver.common.limits import is_uid
 from driver.common.logs import kv
 from driver.gpu.inventory import Gpu, Inventory, MigPartition
-from driver.gpu.kinds.base import KindContext, NodeDevice, PreparedClaim, PreparedDevice
+from driver.gpu.kinds.base import (
+    HealthTarget,
+    KindContext,
+    NodeDevice,
+    PreparedClaim,
+    PreparedDevice,
+)
 from driver.gpu.kinds.files import make_dir, write_atomic
 from driver.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
 from driver.gpu.kinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV
@@ -217,6 +223,24 @@ class DynamicMigKind:
             )
             for gpu, partition in partition_devices(inventory, self._ours)
         ]
+
+    def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
+        """A placement of its GPU, kept by the placement (an instance made there changes
+        UUID at every prepare, a taint must not); XIDs naming the instance made there, if
+        any, hit it."""
+        parent = device.identity.get(PARENT_KEY, "")
+        profile_id = device.identity.get(PROFILE_ID_KEY, "")
+        start = device.identity.get(START_KEY, "")
+        if not parent or not profile_id or not start:
+            return None
+        key = f"{parent}/mig-{profile_id}-{start}"
+        for gpu in inventory.gpus:
+            if gpu.uuid != parent:
+                continue
+            for mig in gpu.mig_devices:
+                if (str(mig.profile_id), str(mig.placement_start)) == (profile_id, start):
+                    return HealthTarget(parent, key, part=True, gi=mig.gi_id, ci=mig.ci_id)
+        return HealthTarget(parent, key, part=True)
 
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         made = self._read(claim.uid)

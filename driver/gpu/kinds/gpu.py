@@ -15,7 +15,7 @@ from typing import Any
 from driver.common.limits import MAX_VALUE_LENGTH
 from driver.common.semver import Semver, SemverError
 from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.kinds.base import KindContext, NodeDevice, PreparedClaim
+from driver.gpu.kinds.base import HealthTarget, KindContext, NodeDevice, PreparedClaim
 from driver.gpu.kinds.mps import Mps
 from driver.gpu.kinds.timeslicing import TimeSlicing
 
@@ -138,6 +138,10 @@ class GpuKind:
         only as its MIG devices (:mod:`driver.gpu.kinds.mig`)."""
         gpus = sorted((g for g in inventory.gpus if not g.mig_enabled), key=lambda g: g.minor)
         return [node_device(gpu, inventory, node_name=node_name) for gpu in gpus]
+
+    def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
+        uuid = device.identity.get(UUID_KEY)
+        return HealthTarget(gpu_uuid=uuid, key=uuid) if uuid else None
 
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         uuids = [d.identity[UUID_KEY] for d in sorted(devices, key=lambda d: d.name)]

@@ -21,7 +21,7 @@ from typing import Any
 
 from driver.common.errors import PermanentError
 from driver.gpu.inventory import Gpu, Inventory, MigDevice
-from driver.gpu.kinds.base import KindContext, NodeDevice, PreparedClaim
+from driver.gpu.kinds.base import HealthTarget, KindContext, NodeDevice, PreparedClaim
 from driver.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
 
 NAME = "mig"
@@ -100,6 +100,14 @@ class MigKind:
             if gpu.mig_enabled and not gpu.mig_partitions  # else dynamic MIG publishes it
             for mig in gpu.mig_devices
         ]
+
+    def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
+        uuid = device.identity.get(UUID_KEY)
+        for gpu in inventory.gpus:
+            for mig in gpu.mig_devices:
+                if mig.uuid == uuid:
+                    return HealthTarget(gpu.uuid, uuid, part=True, gi=mig.gi_id, ci=mig.ci_id)
+        return None
 
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         uuids = [d.identity[UUID_KEY] for d in sorted(devices, key=lambda d: d.name)]
