@@ -372,7 +372,18 @@ class DeviceState:
                 )
             # CDI: the spec is the claim's record; once it is in place the claim is prepared.
             await self._file_step(self._records.write_spec, ref.uid, spec)
-        except BaseException:
+        except BaseException as exc:
+            if existing is not None:
+                # The claim was prepared before this call, and a pod may run with it: undoing
+                # it would stop its MPS daemon or destroy its MIG instance under the pod and
+                # hand its devices to the next claim. The old spec, its side effects and its
+                # reservations stay; the kubelet's retry rewrites the spec.
+                self._held[ref.uid] = _device_names(claim)
+                log.error(
+                    "prepare of a prepared claim failed; it stays prepared as it was",
+                    extra={**_claim_kv(ref), "error": repr(exc)},
+                )
+                raise
             await self._roll_back(claim)
             raise
         crashpoint("after-cdi-write")

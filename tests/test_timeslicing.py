@@ -1,6 +1,7 @@
 """Time-slicing through GpuConfig: prepare, unprepare, bad input, against a recording
 ``nvidia-smi`` stand-in (NVML has no time-slice setter on bare metal)."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -8,7 +9,9 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.gpu.kinds import NodeDevices
+from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
+from tests.fsfaults import disk_full
 from tests.standin import StandIn
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 
@@ -180,4 +183,37 @@ async def test_a_holder_of_an_earlier_boot_does_not_keep_the_setting(
     assert (await state.prepare([ref]))[ref.uid].error == ""  # no conflict with boot-0's
     assert await state.unprepare([ref]) == {ref.uid: ""}
     assert smi.calls() == [*sliced(uuid, 1), *sliced(uuid, 0)]
+    assert _holders(tmp_path) == []
+
+
+async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices(
+    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = await _state(api_client, tmp_path, smi.path)
+    uuid = _uuid(tmp_path, "gpu-0")
+    ref = await create_claim(api_client, "sliced", ["gpu-0"], config=[timeslicing("Short")])
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    assert smi.calls() == sliced(uuid, 1)
+    # The spec as the release before wrote it (pretty-printed): same claim, other bytes.
+    path = cdi.spec_path(tmp_path / "cdi", ref.uid)
+    path.write_text(json.dumps(json.loads(path.read_bytes()), indent=1))
+    layout = path.read_bytes()
+    plugin_dir = tmp_path / "plugins" / DRIVER
+    record = (plugin_dir / "claims" / f"{ref.uid}.json").read_bytes()
+
+    # The kubelet prepares it again while the disk is full: the side-effect record's
+    # rewrite, the first write of the repeat, fails.
+    full = disk_full(monkeypatch, plugin_dir / "claims")
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert full.hits and "No space left on device" in error
+    # The pod that runs with the claim keeps its GPU's setting, its spec and its device.
+    assert path.read_bytes() == layout
+    assert _holders(tmp_path) == [f"{uuid}/{ref.uid}"]
+    assert (plugin_dir / "claims" / f"{ref.uid}.json").read_bytes() == record
+    assert (plugin_dir / "devices" / "gpu-0").readlink().name.startswith(ref.uid)
+    assert "-c DEFAULT" not in " ".join(smi.calls())  # the setting was never reset
+    monkeypatch.undo()
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert smi.calls()[-1:] == [f"compute-policy -i {uuid} --set-timeslice 0"]
     assert _holders(tmp_path) == []
