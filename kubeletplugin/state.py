@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 from kubernetes.aio.client import ApiClient
 
 from driver.common.crashpoints import crashpoint
-from driver.common.errors import DriverError
+from driver.common.errors import DriverError, RetryableError
 from driver.common.logs import kv
 from driver.gpu.kinds import (
     DeviceKind,
@@ -67,6 +67,7 @@ __all__ = [
     "PrepareResult",
     "PreparedDevice",
     "RecordError",
+    "RollbackError",
     "StateConfig",
 ]
 
@@ -100,6 +101,15 @@ class StateConfig:
     mps_control: Path | None = None  # nvidia-cuda-mps-control; default under the root
     nvml: Any = None  # the loaded NVML (driver.nvml.Nvml), for kinds that make MIG instances
     proc_root: Path = Path("/")  # where the driver's /proc/driver/nvidia lies
+
+
+class RollbackError(RetryableError):
+    """A prepare failed and undoing it did not finish (a read-only mount, a tool that
+    fails): a retry, once the cause is gone, finishes it."""
+
+
+def _described(exc: Exception) -> str:
+    return f"writing node state failed: {exc}" if isinstance(exc, OSError) else str(exc)
 
 
 def _claim_kv(ref: ClaimRef | PreparedClaim | Holder) -> dict[str, Any]:
@@ -384,7 +394,13 @@ class DeviceState:
                     extra={**_claim_kv(ref), "error": repr(exc)},
                 )
                 raise
-            await self._roll_back(claim)
+            problems = await self._roll_back(claim)
+            if problems and isinstance(exc, Exception):
+                raise RollbackError(
+                    f"claim {ref}: prepare failed ({_described(exc)}) and undoing it did not "
+                    f"finish ({'; '.join(problems)}); what is left stays recorded and reserved "
+                    "until the kubelet's retry or an unprepare finishes it"
+                ) from exc
             raise
         crashpoint("after-cdi-write")
         # Complete.
@@ -448,17 +464,60 @@ class DeviceState:
             raise ClaimError(f"claim {ref}: {mismatch}")
         log.warning("CDI spec of a prepared claim differed; rewriting", extra=_claim_kv(ref))
 
-    async def _roll_back(self, claim: PreparedClaim) -> None:
-        """Undo a prepare that failed half-way (e.g. disk full): nothing stays reserved."""
+    async def _roll_back(self, claim: PreparedClaim) -> list[str]:
+        """Undo a prepare of a claim that was not prepared before the call (e.g. on a full
+        disk). Each step runs whatever became of the others, except where running it would
+        leave a worse state than stopping: returns what could not be undone, [] when
+        nothing of the prepare is left.
+
+        Order matters across the steps, not their success: a spec that stays is a prepared
+        claim, so its side effects and devices stay with it; a side-effect record is the
+        only way the unprepare or recovery finds a side effect still standing, and the
+        reservation keeps its device from the next claim until then (recovering a stale
+        record would destroy a MIG instance at a placement another claim was given).
+        """
+        problems: list[str] = []
+        ref = _claim_kv(claim)
+
+        def failed(step: str, exc: BaseException) -> None:
+            log.error("rollback step failed", extra={**ref, "step": step, "error": repr(exc)})
+            problems.append(f"{step}: {exc}")
+
         try:
             self._records.remove_spec(claim.uid)
-            kinds = [k for k in _kinds_of(claim) if k.has_side_effects(claim)]
-            for kind in kinds:
+        except OSError as exc:
+            # A read-only mount refuses the unlink even of a name that is not there (the
+            # kernel checks the mount first); only a spec that is there must stop us.
+            try:
+                stays = self._records.read_spec(claim.uid) is not None
+            except OSError:
+                stays = True  # unreadable: assume the worst, it may be served
+            if stays:
+                failed("removing the CDI spec", exc)
+                return problems
+            log.warning(
+                "removing the CDI spec failed, but there is none; rolling back the rest",
+                extra={**ref, "error": repr(exc)},
+            )
+        undone = True
+        for kind in [k for k in _kinds_of(claim) if k.has_side_effects(claim)]:
+            try:
                 await asyncio.to_thread(kind.unprepare, claim)
+            except Exception as exc:  # the other kinds are still undone
+                failed(f"undoing the {kind.name} side effects", exc)
+                undone = False
+        if not undone:
+            return problems
+        try:
             self._records.remove_claim_record(claim.uid)
+        except OSError as exc:
+            failed("removing the side-effect record", exc)
+            return problems
+        try:
             self._records.release(claim.uid, _device_names(claim))
-        except Exception:  # the reservation stays; the next prepare or unprepare retries
-            log.exception("rollback of a failed prepare failed", extra=_claim_kv(claim))
+        except OSError as exc:
+            failed("releasing the devices", exc)
+        return problems
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         started = time.perf_counter()

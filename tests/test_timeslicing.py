@@ -11,7 +11,7 @@ from kubernetes.aio import client as k8s
 from driver.gpu.kinds import NodeDevices
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
-from tests.fsfaults import disk_full
+from tests.fsfaults import disk_full, read_only
 from tests.standin import StandIn
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 
@@ -217,3 +217,27 @@ async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices
     assert await state.unprepare([ref]) == {ref.uid: ""}
     assert smi.calls()[-1:] == [f"compute-policy -i {uuid} --set-timeslice 0"]
     assert _holders(tmp_path) == []
+
+
+async def test_a_read_only_cdi_root_during_prepare_leaves_nothing_half_prepared(
+    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = await _state(api_client, tmp_path, smi.path)
+    uuid = _uuid(tmp_path, "gpu-1")
+    ref = await create_claim(api_client, "sliced", ["gpu-1"], config=[timeslicing("Long")])
+    plugin_dir = tmp_path / "plugins" / DRIVER
+    # The CDI root's mount went read-only: the spec cannot be written, and removing it
+    # (which a rollback does first) fails as well, although there is none.
+    ro = read_only(monkeypatch, tmp_path / "cdi")
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert {"open", "unlink"} <= set(ro.hits)
+    assert "Read-only file system" in error
+    # Every other step of the rollback ran: the setting restored, its holder, the
+    # side-effect record and the reservation gone; the GPU is free for the next claim.
+    assert smi.calls() == [*sliced(uuid, 3), *sliced(uuid, 0)]
+    assert _holders(tmp_path) == []
+    assert list((plugin_dir / "claims").iterdir()) == []
+    assert list((plugin_dir / "devices").iterdir()) == []
+    monkeypatch.undo()
+    other = await create_claim(api_client, "next", ["gpu-1"])
+    assert (await state.prepare([other]))[other.uid].error == ""
