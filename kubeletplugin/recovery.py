@@ -12,17 +12,21 @@ second plugin instance starting meanwhile waits). What it decides, per record:
   :class:`RecordError`, one line, the node stays not ready; it is never read as "no
   claim", which would hand its devices out twice;
 - a per-claim record of side effects with no spec: an interrupted prepare or
-  unprepare; its kind's ``recover`` undoes the side effects; the devices stay reserved
-  until the kubelet prepares or unprepares the claim again, or the reconciler sees
-  the claim gone;
+  unprepare, unless another plugin instance (a surge upgrade) holds the claim's lock:
+  then it is that instance's prepare or unprepare in flight, and left to it; otherwise
+  its kind's ``recover`` undoes the side effects, under the claim's lock; the devices
+  stay reserved until the kubelet prepares or unprepares the claim again, or the
+  reconciler sees the claim gone;
 - device reservations: void at the first start of a boot; otherwise kept (a
-  reservation without a spec is an interrupted prepare, as above);
+  reservation without a spec is an interrupted prepare, as above); a prepared claim's
+  missing one is made again (under the claim's lock, while its spec is still there);
 - release 0.1.0's checkpoint: migrated (its claims are the truth, as 0.1.0 held them),
   then replaced by the marker a rollback to 0.1.0 understands (``kubeletplugin.checkpoint``).
 """
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import yaml
@@ -31,7 +35,13 @@ from driver.common.errors import PermanentError
 from driver.common.logs import kv
 from driver.gpu.kinds import PreparedClaim, PreparedDevice, by_name
 from kubeletplugin import cdi, checkpoint
-from kubeletplugin.records import Holder, RecordError, Records, decode_claim_record, parse_target
+from kubeletplugin.records import (
+    Holder,
+    RecordError,
+    Records,
+    decode_claim_record,
+    parse_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,17 +240,44 @@ def _judge_claim_records(
             continue
         if claim.uid in live:
             continue
-        for name in sorted({d.kind for d in claim.devices}):
-            kind = kinds.get(name)
-            if kind is None:
-                raise _refuse(path, f"unknown device kind {name!r}")
-            kind.recover(claim)
-        path.unlink(missing_ok=True)
+        unknown = sorted({d.kind for d in claim.devices} - kinds.keys())
+        if unknown:
+            raise _refuse(path, f"unknown device kind {unknown[0]!r}")
+        # A record without a spec is an interrupted call only if no instance is in the
+        # middle of it: during a surge upgrade the other instance may be between the
+        # record and the spec of a prepare (or the spec and the record of an unprepare).
+        with _claim_locked(records, claim) as ours:
+            if not ours:
+                continue
+            if records.spec_path(claim.uid).exists():
+                continue  # its prepare finished since the specs were read: prepared
+            for name in sorted({d.kind for d in claim.devices}):
+                kinds[name].recover(claim)
+            path.unlink(missing_ok=True)
         log.warning(
             "interrupted prepare rolled back: side effects undone, devices stay reserved until "
             "the kubelet retries or the claim is gone",
             extra=_claim_kv(claim),
         )
+
+
+@contextlib.contextmanager
+def _claim_locked(records: Records, claim: PreparedClaim | Holder) -> Iterator[bool]:
+    """Hold ``claim``'s lock if no other instance holds it; yields whether it is ours.
+    Never waits: a holder is a live instance (a lock dies with its process), and it
+    finishes the claim itself."""
+    fd = records.try_lock_claim(claim.uid)
+    if fd is None:
+        log.info(
+            "claim is being prepared or unprepared by another plugin instance; left to it",
+            extra=_claim_kv(claim),
+        )
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        records.unlock_claim(claim.uid, fd)
 
 
 def _reserve(
@@ -258,17 +295,34 @@ def _reserve(
     for name, target in current.items():
         if parse_target(target) is None:
             raise _refuse(records.devices_dir / name, f"not a reservation: {target!r}")
-    for claim in [*live.values(), *pending.values()]:
-        holder = Holder(claim.uid, claim.namespace, claim.name)
-        for device in claim.devices:
-            if device.admin_access:
+    for claim in pending.values():
+        _hold(records, claim)
+    for claim in live.values():
+        if reset:  # no instance serves at a boot's first start, nor beside 0.1.0's records
+            _hold(records, claim)
+            continue
+        # Another instance may serve the node: it may have unprepared the claim since its
+        # spec was read (and given the device to the next claim), or be doing so now.
+        with _claim_locked(records, claim) as ours:
+            if ours and records.spec_path(claim.uid).exists():
+                _hold(records, claim)
+
+
+def _hold(records: Records, claim: PreparedClaim) -> None:
+    """Reserve each device of a prepared claim for it."""
+    holder = Holder(claim.uid, claim.namespace, claim.name)
+    for device in claim.devices:
+        if device.admin_access:
+            continue
+        held = records.holder(device.reservation)
+        if held is None:
+            try:
+                records.restore_reservation(device.reservation, holder)
                 continue
-            held = parse_target(current.get(device.reservation, ""))
-            if held is None:
-                records.force_reserve(device.reservation, holder)
-                current[device.reservation] = f"{claim.uid}:{claim.namespace}:{claim.name}"
-            elif held.uid != claim.uid:
-                log.error(
-                    "device recorded for two claims; it stays with the first",
-                    extra={**_claim_kv(claim), "device": device.reservation, "holder": str(held)},
-                )
+            except FileExistsError:  # reserved in between: by whom?
+                held = records.holder(device.reservation)
+        if held is None or held.uid != claim.uid:
+            log.error(
+                "device recorded for two claims; it stays with the first",
+                extra={**_claim_kv(claim), "device": device.reservation, "holder": str(held)},
+            )

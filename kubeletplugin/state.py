@@ -7,11 +7,14 @@ effects (only for kinds that have them, after a per-claim record), the CDI spec
 The records, their crash safety and their durability are ``kubeletplugin.records``;
 startup recovery is ``kubeletplugin.recovery``.
 
-Each claim is handled in its own task: calls for one claim are serialized, distinct
-claims run in parallel and share no file and no lock, and a call the kubelet gives
-up on (45 s timeout) finishes in the background, so what it leaves on disk is always
-a whole step, never half of one. File steps that need no fsync are a few syscalls
-and run on the event loop; an fsync or a kind's side effect runs in a worker thread.
+Each claim is handled in its own task: calls for one claim are serialized, in this
+process by an asyncio lock and across the node's plugin instances (two during a surge
+upgrade) by the claim's file lock; distinct claims run in parallel and share no file
+and no lock, and a call the kubelet gives up on (45 s timeout) finishes in the
+background, so what it leaves on disk is always a whole step, never half of one.
+File steps that need no fsync are a few syscalls and run on the event loop (the
+claim's lock too: one non-blocking ``flock``); an fsync or a kind's side effect runs
+in a worker thread.
 """
 
 import asyncio
@@ -61,6 +64,7 @@ from kubeletplugin.records import (
 from kubeletplugin.recovery import ForeignStateError
 
 __all__ = [
+    "ClaimBusyError",
     "ClaimRef",
     "DeviceState",
     "ForeignStateError",
@@ -76,6 +80,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _GONE_CHECKS_IN_FLIGHT = 8
+# How long a call waits for the claim's lock that another plugin instance holds (its
+# prepare may make a MIG instance or start an MPS daemon: seconds), and the polls' span.
+CLAIM_LOCK_WAIT_S = 30.0
+_CLAIM_LOCK_POLL_S = (0.002, 0.05)
+
+
+class ClaimBusyError(RetryableError):
+    """Another plugin instance of the node is preparing or unpreparing the claim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +295,30 @@ class DeviceState:
             else:
                 self._claim_locks[uid] = (lock, users - 1)
 
+    @contextlib.asynccontextmanager
+    async def _node_claim_lock(self, ref: ClaimRef) -> AsyncIterator[None]:
+        """The claim's lock that every instance of the node takes (records.try_lock_claim),
+        held for the whole call. Polled, never waited on in a thread: a wait that cannot
+        be bounded would tie up a worker thread for as long as the other instance takes."""
+        if not valid_uid(ref.uid):
+            yield  # no record can be named after it: nothing to keep apart
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLAIM_LOCK_WAIT_S
+        pause, longest = _CLAIM_LOCK_POLL_S
+        while (fd := self._records.try_lock_claim(ref.uid)) is None:
+            if loop.time() > deadline:
+                raise ClaimBusyError(
+                    f"claim {ref}: another plugin instance of this node has been preparing or "
+                    f"unpreparing it for over {CLAIM_LOCK_WAIT_S:g}s"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)
+        try:
+            yield
+        finally:
+            self._records.unlock_claim(ref.uid, fd)
+
     async def _file_step(self, step: Callable[..., T], *args: Any) -> T:
         """A record write: inline when it is a few syscalls, in a thread when it fsyncs."""
         if self._records.fsync:
@@ -294,7 +330,8 @@ class DeviceState:
         outcome, result = "error", PrepareResult()
         async with self._claim_lock(ref.uid):
             try:
-                outcome, claim = await self._prepare(ref)
+                async with self._node_claim_lock(ref):
+                    outcome, claim = await self._prepare(ref)
                 result = PrepareResult(devices=claim.devices)
             except DriverError as exc:
                 result = PrepareResult(error=str(exc))
@@ -523,7 +560,8 @@ class DeviceState:
         started = time.perf_counter()
         async with self._claim_lock(ref.uid):
             try:
-                outcome = await self._unprepare(ref)
+                async with self._node_claim_lock(ref):
+                    outcome = await self._unprepare(ref)
                 error = ""
             except DriverError as exc:
                 outcome, error = "error", str(exc)
