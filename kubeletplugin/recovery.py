@@ -20,6 +20,8 @@ second plugin instance starting meanwhile waits). What it decides, per record:
 - device reservations: void at the first start of a boot; otherwise kept (a
   reservation without a spec is an interrupted prepare, as above); a prepared claim's
   missing one is made again (under the claim's lock, while its spec is still there);
+  a device reserved for another claim than the spec that names it is refused like an
+  unreadable record;
 - release 0.1.0's checkpoint: migrated (its claims are the truth, as 0.1.0 held them),
   then replaced by the marker a rollback to 0.1.0 understands (``kubeletplugin.checkpoint``).
 """
@@ -309,7 +311,8 @@ def _reserve(
 
 
 def _hold(records: Records, claim: PreparedClaim) -> None:
-    """Reserve each device of a prepared claim for it."""
+    """Reserve each device of a prepared claim for it; one reserved for another claim is
+    a record-integrity failure like an unreadable record: refused, never served twice."""
     holder = Holder(claim.uid, claim.namespace, claim.name)
     for device in claim.devices:
         if device.admin_access:
@@ -322,7 +325,9 @@ def _hold(records: Records, claim: PreparedClaim) -> None:
             except FileExistsError:  # reserved in between: by whom?
                 held = records.holder(device.reservation)
         if held is None or held.uid != claim.uid:
-            log.error(
-                "device recorded for two claims; it stays with the first",
-                extra={**_claim_kv(claim), "device": device.reservation, "holder": str(held)},
+            raise _refuse(
+                records.devices_dir / device.reservation,
+                f"device {device.reservation} is reserved for claim "
+                f"{held if held is not None else '(unreadable reservation)'}, and the CDI "
+                f"spec of claim {holder} says it is prepared with it",
             )
