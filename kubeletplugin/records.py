@@ -399,6 +399,8 @@ class Records:
                 continue
             try:
                 out[entry.name] = str(Path(entry.path).readlink())
+            except FileNotFoundError:
+                continue  # released since the listing (another instance serves the node)
             except OSError:
                 out[entry.name] = ""
         return out

@@ -232,6 +232,8 @@ def _judge_claim_records(
             continue
         try:
             record_boot, claim = decode_claim_record(path.read_bytes())
+        except FileNotFoundError:
+            continue  # removed since the listing: another instance finished its unprepare
         except RecordError as exc:
             if fresh:
                 _remove(path, f"an unreadable record left by an earlier boot ({exc})")
