@@ -8,6 +8,8 @@ import asyncio
 import os
 import random
 import signal
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from kubernetes.aio import client as k8s
 
 from driver.gpu.kinds import NodeDevices
 from kubeletplugin import cdi
+from kubeletplugin import state as state_module
+from kubeletplugin.records import Records
 from kubeletplugin.state import DeviceState
 from sandbox.kubeletsim import KubeletSim
 from tests import pluginharness
@@ -131,3 +135,53 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
             assert reserved == {} and holders == [] and not record
             outcomes["unprepared"] += 1
     assert all(outcomes.values()), outcomes  # both orders were met
+
+
+async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
+    api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    config = _config(tmp_path)
+    state = await DeviceState.open(config, api_client, devices)
+    ref = await create_claim(api_client, "held", ["gpu-7"])
+    # The other instance's hold on the claim: the same lock, taken the same way.
+    records = Records(config.plugin_dir, config.cdi_root, boot_id="boot-1")
+    held = records.try_lock_claim(ref.uid)
+    assert held is not None
+    assert records.try_lock_claim(ref.uid) is None  # one holder at a time, also in one process
+    monkeypatch.setattr(state_module, "CLAIM_LOCK_WAIT_S", 0.3)
+    started = time.monotonic()
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert "another plugin instance of this node" in error
+    assert 0.3 <= time.monotonic() - started < 5
+    assert not cdi.spec_path(config.cdi_root, ref.uid).exists()  # it did nothing
+
+    # Released while a call waits: the call goes on, within a poll of the release.
+    waiting = asyncio.ensure_future(state.prepare([ref]))
+    await asyncio.sleep(0.1)  # the call is waiting on the lock now (it cannot finish)
+    assert not waiting.done()
+    released = time.monotonic()
+    records.unlock_claim(ref.uid, held)
+    assert (await waiting)[ref.uid].error == ""
+    assert time.monotonic() - released < 1.0
+    lock = config.plugin_dir / "locks" / f"{ref.uid}.lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600  # exactly, whatever the umask
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert not lock.exists()  # the claim is gone, and so is its lock file
+
+
+async def test_a_symlink_in_place_of_a_lock_file_is_refused(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    config = _config(tmp_path)
+    state = await DeviceState.open(config, api_client, devices)
+    ref = await create_claim(api_client, "planted", ["gpu-6"])
+    victim = tmp_path / "victim"
+    victim.write_text("not ours to lock, truncate or chmod\n")
+    victim.chmod(0o644)
+    (config.plugin_dir / "locks" / f"{ref.uid}.lock").symlink_to(victim)
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert "is a symlink, not a claim lock: refused" in error
+    assert victim.read_text() == "not ours to lock, truncate or chmod\n"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644
