@@ -1,4 +1,7 @@
-# Image of the gpu-dra kubelet plugin (and every other gpu-dra subcommand).
+# Image of the gpu-dra kubelet plugin (and every other gpu-dra subcommand): the documented
+# alternative to `make image` for a machine with Docker. `make image` builds the project's
+# image without Docker or a registry from image/contents.toml (Debian's python3, the same
+# wheels); this file builds the same project on Docker Hub's python image.
 #
 #   docker build -t <registry>/gpu-dra-driver:0.1.0 .
 #

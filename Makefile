@@ -6,7 +6,7 @@ PYTHON ?= python3
 # Kubernetes minor of the e2e tier (tests/e2e/versions.toml pins the patch).
 K8S ?= 1.36
 
-.PHONY: venv lint test e2e e2e-build oracles bench demo chart proto clean
+.PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,7 @@ oracles: $(STAMP)
 # (cached in ~/.cache/gpu-dra-e2e, or $$GPU_DRA_E2E_CACHE).
 e2e-build: $(STAMP)
 	bash tests/e2e/deps.sh
-	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd runc oracles
+	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd runc helm oracles
 
 # The e2e tier against those components; pytest's addopts exclude it from `make test`.
 e2e: e2e-build
@@ -44,11 +44,22 @@ e2e: e2e-build
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done
 
+# The plugin's image, for linux/amd64 and linux/arm64, without Docker or a registry
+# (image/contents.toml lists what goes in): dist/gpu-dra-driver-<version>.oci.tar.
+image: $(STAMP)
+	$(PY) image/build.py $(IMAGE_ARGS)
+
 demo: $(STAMP)
 	$(VENV)/bin/gpu-dra demo $(DEMO_ARGS)
 
 chart: $(STAMP)
 	$(PY) -m tests.chart_render
+
+# The generated tables of docs/reference.md, from the flag table, chart schema, attribute
+# tables and metrics registry (tests/test_docs_reference.py fails when they drift).
+.PHONY: docs
+docs: $(STAMP)
+	$(PY) -m tests.docs_reference
 
 proto: $(STAMP)
 	$(PY) -m api.protogen

@@ -22,7 +22,10 @@ TIME_SLICING = "TimeSlicing"
 MPS = "MPS"
 
 # A Kubernetes resource.Quantity, as its parser accepts it (sign, number, suffix).
-_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
+# ASCII digits only, as Kubernetes' parser and the admission policy's RE2 read them.
+_QUANTITY = re.compile(
+    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
+)
 
 
 class ConfigError(ValueError):
@@ -31,8 +34,10 @@ class ConfigError(ValueError):
 
 class _Model(BaseModel):
     # Wire names are camelCase exactly as in the NVIDIA manifests; snake_case spellings
-    # are not accepted, so a typo is an unknown field, not a silent alias.
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True)
+    # are not accepted, so a typo is an unknown field, not a silent alias. Strict types, as
+    # NVIDIA's Go decoder has them: "50", 50.0 or true is no thread percentage (lax parsing
+    # read true as 1), and the admission policy can say the same in CEL.
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True, strict=True)
 
 
 class TimeSlicingConfig(_Model):

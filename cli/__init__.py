@@ -12,21 +12,17 @@ subcommand is not overwritten by the subparser's default.
 """
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from cli import controller, demo, discover, explain, plugin, validate
+from cli import controller, demo, discover, explain, flags, flagtable, plugin, validate
 from cli._usererrors import one_line
 
 # Order is the order in --help.
 _COMMANDS = (discover, controller, explain, validate, plugin, demo)
 
-# Kept here (not imported from driver.common.logs) so that `gpu-dra --help` imports nothing heavy.
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-LOG_FORMATS = ("kv", "json")
-_GLOBAL_ENV = {"log_level": "GPU_DRA_LOG_LEVEL", "log_format": "GPU_DRA_LOG_FORMAT"}
+_GLOBAL = flagtable.pick(*flagtable.GLOBAL)
 
 EXIT_USAGE = 2
 
@@ -41,23 +37,15 @@ command's --help says. Every error is one line on stderr, never a traceback."""
 
 def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     group = parser.add_argument_group("global options")
-    level = os.environ.get(_GLOBAL_ENV["log_level"], "INFO") if defaults else argparse.SUPPRESS
-    fmt = os.environ.get(_GLOBAL_ENV["log_format"], "kv") if defaults else argparse.SUPPRESS
-    group.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        default=level,
-        help="least severe log records to print (case-insensitive) "
-        "[env GPU_DRA_LOG_LEVEL, default INFO]",
-    )
-    group.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default=fmt,
-        help="kv: key=value pairs; json: one JSON object a line [env GPU_DRA_LOG_FORMAT, "
-        "default kv]",
-    )
+    for flag in _GLOBAL:
+        group.add_argument(
+            flag.name,
+            type=flag.type,
+            choices=flag.choices,
+            # Suppressed on subparsers: a value given before the subcommand must survive.
+            default=flags.from_environment(flag, flag.default) if defaults else argparse.SUPPRESS,
+            help=flags.help_text(flag, flag.default, environment=True),
+        )
 
 
 def _version() -> str:
@@ -92,14 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_environment(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     # argparse checks choices of command-line values only, not of defaults from the environment.
-    for dest, choices in (("log_level", LOG_LEVELS), ("log_format", LOG_FORMATS)):
-        value = getattr(args, dest)
-        if dest == "log_level":
-            value = value.upper()
-            setattr(args, dest, value)
-        if value not in choices:
+    for flag in _GLOBAL:
+        value = flag.type(getattr(args, flag.dest))
+        setattr(args, flag.dest, value)
+        if value not in flag.choices:
             parser.error(
-                f"{_GLOBAL_ENV[dest]}={value!r}: invalid choice (choose from {', '.join(choices)})"
+                f"{flag.env}={value!r}: invalid choice (choose from {', '.join(flag.choices)})"
             )
 
 

@@ -8,22 +8,32 @@ import argparse
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from cli import _nvmlargs as nvml_args
-from driver import DEFAULT_DRIVER_NAME
+from cli import flags, flagtable
 from driver.kube import client as kubeclient
 
 if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
     from driver.slices import SliceController
 
+COMMAND = "controller"
+# No --dynamic-mig: only the plugin knows which MIG instances its claims made.
+FLAG_NAMES = (
+    "--node-name",
+    "--driver-name",
+    "--kubeconfig",
+    "--namespace",
+    *nvml_args.FLAG_NAMES,
+    "--consumable-capacity",
+    "--resync-period",
+)
 EXIT_PERMANENT = 1
 
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
-        "controller",
+        COMMAND,
         help="publish this node's GPUs as ResourceSlices and keep them current",
         description=(
             "Discover this node's NVIDIA GPUs and keep its resource.k8s.io/v1 "
@@ -38,37 +48,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             "without its records would take them for out-of-band ones."
         ),
     )
-    parser.add_argument(
-        "--node-name",
-        default=None,
-        help="the Node to publish for, as the API server names it; default: $NODE_NAME, "
-        "else the host name",
-    )
-    parser.add_argument(
-        "--driver-name",
-        default=DEFAULT_DRIVER_NAME,
-        help=f"DRA driver name (default: {DEFAULT_DRIVER_NAME})",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=None,
-        help="kubeconfig file; default: $KUBECONFIG, else the in-cluster service account",
-    )
-    parser.add_argument(
-        "--namespace",
-        default=None,
-        help="namespace of the per-node publisher Lease; default: $POD_NAMESPACE, else 'default'",
-    )
-    nvml_args.add_nvml_arguments(parser)
-    nvml_args.add_consumable_capacity(parser)
-    parser.add_argument(
-        "--resync-period",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="rediscover the GPUs this often (default: 60)",
-    )
+    flags.add(parser, COMMAND, flagtable.pick(*FLAG_NAMES), environment=False)
     parser.set_defaults(func=run)
 
 

@@ -5,16 +5,26 @@ import sys
 from typing import Any
 
 from cli import _nvmlargs as nvml_args
-from driver import DEFAULT_DRIVER_NAME
+from cli import flags, flagtable
 from driver.common.errors import PermanentError, RetryableError
 
+COMMAND = "discover"
+FLAG_NAMES = (
+    *nvml_args.FLAG_NAMES,
+    "--consumable-capacity",
+    "--dynamic-mig",
+    "--list-profiles",
+    "--node-name",
+    "--driver-name",
+    "--output",
+)
 EXIT_PERMANENT = 1
 EXIT_RETRYABLE = 75  # EX_TEMPFAIL: try again later
 
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
-        "discover",
+        COMMAND,
         help="print the ResourceSlices this node would publish",
         description=(
             "Discover this node's NVIDIA GPUs through NVML (the real library or simulated "
@@ -23,31 +33,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
             f"(e.g. no driver installed), {EXIT_RETRYABLE} when the driver is not ready yet."
         ),
     )
-    nvml_args.add_nvml_arguments(parser)
-    nvml_args.add_consumable_capacity(parser)
-    nvml_args.add_dynamic_mig(parser)
-    parser.add_argument(
-        "--list-profiles", action="store_true", help="list the simulated hardware profiles and exit"
-    )
-    parser.add_argument(
-        "--node-name",
-        default=None,
-        metavar="NAME",
-        help="node (and pool) name; default: $NODE_NAME, else the host name",
-    )
-    parser.add_argument(
-        "--driver-name",
-        default=DEFAULT_DRIVER_NAME,
-        metavar="NAME",
-        help=f"DRA driver name (default: {DEFAULT_DRIVER_NAME})",
-    )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("yaml", "json", "table"),
-        default="yaml",
-        help="yaml or json: the ResourceSlice objects; table: one row per GPU (default: yaml)",
-    )
+    flags.add(parser, COMMAND, flagtable.pick(*FLAG_NAMES), environment=False)
     parser.set_defaults(func=run)
 
 

@@ -7,7 +7,6 @@ the opaque config that applies to it.
 """
 
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +23,11 @@ from api.config import (
     validate_gpu_config,
 )
 from driver.common.errors import PermanentError, RetryableError
+from driver.common.limits import is_uid
 from driver.kube.rest import ApiError, Client, NotFoundError
 
 _FETCH_TIMEOUT_S = 20.0
 # A share ID as the scheduler writes it (types.UID, a UUID): it also names a file.
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
@@ -239,7 +238,7 @@ def plan_claim(
             request = str(result.get("request", ""))
             share_id = result.get("shareID")
             device_name = str(result.get("device", ""))
-            if share_id is not None and not _UUID.fullmatch(str(share_id)):
+            if share_id is not None and not is_uid(share_id):
                 raise ClaimError(
                     f'claim {ref}: field "shareID" of the result for device {device_name}: '
                     f"{share_id!r} is not a UUID"

@@ -8,15 +8,10 @@ never too long for a file name), a namespace a DNS label, a claim name a DNS sub
 :func:`within` is the second line: a path derived from a name must stay in its root.
 """
 
-import re
 from pathlib import Path
 
 from driver.common.errors import PermanentError
-from driver.common.limits import is_dns_label, is_dns_subdomain
-
-# Lower-case hex, 8-4-4-4-12: uuid.UUID() alone would also take braces, "urn:uuid:" and
-# upper case, which are different file names for the same UUID.
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+from driver.common.limits import is_dns_label, is_dns_subdomain, is_uid
 
 
 class PathOutsideRootError(PermanentError):
@@ -24,7 +19,7 @@ class PathOutsideRootError(PermanentError):
 
 
 def is_claim_uid(uid: str) -> bool:
-    return _CANONICAL_UUID.fullmatch(uid) is not None
+    return is_uid(uid)
 
 
 def claim_error(uid: str, namespace: str, name: str) -> str | None:

@@ -16,7 +16,8 @@ second plugin instance starting meanwhile waits). What it decides, per record:
   then it is that instance's prepare or unprepare in flight, and left to it; otherwise
   its kind's ``recover`` undoes the side effects, under the claim's lock; the devices
   stay reserved until the kubelet prepares or unprepares the claim again, or the
-  reconciler sees the claim gone;
+  reconciler sees the claim gone; a ``recover`` that fails (the claim's GPU is bad)
+  keeps the record for those to finish and fails that claim alone, never the node;
 - device reservations: void at the first start of a boot; otherwise kept (a
   reservation without a spec is an interrupted prepare, as above); a prepared claim's
   missing one is made again (under the claim's lock, while its spec is still there);
@@ -33,9 +34,9 @@ from pathlib import Path
 
 import yaml
 
-from driver.common.errors import PermanentError
+from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
-from driver.gpu.kinds import PreparedClaim, PreparedDevice, by_name
+from driver.gpu.kinds import DeviceKind, PreparedClaim, PreparedDevice, by_name
 from kubeletplugin import cdi, checkpoint
 from kubeletplugin.records import (
     Holder,
@@ -133,7 +134,9 @@ def _recover(records: Records) -> dict[str, PreparedClaim]:
     pending: dict[str, PreparedClaim] = {}
     if legacy is not None:
         pending = _migrate(records, legacy, live)
-    _judge_claim_records(records, live, fresh=fresh)
+    # A claim whose side effects could not be undone keeps its devices, as one interrupted
+    # before any side effect does.
+    pending = {**pending, **_judge_claim_records(records, live, fresh=fresh)}
     _reserve(records, live, pending, reset=fresh or legacy is not None)
     swept = records.sweep_temp_files()
     if swept:
@@ -224,9 +227,12 @@ def _migrate(
 
 def _judge_claim_records(
     records: Records, live: Mapping[str, PreparedClaim], *, fresh: bool
-) -> None:
+) -> dict[str, PreparedClaim]:
+    """Undo the side effects of each interrupted claim; returns those it could not undo
+    now (their records stay)."""
     boot = records.boot_id
     kinds = by_name()
+    unrecovered: dict[str, PreparedClaim] = {}
     for path in records.claim_record_files():
         if path.name.endswith(".tmp"):
             continue
@@ -255,14 +261,39 @@ def _judge_claim_records(
                 continue
             if records.spec_path(claim.uid).exists():
                 continue  # its prepare finished since the specs were read: prepared
-            for name in sorted({d.kind for d in claim.devices}):
-                kinds[name].recover(claim)
+            if not _recovered(claim, kinds):
+                unrecovered[claim.uid] = claim
+                continue
             path.unlink(missing_ok=True)
         log.warning(
             "interrupted prepare rolled back: side effects undone, devices stay reserved until "
             "the kubelet retries or the claim is gone",
             extra=_claim_kv(claim),
         )
+    return unrecovered
+
+
+def _recovered(claim: PreparedClaim, kinds: Mapping[str, DeviceKind]) -> bool:
+    """Each of the claim's kinds undoes its side effects; False (logged) when one cannot.
+
+    One claim's failure is that claim's: its GPU's nvidia-smi failing (a GPU lost after an
+    XID 79 fails it for good) or NVML refusing a MIG change must not keep the node from
+    serving claims on its other GPUs. The record stays, so the claim's next prepare or
+    unprepare, or the reconciler once the claim is gone, does what this could not, and
+    reports it to the claim.
+    """
+    for name in sorted({d.kind for d in claim.devices}):
+        try:
+            kinds[name].recover(claim)
+        except Exception as exc:
+            log.error(
+                "interrupted prepare not rolled back: its record stays for the claim's next "
+                "prepare or unprepare; the node serves its other claims",
+                exc_info=not isinstance(exc, DriverError | OSError),
+                extra={**_claim_kv(claim), "kind": name, "error": str(exc)},
+            )
+            return False
+    return True
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from cli.plugin import _boolean
+from cli.flagvalues import boolean as _boolean
 from driver.common.limits import validate_resource_slice
 from driver.common.quantity import Quantity
 from driver.gpu.discovery import discover

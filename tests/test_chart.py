@@ -17,6 +17,7 @@ import yaml
 
 from tests import chart_render
 from tests.chart_render import EKS_VALUES, NAMESPACE, rbac_grants, render
+from tests.e2e import build as e2e_build
 
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
@@ -87,6 +88,8 @@ def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
             "ValidatingAdmissionPolicy",  # resourceslices
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # leases
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # users' GpuConfigs
             "ValidatingAdmissionPolicyBinding",
         ]
     )
@@ -385,9 +388,36 @@ def test_lease_policy_binds_writes_to_own_lease(default: list[dict[str, Any]]) -
     assert 'variables.leaseName == "gpu.nvidia.com-" + variables.userNodeName' in checks
 
 
+def _policy_names(objects: list[dict[str, Any]]) -> set[str]:
+    return {o["metadata"]["name"] for o in by_kind(objects, "ValidatingAdmissionPolicy")}
+
+
 def test_policy_can_be_turned_off() -> None:
     objects = render((), ("resourceSlicePolicy.enabled=false",))
-    assert by_kind(objects, "ValidatingAdmissionPolicy") == []
+    assert _policy_names(objects) == {"gpu-dra-driver-gpuconfig"}
+
+
+def test_config_admission_can_be_turned_off() -> None:
+    objects = render((), ("configAdmission.enabled=false",))
+    assert "gpu-dra-driver-gpuconfig" not in _policy_names(objects)
+    assert len(_policy_names(objects)) == 2
+
+
+def test_config_admission_matches_claims_and_templates_of_this_driver_on_create(
+    default: list[dict[str, Any]],
+) -> None:
+    (policy,) = [
+        p for p in by_kind(default, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == "gpu-dra-driver-gpuconfig"
+    ]  # fmt: skip
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceclaims", "resourceclaimtemplates"]
+    assert rule["operations"] == ["CREATE"]
+    assert spec["matchConstraints"]["matchPolicy"] == "Equivalent"
+    (condition,) = spec["matchConditions"]
+    assert 'c.opaque.driver == "gpu.nvidia.com"' in condition["expression"]
 
 
 def test_mig_device_class(default: list[dict[str, Any]]) -> None:
@@ -500,17 +530,28 @@ def test_strict_schema_check_catches_a_misspelt_field(default: list[dict[str, An
         kubernetes_validate.validate(daemonset, "1.34", strict=True)
 
 
-@pytest.mark.skipif(
-    shutil.which("helm") is None,
-    reason="no helm binary (not packaged for Debian or PyPI; `go install "
-    "helm.sh/helm/v3/cmd/helm@v3.22.0` builds one); helm-python-sdk's lint engine runs in "
-    "test_helm_lint_is_clean",
-)
+def helm_binary() -> str | None:
+    """helm on PATH, or the one the e2e tier built (tests/e2e/versions.toml pins it)."""
+    cached = e2e_build.cache_root() / f"helm-{e2e_build.VERSIONS['helm']['version']}" / "helm"
+    return shutil.which("helm") or (str(cached) if cached.exists() else None)
+
+
+@pytest.fixture
+def helm() -> str:
+    found = helm_binary()
+    if found is None:
+        pytest.skip(
+            "no helm binary: `make e2e-build` builds the pinned one (tests/e2e/versions.toml); "
+            "helm-python-sdk's lint engine runs in test_helm_lint_is_clean"
+        )
+    return found
+
+
 @pytest.mark.parametrize("values", [(), (EKS_VALUES,)], ids=["default", "eks"])
-def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
+def test_helm_binary_lint_strict_is_clean(helm: str, values: tuple[str, ...]) -> None:
     files = [arg for path in values for arg in ("-f", str(path))]
     out = subprocess.run(
-        ["helm", "lint", "--strict", str(chart_render.CHART_DIR), *files],
+        [helm, "lint", "--strict", str(chart_render.CHART_DIR), *files],
         capture_output=True,
         text=True,
         timeout=120,
@@ -518,12 +559,11 @@ def test_helm_binary_lint_strict_is_clean(values: tuple[str, ...]) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="no helm binary installed")
-def test_helm_template_renders_what_the_tests_render() -> None:
+def test_helm_template_renders_what_the_tests_render(helm: str) -> None:
     """`helm template` (the README's render command) and the engine of these tests agree."""
     out = subprocess.run(
         [
-            "helm",
+            helm,
             "template",
             "gpu-dra-driver",
             str(chart_render.CHART_DIR),

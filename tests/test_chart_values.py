@@ -252,7 +252,25 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
     ),
     "resourceSlicePolicy.enabled": (
         ("resourceSlicePolicy.enabled=false",),
-        lambda o: not kind(o, "ValidatingAdmissionPolicy"),
+        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 1,
+    ),
+    "configAdmission.enabled": (
+        ("configAdmission.enabled=false",),
+        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 2,
+    ),
+    "configAdmission.failurePolicy": (
+        ("configAdmission.failurePolicy=Ignore",),
+        lambda o: (
+            "Ignore" in [p["spec"]["failurePolicy"] for p in kind(o, "ValidatingAdmissionPolicy")]
+        ),
+    ),
+    "configAdmission.namespaceSelector": (
+        ("configAdmission.namespaceSelector.matchLabels.gpu=yes",),
+        lambda o: any(
+            p["spec"]["matchConstraints"].get("namespaceSelector")
+            == {"matchLabels": {"gpu": "yes"}}
+            for p in kind(o, "ValidatingAdmissionPolicy")
+        ),
     ),
     "deviceClasses.gpu.enabled": (
         ("deviceClasses.gpu.enabled=false",),

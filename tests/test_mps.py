@@ -2,8 +2,10 @@
 stops exactly as it would start ``nvidia-cuda-mps-control``), its pipe and log directories
 and the limits in the CDI spec, a plugin restart adopting it, bad input per claim."""
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -104,14 +106,12 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     edits = spec["containerEdits"]
     assert {
         f"CUDA_MPS_PIPE_DIRECTORY={gpu_dir / 'pipe'}",
-        f"CUDA_MPS_LOG_DIRECTORY={gpu_dir / 'log'}",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10Gi",
     } <= set(edits["env"])
-    assert [m["hostPath"] for m in edits["mounts"]] == [
-        str(gpu_dir / "pipe"),
-        str(gpu_dir / "log"),
-    ]
+    # The pipe is all a client needs; the daemon's log directory is no container's to write.
+    assert not any(e.startswith("CUDA_MPS_LOG_DIRECTORY=") for e in edits["env"])
+    assert [m["hostPath"] for m in edits["mounts"]] == [str(gpu_dir / "pipe")]
     plain_spec = json.loads(cdi.spec_path(tmp_path / "cdi", plain.uid).read_text())
     assert "mounts" not in plain_spec["containerEdits"]
 
@@ -200,4 +200,155 @@ async def test_a_daemon_that_dies_is_reported_and_restarted(
         "MPS control daemon is gone; restarting it"
     ]
     assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+def _gpu_dir(tmp_path: Path, uuid: str) -> Path:
+    return tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid
+
+
+async def test_a_link_planted_in_the_log_directory_is_never_followed(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    uuid = _uuid(tmp_path, "gpu-6")
+    # What a container that had the log directory mounted could leave: its daemon.out a
+    # link to a host file outside every root the plugin owns.
+    outside = tmp_path / "host-secret"
+    outside.write_text("root:SECRET-HASH:19000:0:99999:7:::\n")
+    logs = _gpu_dir(tmp_path, uuid) / "log"
+    logs.mkdir(parents=True)
+    (logs / "daemon.out").symlink_to(outside)
+    ref = await create_claim(api_client, "linked", ["gpu-6"], config=[mps()])
+    control.fail.touch()  # the daemon fails: its log's tail is quoted in the claim's error
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert outside.read_text() == "root:SECRET-HASH:19000:0:99999:7:::\n"
+    assert "SECRET-HASH" not in error
+    assert "cannot start: no GPU" in error  # the daemon's own output, from a file of ours
+    assert not (logs / "daemon.out").is_symlink()
+    control.fail.unlink()
+    assert (await state.prepare([ref]))[ref.uid].error == ""  # the kubelet's retry
+    assert outside.read_text() == "root:SECRET-HASH:19000:0:99999:7:::\n"
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+async def test_a_directory_planted_at_one_gpus_control_pipe_stops_no_other_restart(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    # The watchdog walks the GPUs in UUID order: the tampered one comes first.
+    (a_dev, a_uuid), (b_dev, b_uuid) = sorted(
+        ((d, _uuid(tmp_path, d)) for d in ("gpu-0", "gpu-1")), key=lambda p: p[1]
+    )
+    a = await create_claim(api_client, "a", [a_dev], config=[mps()])
+    b = await create_claim(api_client, "b", [b_dev], config=[mps()])
+    results = await state.prepare([a, b])
+    assert {uid: r.error for uid, r in results.items()} == {a.uid: "", b.uid: ""}
+    for pid in daemon_pids(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+    await wait_for(
+        lambda: GPU.mps.running_pid(a_uuid) is None and GPU.mps.running_pid(b_uuid) is None,
+        "both daemons gone",
+    )
+    control_a = _gpu_dir(tmp_path, a_uuid) / "pipe" / "control"
+    control_a.unlink()
+    control_a.mkdir()  # what a container with the pipe directory mounted can do
+    (control_a / "junk").write_text("x")
+    watchdog = asyncio.create_task(state.run_watchdog(period=0.05))
+    try:
+        await wait_for(lambda: GPU.mps.running_pid(b_uuid) is not None, "GPU B's daemon back")
+        # The planted directory is cleared like a stale pipe: GPU A's daemon is back too.
+        await wait_for(lambda: GPU.mps.running_pid(a_uuid) is not None, "GPU A's daemon back")
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
+    assert len(daemon_pids(tmp_path)) == 2
+    assert await state.unprepare([a, b]) == {a.uid: "", b.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+@pytest.mark.parametrize("planted", ["fifo", "directory"])
+async def test_what_is_not_a_file_at_the_daemon_log_is_replaced_not_opened(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control, planted: str
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    uuid = _uuid(tmp_path, "gpu-7")
+    logs = _gpu_dir(tmp_path, uuid) / "log"
+    logs.mkdir(parents=True)
+    if planted == "fifo":
+        os.mkfifo(logs / "daemon.out")  # opened for writing, it would wait for a reader
+    else:
+        (logs / "daemon.out").mkdir()
+        (logs / "daemon.out" / "kept").write_text("x")
+    ref = await create_claim(api_client, "planted", ["gpu-7"], config=[mps()])
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    assert (logs / "daemon.out").is_file() and not (logs / "daemon.out").is_symlink()
+    assert len(daemon_pids(tmp_path)) == 1
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
+    api_client: k8s.ApiClient,
+    tmp_path: Path,
+    control: Control,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="driver.gpu.kinds.mps")
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    (a_dev, a_uuid), (b_dev, b_uuid) = sorted(
+        ((d, _uuid(tmp_path, d)) for d in ("gpu-2", "gpu-3")), key=lambda p: p[1]
+    )
+    a = await create_claim(api_client, "a", [a_dev], config=[mps()])
+    b = await create_claim(api_client, "b", [b_dev], config=[mps()])
+    results = await state.prepare([a, b])
+    assert {uid: r.error for uid, r in results.items()} == {a.uid: "", b.uid: ""}
+    smi.fail.write_text(a_uuid)  # the first GPU the watchdog visits is lost (an XID 79)
+    for pid in daemon_pids(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+    await wait_for(
+        lambda: GPU.mps.running_pid(a_uuid) is None and GPU.mps.running_pid(b_uuid) is None,
+        "both daemons gone",
+    )
+    watchdog = asyncio.create_task(state.run_watchdog(period=0.05))
+    try:
+        await wait_for(lambda: GPU.mps.running_pid(b_uuid) is not None, "GPU B's daemon back")
+        failed = [
+            r for r in caplog.records if r.getMessage() == "MPS control daemon restart failed"
+        ]
+        assert failed and {getattr(r, "gpu_uuid", None) for r in failed} == {a_uuid}
+        assert a_uuid in str(getattr(failed[0], "error", ""))
+        # Round after round the same failure: reported once, not every 5 s.
+        await wait_for(
+            lambda: (
+                len(
+                    [
+                        r
+                        for r in caplog.records
+                        if r.getMessage() == "MPS control daemon restart failed"
+                    ]
+                )
+                > 2
+            ),
+            "rounds",
+        )
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert [r.getMessage() for r in errors if getattr(r, "gpu_uuid", None) == a_uuid] == [
+            "MPS control daemon is gone; restarting it",
+            "MPS control daemon restart failed",
+        ]
+        assert GPU.mps.running_pid(a_uuid) is None
+        smi.fail.unlink()  # the GPU is back: the next round restarts its daemon
+        await wait_for(lambda: GPU.mps.running_pid(a_uuid) is not None, "GPU A's daemon back")
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
+    assert await state.unprepare([a, b]) == {a.uid: "", b.uid: ""}
     assert daemon_pids(tmp_path) == []

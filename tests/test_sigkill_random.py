@@ -154,7 +154,8 @@ def _side_effects(dirs: NodeDirs) -> dict[str, Any]:
     holders = dirs.plugin_data / "kinds" / "gpu" / "timeslice"
     return {
         "mps daemons": len(daemon_pids(dirs.root)),
-        "time-slice holders": sorted(p.name for p in holders.rglob("*") if p.is_file())
+        # <gpu uuid>/<claim uid>; each GPU's lock file beside them is no holder
+        "time-slice holders": sorted(p.name for p in holders.glob("*/*") if p.is_file())
         if holders.exists()
         else [],
         "claim records": sorted(p.stem for p in (dirs.plugin_data / "claims").glob("*.json")),

@@ -123,8 +123,9 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
         reserved = {
             p.name: p.readlink().name.split(":")[0] for p in (plugin_dir / "devices").iterdir()
         }
+        # <gpu uuid>/<claim uid>; each GPU's lock file beside them is no holder
         holders = [
-            p.name for p in (plugin_dir / "kinds" / "gpu" / "timeslice").rglob("*") if p.is_file()
+            p.name for p in (plugin_dir / "kinds" / "gpu" / "timeslice").glob("*/*") if p.is_file()
         ]
         record = (plugin_dir / "claims" / f"{ref.uid}.json").exists()
         if spec.exists():  # prepared: whole, with its device and its side effect

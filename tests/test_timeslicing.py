@@ -2,13 +2,20 @@
 ``nvidia-smi`` stand-in (NVML has no time-slice setter on bare metal)."""
 
 import json
+import multiprocessing
+import random
+import threading
+import uuid as uuid_module
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu.kinds import NodeDevices
+from driver.gpu.kinds import KindContext, NodeDevices, PreparedClaim, PreparedDevice
+from driver.gpu.kinds.gpu import UUID_KEY
+from driver.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
+from driver.gpu.nvidiasmi import TIMESLICE_LEVELS
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.fsfaults import disk_full, read_only
@@ -17,13 +24,17 @@ from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, crea
 
 STAND_IN = """#!/bin/sh
 echo "$*" >> {log}
-if [ -e {fail} ]; then echo "Unable to set the compute policy: GPU is busy" >&2; exit 3; fi
+if [ -e {fail} ]; then
+  only=$(cat {fail})
+  case "$*" in *"$only"*) echo "Unable to set the compute policy: GPU is busy" >&2; exit 3;; esac
+fi
 exit 0
 """
 
 
 class Smi(StandIn):
-    """A stand-in nvidia-smi that appends its arguments, one call a line, to a file."""
+    """A stand-in nvidia-smi that appends its arguments, one call a line, to a file. While
+    ``fail`` exists it fails every call, or, when the file holds a GPU UUID, that GPU's."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, "nvidia-smi", STAND_IN)
@@ -58,7 +69,8 @@ def _uuid(tmp_path: Path, device: str) -> str:
 
 def _holders(tmp_path: Path) -> list[str]:
     root = tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "timeslice"
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    # <gpu uuid>/<claim uid>; beside them, each GPU's lock file, which is no holder
+    return sorted(str(p.relative_to(root)) for p in root.glob("*/*") if p.is_file())
 
 
 async def test_prepare_sets_the_interval_and_the_last_unprepare_restores_default(
@@ -241,3 +253,149 @@ async def test_a_read_only_cdi_root_during_prepare_leaves_nothing_half_prepared(
     monkeypatch.undo()
     other = await create_claim(api_client, "next", ["gpu-1"])
     assert (await state.prepare([other]))[other.uid].error == ""
+
+
+INTERVALS = ("Default", "Short", "Medium", "Long")
+
+
+def _share(device: str) -> dict[str, Any]:
+    return {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": NODE,
+        "device": device,
+        "shareID": str(uuid_module.uuid4()),
+        "consumedCapacity": {"memory": "10Gi"},
+    }
+
+
+async def test_a_share_at_another_interval_than_the_gpus_holder_is_refused_naming_both(
+    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
+) -> None:
+    config = _config(tmp_path, nvidia_smi=smi.path)
+    devices = NodeDevices.of(
+        _inventory("p5.48xlarge", tmp_path), node_name=NODE, consumable_capacity=True
+    )
+    state = await DeviceState.open(config, api_client, devices)
+    rng = random.Random(6)
+    gpus = [f"gpu-{n}" for n in range(8)]
+    both: list[str] = []
+    pairs = 0
+    # A pair on every GPU of the node at once, three times. The claims' fetches from the API
+    # server rarely let two prepares race here; the test below makes them race.
+    for round_ in range(3):
+        asked = {device: rng.sample(INTERVALS, 2) for device in gpus}
+        refs = {
+            device: [
+                await create_claim(
+                    api_client,
+                    f"r{round_}-{device}-{i}",
+                    [device],
+                    results=[_share(device)],
+                    config=[timeslicing(interval)],
+                )
+                for i, interval in enumerate(intervals)
+            ]
+            for device, intervals in asked.items()
+        }
+        order = [ref for pair in refs.values() for ref in pair]
+        rng.shuffle(order)
+        smi.calls()
+        results = await state.prepare(order)
+        calls = smi.calls()
+        for device, pair in refs.items():
+            pairs += 1
+            intervals = asked[device]
+            errors = [results[ref.uid].error for ref in pair]
+            if errors == ["", ""]:
+                both.append(f"{device} in round {round_}: {intervals}")
+                continue
+            (won,) = [i for i, e in enumerate(errors) if e == ""]
+            lost = errors[1 - won]
+            assert f"is time-sliced at interval {intervals[won]}" in lost, lost
+            assert f"this claim asks for {intervals[1 - won]}" in lost, lost
+            # The GPU runs at the interval of the claim that holds it, and that one only.
+            uuid = _uuid(tmp_path, device)
+            levels = [c.rsplit(" ", 1)[1] for c in calls if f"-i {uuid} --set-timeslice" in c]
+            assert levels == [str(TIMESLICE_LEVELS[intervals[won]])], (device, levels)
+        assert await state.unprepare(order) == dict.fromkeys(results, "")
+        assert _holders(tmp_path) == []
+    assert both == [], f"{len(both)} of {pairs} pairs both succeeded: {both}"
+
+
+def _claim(uid: str, gpu: str, interval: str) -> PreparedClaim:
+    device = PreparedDevice(
+        request_names=("gpu",),
+        pool_name=NODE,
+        device_name="gpu-0",
+        cdi_device_ids=(),
+        identity=((UUID_KEY, gpu),),
+        sharing=(("strategy", "TimeSlicing"), ("interval", interval)),
+    )
+    return PreparedClaim(uid, "default", uid, (device,))
+
+
+def _instance(
+    state_dir: Path, smi: Path, who: int, rounds: list[tuple[str, str]], barrier: Any, out: Path
+) -> None:
+    """One plugin instance of a node (a surge upgrade): its own process, the node's files."""
+    kind = TimeSlicing(UUID_KEY)
+    kind.attach(
+        KindContext(state_dir=state_dir, boot_id="boot-1", container_driver_root=Path("/"),
+                    nvidia_smi=smi)
+    )  # fmt: skip
+    outcomes = []
+    for n, (gpu, interval) in enumerate(rounds):
+        barrier.wait(timeout=60)  # both instances prepare their share of round n at once
+        try:
+            kind.prepare(_claim(f"claim-{n}-{who}", gpu, interval))
+            outcomes.append("")
+        except TimeSliceConflictError as exc:
+            outcomes.append(str(exc))
+    out.write_text(json.dumps(outcomes))
+
+
+@pytest.mark.parametrize("instances", ["threads", "processes"])
+def test_shares_of_one_gpu_prepared_at_once_never_both_get_their_interval(
+    tmp_path: Path, smi: Smi, instances: str
+) -> None:
+    """Two preparers of one node's kind state: threads (one plugin, the claim state's
+    worker threads) or processes (two plugin instances in a surge upgrade)."""
+    state_dir = tmp_path / "kinds" / "gpu"
+    state_dir.mkdir(parents=True)
+    rng = random.Random(7)
+    rounds = 200
+    gpus = [f"GPU-{n:08x}-0000-0000-0000-000000000000" for n in range(rounds)]  # one a round
+    asked = [rng.sample(INTERVALS, 2) for _ in range(rounds)]
+    outs = [tmp_path / f"instance-{who}.json" for who in (0, 1)]
+
+    def args(who: int, barrier: Any) -> tuple[Any, ...]:
+        mine = [(gpu, pair[who]) for gpu, pair in zip(gpus, asked, strict=True)]
+        return (state_dir, smi.path, who, mine, barrier, outs[who])
+
+    if instances == "threads":
+        barrier: Any = threading.Barrier(2)
+        threads = [threading.Thread(target=_instance, args=args(who, barrier)) for who in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+            assert not thread.is_alive()
+    else:
+        context = multiprocessing.get_context("spawn")
+        barrier = context.Barrier(2)
+        procs = [context.Process(target=_instance, args=args(who, barrier)) for who in (0, 1)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(120)
+            assert proc.exitcode == 0
+    first, second = (json.loads(out.read_text()) for out in outs)
+    both = [n for n in range(rounds) if first[n] == second[n] == ""]
+    assert both == [], f"{len(both)} of {rounds} rounds both succeeded: {both}"
+    for n in range(rounds):
+        assert (first[n] == "") != (second[n] == ""), (n, first[n], second[n])
+        lost = first[n] or second[n]
+        won, refused = asked[n] if first[n] == "" else asked[n][::-1]
+        assert f"is time-sliced at interval {won} for claim uid" in lost, lost
+        assert f"this claim asks for {refused}" in lost, lost

@@ -43,6 +43,16 @@ _VALUE_KEYS = ("bool", "int", "string", "version", "bools", "ints", "strings", "
 _LIST_KEYS = frozenset({"bools", "ints", "strings", "versions"})
 
 
+# A Kubernetes UID (claims, shares): lower-case hex, 8-4-4-4-12. uuid.UUID() alone would also
+# take braces, "urn:uuid:" and upper case, which are different file names for the same UUID.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def is_uid(value: object) -> bool:
+    """A UID as the API server writes it: the one rule for claim UIDs and share IDs."""
+    return isinstance(value, str) and _CANONICAL_UUID.fullmatch(value) is not None
+
+
 def is_dns_label(value: object) -> bool:
     return isinstance(value, str) and len(value) <= 63 and DNS_LABEL.fullmatch(value) is not None
 

@@ -4,6 +4,7 @@ One ``Gpu`` travels from discovery to the ResourceSlice model, the kubelet
 plugin's device table and the CDI spec; nothing re-derives these facts.
 """
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -47,6 +48,15 @@ class MigPartition:
     encoders: int
     jpeg_engines: int
     ofa_engines: int
+
+
+# NVML writes GPU UUIDs as GPU-<hex groups>; anything else never becomes a path.
+_GPU_UUID = re.compile(r"GPU-[0-9a-fA-F-]{1,64}")
+
+
+def is_gpu_uuid(value: str) -> bool:
+    """The one rule for a GPU UUID that names a file or a directory."""
+    return _GPU_UUID.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -226,6 +226,17 @@ def build_nvidia_ctk() -> Path:
     return out
 
 
+def build_helm() -> Path:
+    version = VERSIONS["helm"]["version"]
+    out = cache_root() / f"helm-{version}" / "helm"
+    if not out.exists():
+        upstream = "helm.sh/helm/v3"
+        pkg = f"{upstream}/cmd/helm"
+        module = _tool_module(f"helm-{version}", upstream, version, [pkg])
+        _build(module, pkg, out, f"-X {upstream}/internal/version.version={version}")
+    return out
+
+
 def build_runc() -> Path:
     version = VERSIONS["runc"]["version"]
     out = cache_root() / f"runc-{version}-seccomp" / "runc"
@@ -256,6 +267,7 @@ BUILDERS = {
     "etcd": lambda minor: build_etcd(),
     "containerd": lambda minor: build_containerd(),
     "runc": lambda minor: build_runc(),
+    "helm": lambda minor: build_helm(),
     "nvidia-ctk": lambda minor: build_nvidia_ctk(),
     "oracles": lambda minor: build_oracles(),
 }

@@ -8,6 +8,8 @@ need=()
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
 [ -e /usr/include/seccomp.h ] || need+=(libseccomp-dev)
 command -v openssl >/dev/null || need+=(openssl)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # make image
+command -v skopeo >/dev/null || need+=(skopeo)          # reads the image as a registry would
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "e2e: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2

@@ -27,6 +27,7 @@ from typing import Any
 import pynvml
 
 from driver.common.errors import PermanentError
+from driver.common.limits import is_uid
 from driver.common.logs import kv
 from driver.gpu.inventory import Gpu, Inventory, MigPartition
 from driver.gpu.kinds.base import KindContext, NodeDevice, PreparedClaim, PreparedDevice
@@ -314,7 +315,7 @@ class DynamicMigKind:
         return self._maker
 
     def _path(self, uid: str) -> Path:
-        if self._dir is None or not re.fullmatch(r"[0-9a-fA-F-]{1,64}", uid):
+        if self._dir is None or not is_uid(uid):
             raise DynamicMigError(f"claim uid {uid!r} cannot name a record")
         return self._dir / f"{uid}.json"
 

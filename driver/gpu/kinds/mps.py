@@ -3,7 +3,8 @@
 A GPU in exclusive-process mode admits one MPS server, so the claims on one GPU share
 one control daemon, ``nvidia-cuda-mps-control -f``, started by the first prepare and
 stopped by the last unprepare. Its files live in ``<state dir>/<gpu uuid>/``: ``pipe/``
-and ``log/`` (shared into the containers through the CDI spec), ``pid`` (the daemon,
+(mounted into the containers through the CDI spec: all a client needs), ``log/`` (the
+daemon's, which no container sees), ``pid`` (the daemon,
 so that the next plugin adopts it after a restart: the pid and the binary in
 ``/proc/<pid>/cmdline`` must both match) and ``holders/<claim uid>``, written before
 the daemon starts and removed before it stops, which counts the claims. A daemon runs
@@ -13,13 +14,18 @@ exactly where a holder is.
 
 One GPU per MPS claim: a client reaches one pipe directory (``CUDA_MPS_PIPE_DIRECTORY``),
 and a daemon per GPU keeps the count per GPU.
+
+A container can write its pipe directory, and containers of claims an earlier release
+prepared can write its log directory too (that release mounted both): what the plugin,
+as root, opens there goes through :mod:`driver.gpu.kinds.files`' descriptor-based calls,
+never through a name that a container could have made a link or a directory, and one
+GPU's tampered directory fails that GPU alone.
 """
 
 import contextlib
 import fcntl
 import logging
 import os
-import re
 import signal
 import subprocess
 import time
@@ -30,14 +36,22 @@ from typing import Any
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.logs import kv
 from driver.common.quantity import Quantity
+from driver.gpu.inventory import is_gpu_uuid
 from driver.gpu.kinds.base import KindContext, PreparedClaim
-from driver.gpu.kinds.files import SHARED, make_dir, write_atomic
+from driver.gpu.kinds.files import (
+    SHARED,
+    exists,
+    make_dir,
+    open_dir,
+    open_regular,
+    remove_entry,
+    write_atomic,
+)
 from driver.gpu.nvidiasmi import NvidiaSmi
 
 log = logging.getLogger(__name__)
 
 STRATEGY = "MPS"
-_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{1,64}$")
 _START_WAIT_S = 10.0
 _STOP_WAIT_S = 10.0
 _POLL_S = 0.02
@@ -109,10 +123,12 @@ class Mps:
         self._control: Path | None = None
         self._smi: NvidiaSmi | None = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped when they exit
+        self._failing: dict[str, str] = {}  # GPU UUID -> the watchdog's last restart error
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir / "mps"
         make_dir(self._dir)
+        self._failing = {}
         root = context.container_driver_root
         self._control = context.mps_control or default_control(root)
         self._smi = context.nvidia_smi_tool()
@@ -121,14 +137,17 @@ class Mps:
         return bool(wanted(claim, self._uuid_key))
 
     def edits(self, claim: PreparedClaim) -> Mapping[str, Any]:
-        """The pipe and log directories and the limits, for a claim's containers."""
+        """The pipe directory and the limits, for a claim's containers. Not the log
+        directory: a client writes no log (the daemon and its server do), and a directory
+        a container can write is one more place where the plugin must distrust every
+        name."""
         gpus = wanted(claim, self._uuid_key)
         if not gpus:
             return {}
         _one_gpu(claim, gpus)  # the spec is built at plan time: refused before any record
         ((uuid, settings),) = gpus.items()
-        pipe, logs = self._gpu_dir(uuid) / "pipe", self._gpu_dir(uuid) / "log"
-        env = [f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_MPS_LOG_DIRECTORY={logs}"]
+        pipe = self._gpu_dir(uuid) / "pipe"
+        env = [f"CUDA_MPS_PIPE_DIRECTORY={pipe}"]
         if "activeThreadPercentage" in settings:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={settings['activeThreadPercentage']}")
         # The client sees its one GPU as device 0.
@@ -138,10 +157,7 @@ class Mps:
             limit = f"{share}M"  # a share of the GPU's memory is enforced as its limit
         if limit is not None:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit}")
-        mounts = [
-            {"hostPath": str(d), "containerPath": str(d), "options": ["rbind", "rw"]}
-            for d in (pipe, logs)
-        ]
+        mounts = [{"hostPath": str(pipe), "containerPath": str(pipe), "options": ["rbind", "rw"]}]
         return {"env": env, "mounts": mounts}
 
     def prepare(self, claim: PreparedClaim) -> None:
@@ -187,26 +203,40 @@ class Mps:
         restarted: list[str] = []
         for gpu_dir in sorted(p for p in self._dir.iterdir() if p.is_dir()):
             uuid = gpu_dir.name
-            if not _UUID.fullmatch(uuid):
+            if not is_gpu_uuid(uuid):
                 continue
-            with self._locked(uuid):
-                holders = sorted((gpu_dir / "holders").glob("*"))
-                if not holders or self.running_pid(uuid) is not None:
-                    continue
-                namespace, _, name = holders[0].read_text().strip().partition("/")
-                claim = PreparedClaim(holders[0].name, namespace, name, ())
-                log.error(
-                    "MPS control daemon is gone; restarting it",
-                    extra=kv(gpu_uuid=uuid, claims=len(holders), claim_uid=claim.uid,
-                             claim_namespace=namespace, claim_name=name),
-                )  # fmt: skip
-                try:
-                    self._ensure_running(uuid, claim)
-                except (MpsError, MpsDaemonError) as exc:
-                    log.error("MPS control daemon restart failed", extra=kv(error=exc))
-                    continue
-                restarted.append(uuid)
+            try:
+                if self._restart_if_gone(uuid):
+                    restarted.append(uuid)
+                self._failing.pop(uuid, None)
+            except Exception as exc:
+                # One GPU's trouble (a pipe directory a container tampered with, a GPU whose
+                # nvidia-smi fails) is that GPU's: the next GPU's dead daemon still comes back.
+                # A GPU lost for good fails every round: one line per distinct error.
+                again = self._failing.get(uuid) == str(exc)
+                self._failing[uuid] = str(exc)
+                log.log(
+                    logging.DEBUG if again else logging.ERROR,
+                    "MPS control daemon restart failed",
+                    extra=kv(gpu_uuid=uuid, error=exc),
+                )
         return restarted
+
+    def _restart_if_gone(self, uuid: str) -> bool:
+        with self._locked(uuid):
+            holders = sorted((self._gpu_dir(uuid) / "holders").glob("*"))
+            if not holders or self.running_pid(uuid) is not None:
+                return False
+            namespace, _, name = holders[0].read_text().strip().partition("/")
+            claim = PreparedClaim(holders[0].name, namespace, name, ())
+            log.log(
+                logging.DEBUG if uuid in self._failing else logging.ERROR,
+                "MPS control daemon is gone; restarting it",
+                extra=kv(gpu_uuid=uuid, claims=len(holders), claim_uid=claim.uid,
+                         claim_namespace=namespace, claim_name=name),
+            )  # fmt: skip
+            self._ensure_running(uuid, claim)
+            return True
 
     def running_pid(self, uuid: str) -> int | None:
         """The daemon of ``uuid``: the one its pid file names, or else one a plugin killed
@@ -241,48 +271,71 @@ class Mps:
     def _ensure_running(self, uuid: str, claim: PreparedClaim) -> None:
         if self.running_pid(uuid) is not None:
             return  # another claim's, or adopted from the plugin before us
-        if self._control is None or self._smi is None:
-            raise MpsError("MPS used before the claim state attached it")
         gpu_dir = self._gpu_dir(uuid)
         pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
         for d in (pipe, logs):
             make_dir(d, SHARED)
+        with contextlib.ExitStack() as stack:
+            try:
+                pipe_fd, out = self._open_for_start(stack, pipe, logs)
+            except OSError as exc:
+                raise MpsDaemonError(
+                    f"claim {claim}: the MPS directories of GPU {uuid} cannot be used: {exc}"
+                ) from exc
+            self._start(uuid, claim, pipe_fd, out)
+
+    @staticmethod
+    def _open_for_start(stack: contextlib.ExitStack, pipe: Path, logs: Path) -> tuple[int, int]:
+        """The pipe directory cleared of the daemon's last control pipe, and the daemon's
+        output file, both reached from descriptors (see the module's docstring)."""
+        pipe_fd = open_dir(pipe)
+        stack.callback(os.close, pipe_fd)
         # A daemon killed before it could clean up leaves its control pipe behind, which
         # would read as "started" at once: no daemon serves this GPU now (checked above).
-        (pipe / "control").unlink(missing_ok=True)
+        # Whatever else sits there (a directory a container made) would keep any daemon
+        # from starting: it goes too.
+        remove_entry(pipe_fd, "control")
+        logs_fd = open_dir(logs)
+        stack.callback(os.close, logs_fd)
+        out = open_regular(logs_fd, "daemon.out", os.O_RDWR | os.O_APPEND)
+        stack.callback(os.close, out)
+        return pipe_fd, out
+
+    def _start(self, uuid: str, claim: PreparedClaim, pipe_fd: int, out: int) -> None:
+        if self._control is None or self._smi is None:
+            raise MpsError("MPS used before the claim state attached it")
+        gpu_dir = self._gpu_dir(uuid)
         self._smi.run("-i", uuid, "-c", "EXCLUSIVE_PROCESS")
         env = {
             **os.environ,
             "CUDA_VISIBLE_DEVICES": uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-            "CUDA_MPS_LOG_DIRECTORY": str(logs),
+            "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
         }
-        with (logs / "daemon.out").open("ab") as out:
-            try:
-                child = subprocess.Popen(
-                    [str(self._control), "-f"],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # outlives the plugin, and its signals
-                )
-            except OSError as exc:
-                raise MpsError(f"claim {claim}: cannot start {self._control}: {exc}") from exc
+        try:
+            child = subprocess.Popen(
+                [str(self._control), "-f"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives the plugin, and its signals
+            )
+        except OSError as exc:
+            raise MpsError(f"claim {claim}: cannot start {self._control}: {exc}") from exc
         self._children[child.pid] = child
         write_atomic(gpu_dir / "pid", f"{child.pid}\n")
         deadline = time.monotonic() + _START_WAIT_S
-        while not (pipe / "control").exists():
+        while not exists(pipe_fd, "control"):
             if child.poll() is not None or time.monotonic() > deadline:
                 # The unprepare of the rollback sets the compute mode back.
                 with contextlib.suppress(ProcessLookupError):
                     child.kill()
                 child.wait()
                 (gpu_dir / "pid").unlink(missing_ok=True)
-                tail = (logs / "daemon.out").read_text(errors="replace")[-_LOG_CHARS:].strip()
                 raise MpsDaemonError(
                     f"claim {claim}: the MPS control daemon for GPU {uuid} did not start "
-                    f"(exit {child.poll()}): {tail}"
+                    f"(exit {child.poll()}): {_tail(out)}"
                 )
             time.sleep(_POLL_S)
         log.info(
@@ -325,6 +378,14 @@ class Mps:
     def _gpu_dir(self, uuid: str) -> Path:
         if self._dir is None:
             raise MpsError("MPS used before the claim state attached it")
-        if not _UUID.fullmatch(uuid):
+        if not is_gpu_uuid(uuid):
             raise MpsError(f"GPU UUID {uuid!r} is not one NVML writes")
         return self._dir / uuid
+
+
+def _tail(fd: int) -> str:
+    """The end of the daemon's output, read from the descriptor it was given: the file
+    the daemon wrote, whatever its name has become since."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - 4 * _LOG_CHARS)
+    return os.pread(fd, size - start, start).decode(errors="replace")[-_LOG_CHARS:].strip()

@@ -11,16 +11,24 @@ steps leaves a state that the next unprepare or the recovery (which is the unpre
 makes consistent: the setting changes only after the holder file that explains it
 exists, and is restored after the last holder file is gone. An adminAccess device is
 never time-sliced: it is a look at a GPU, not a share of it.
+
+Shares of one GPU (consumable capacity) are prepared side by side, by one plugin's worker
+threads or by the two plugin instances of a surge upgrade: the look at the other holders,
+the holder write and the setting are one step per GPU, under a file lock
+(``<state dir>/<gpu uuid>.lock``), so of two shares asking for different intervals exactly
+one gets the GPU and the other is refused, naming both.
 """
 
 import contextlib
+import fcntl
 import logging
 import os
-import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from driver.common.errors import PermanentError
 from driver.common.logs import kv
+from driver.gpu.inventory import is_gpu_uuid
 from driver.gpu.kinds.base import KindContext, PreparedClaim
 from driver.gpu.kinds.files import make_dir, write_atomic
 from driver.gpu.nvidiasmi import NvidiaSmi
@@ -29,8 +37,6 @@ log = logging.getLogger(__name__)
 
 STRATEGY = "TimeSlicing"
 DEFAULT_INTERVAL = "Default"
-# NVML writes GPU UUIDs as GPU-<hex groups>; anything else never becomes a path.
-_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{1,64}$")
 
 
 class TimeSliceConflictError(PermanentError):
@@ -74,41 +80,65 @@ class TimeSlicing:
     def prepare(self, claim: PreparedClaim) -> None:
         smi = self._ready()
         for uuid, interval in sorted(wanted(claim, self._uuid_key).items()):
-            others = {u: i for u, i in self.holders(uuid).items() if u != claim.uid}
-            for other, held in sorted(others.items()):
-                if held != interval:
-                    raise TimeSliceConflictError(
-                        f"claim {claim}: GPU {uuid} is time-sliced at interval {held} for "
-                        f"claim uid {other}; this claim asks for {interval}"
-                    )
-            self._write_holder(uuid, claim.uid, interval)
-            smi.set_timeslice(uuid, interval)
-            log.info(
-                "time slice set",
-                extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
-                         claim_name=claim.name, gpu_uuid=uuid, interval=interval),
-            )  # fmt: skip
+            with self._locked(uuid):
+                self._prepare_gpu(smi, claim, uuid, interval)
+
+    def _prepare_gpu(self, smi: NvidiaSmi, claim: PreparedClaim, uuid: str, interval: str) -> None:
+        others = {u: i for u, i in self.holders(uuid).items() if u != claim.uid}
+        for other, held in sorted(others.items()):
+            if held != interval:
+                raise TimeSliceConflictError(
+                    f"claim {claim}: GPU {uuid} is time-sliced at interval {held} for "
+                    f"claim uid {other}; this claim asks for {interval}: a GPU runs at one "
+                    "interval, so the claims sharing it must ask for the same one"
+                )
+        self._write_holder(uuid, claim.uid, interval)
+        smi.set_timeslice(uuid, interval)
+        log.info(
+            "time slice set",
+            extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
+                     claim_name=claim.name, gpu_uuid=uuid, interval=interval),
+        )  # fmt: skip
 
     def unprepare(self, claim: PreparedClaim) -> None:
         smi = self._ready()
         for uuid in sorted(wanted(claim, self._uuid_key)):
-            held = self._holder_path(uuid, claim.uid)
-            had_one = held.exists()
-            held.unlink(missing_ok=True)
-            rest = self.holders(uuid)
-            if rest and not had_one:
-                continue  # this claim never changed the GPU; the others' setting stays
-            interval = min(rest.values()) if rest else DEFAULT_INTERVAL
-            smi.set_timeslice(uuid, interval)
-            log.info(
-                "time slice restored",
-                extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
-                         claim_name=claim.name, gpu_uuid=uuid, interval=interval,
-                         holders=len(rest)),
-            )  # fmt: skip
-            if not rest:
-                with contextlib.suppress(OSError):
-                    held.parent.rmdir()
+            with self._locked(uuid):
+                self._unprepare_gpu(smi, claim, uuid)
+
+    def _unprepare_gpu(self, smi: NvidiaSmi, claim: PreparedClaim, uuid: str) -> None:
+        held = self._holder_path(uuid, claim.uid)
+        had_one = held.exists()
+        held.unlink(missing_ok=True)
+        rest = self.holders(uuid)
+        if rest and not had_one:
+            return  # this claim never changed the GPU; the others' setting stays
+        interval = min(rest.values()) if rest else DEFAULT_INTERVAL
+        smi.set_timeslice(uuid, interval)
+        log.info(
+            "time slice restored",
+            extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
+                     claim_name=claim.name, gpu_uuid=uuid, interval=interval,
+                     holders=len(rest)),
+        )  # fmt: skip
+        if not rest:
+            with contextlib.suppress(OSError):
+                held.parent.rmdir()
+
+    @contextlib.contextmanager
+    def _locked(self, uuid: str) -> Iterator[None]:
+        """The GPU's turn (see the module's docstring). A file lock, not an asyncio one:
+        that would order one process's claims only. The kinds run in worker threads, so
+        the wait blocks no event loop; each call opens its own descriptor, so threads of
+        one process exclude each other as processes do. The file is kept: removing a lock
+        file lets a third preparer lock a new one while the second holds the old."""
+        path = self._gpu_dir(uuid).with_name(f"{uuid}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # and with it the lock
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)
@@ -142,7 +172,7 @@ class TimeSlicing:
     def _gpu_dir(self, uuid: str) -> Path:
         if self._dir is None:
             raise TimeSlicingNotReadyError("time-slicing used before the claim state attached it")
-        if not _UUID.fullmatch(uuid):
+        if not is_gpu_uuid(uuid):
             raise TimeSliceConflictError(f"GPU UUID {uuid!r} is not one NVML writes")
         return self._dir / uuid
 

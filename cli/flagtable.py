@@ -1,0 +1,233 @@
+"""Every flag of the node-side subcommands and the global options: the one table.
+
+Each subcommand names the flags it takes (``FLAG_NAMES`` in its module); help, value parser
+and default come from here. ``docs/reference.md`` is generated from this table.
+"""
+
+from cli import flagvalues
+from cli.flags import Flag
+from driver import DEFAULT_DRIVER_NAME
+
+# Kept here (not imported from driver.common.logs) so that `gpu-dra --help` imports nothing heavy.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("kv", "json")
+
+_CONSUMABLE_CAPACITY = (
+    "publish every GPU for consumable capacity (allowMultipleAllocations, a request policy "
+    "on its memory): several claims then share one GPU, each taking the memory it requests "
+    "(Kubernetes 1.36, or 1.34/1.35 with the DRAConsumableCapacity gate on)"
+)
+_DYNAMIC_MIG = (
+    "publish each GPU in MIG mode as partitionable devices (shared counters and one device "
+    "per profile and placement) and create the MIG device a claim gets at prepare "
+    "(Kubernetes 1.36, or 1.34/1.35 with the DRAPartitionableDevices gate on)"
+)
+
+FLAGS: tuple[Flag, ...] = (
+    # The global options, accepted before and after every subcommand.
+    Flag(
+        "--log-level",
+        "least severe log records to print (case-insensitive)",
+        type=str.upper,
+        default="INFO",
+        choices=LOG_LEVELS,
+    ),
+    Flag(
+        "--log-format",
+        "kv: key=value pairs; json: one JSON object a line",
+        default="kv",
+        choices=LOG_FORMATS,
+    ),
+    # Which node, which driver, which API server.
+    Flag(
+        "--node-name",
+        "name of this Node object, as the API server names it (the kubelet plugin requires "
+        "it; discover and controller fall back to $NODE_NAME, else the host name)",
+        metavar="NAME",
+        also_env="NODE_NAME",
+    ),
+    Flag("--driver-name", "DRA driver name", default=DEFAULT_DRIVER_NAME, metavar="NAME"),
+    Flag(
+        "--kubeconfig",
+        "kubeconfig file; without it, $KUBECONFIG, else the in-cluster service account",
+        metavar="FILE",
+        also_env="KUBECONFIG",
+    ),
+    Flag(
+        "--namespace",
+        "namespace of the per-node publisher Lease; default: $POD_NAMESPACE, else 'default'",
+        metavar="NAMESPACE",
+    ),
+    Flag(
+        "--pod-uid",
+        "UID of this plugin pod (downward API): enables side-by-side sockets for surge upgrades",
+        also_env="POD_UID",
+        metavar="UID",
+    ),
+    # Where things are on the node.
+    Flag(
+        "--kubelet-registrar-directory-path",
+        "directory the kubelet watches for registration sockets",
+        default="/var/lib/kubelet/plugins_registry",
+        metavar="DIR",
+    ),
+    Flag(
+        "--kubelet-plugins-directory-path",
+        "kubelet plugins directory; the DRA socket and the claim records go to <this>/<driver>",
+        default="/var/lib/kubelet/plugins",
+        metavar="DIR",
+    ),
+    Flag(
+        "--cdi-root",
+        "directory for the CDI specs of prepared claims",
+        default="/var/run/cdi",
+        metavar="DIR",
+    ),
+    Flag(
+        "--nvidia-driver-root",
+        "root of the NVIDIA driver installation on the host",
+        default="/",
+        metavar="DIR",
+    ),
+    Flag(
+        "--container-driver-root",
+        "where the host's NVIDIA driver root is (mounted) here; libnvidia-ml.so.1 is looked "
+        "for in its library directories, then on the default library path (inside the "
+        "chart's plugin pod: /driver-root)",
+        default="/",
+        metavar="DIR",
+        # The plugin runs in the chart's pod, which mounts the host's driver root at
+        # /driver-root; discover and controller run on the host itself or a laptop.
+        default_by_command={"kubelet-plugin": "/driver-root"},
+    ),
+    Flag(
+        "--sysfs-root",
+        "directory holding sys/ for PCIe root and NUMA lookups (simulated hardware brings its own)",
+        default="/",
+        metavar="DIR",
+    ),
+    Flag(
+        "--nvidia-smi",
+        "nvidia-smi binary, for settings NVML cannot make (time-slicing); "
+        "default <container-driver-root>/usr/bin/nvidia-smi",
+        metavar="FILE",
+    ),
+    Flag(
+        "--mps-control",
+        "nvidia-cuda-mps-control binary, the MPS control daemon of GPUs shared by MPS; "
+        "default <container-driver-root>/usr/bin/nvidia-cuda-mps-control",
+        metavar="FILE",
+    ),
+    # Which NVML.
+    Flag(
+        "--nvml",
+        "NVML to use: system, the node's driver library; simulated, simulated hardware",
+        default="system",
+        choices=("system", "simulated"),
+    ),
+    Flag(
+        "--profile",
+        "simulated hardware profile, by name (e.g. p5.48xlarge) or path to a profile YAML "
+        "file; required with --nvml simulated (gpu-dra discover --list-profiles lists the names)",
+        metavar="NAME",
+    ),
+    Flag(
+        "--sim-state",
+        "simulated NVML fault file (YAML), re-read at every NVML init; unset: "
+        "$GPU_DRA_SIM_STATE (only with --nvml simulated)",
+        metavar="FILE",
+    ),
+    # What is published.
+    Flag(
+        "--consumable-capacity",
+        _CONSUMABLE_CAPACITY,
+        type=flagvalues.boolean,
+        default="false",
+        switch=True,
+    ),
+    Flag("--dynamic-mig", _DYNAMIC_MIG, type=flagvalues.boolean, default="false", switch=True),
+    Flag(
+        "--feature-gates",
+        "the cluster's Kubernetes feature gates, Name=true|false,... (the chart's featureGates "
+        "value); the syntax is checked and the gates are logged at start, nothing more: what "
+        "the API server keeps is learned by probing it",
+        type=flagvalues.feature_gates,
+        metavar="GATES",
+    ),
+    # Device health.
+    Flag(
+        "--additional-xids-to-ignore",
+        "XIDs that taint a GPU with effect None (informational) rather than NoSchedule, "
+        "comma-separated, on top of NVIDIA's application errors 13,31,43,45,68,109",
+        type=flagvalues.xids,
+        metavar="XIDS",
+    ),
+    Flag(
+        "--auto-recover-probes",
+        "clear a device tainted only for a recoverable XID (--recoverable-xids) after this "
+        "many consecutive healthy NVML probes (--auto-recover-period apart) with no new "
+        "event; 0: off",
+        type=flagvalues.probes,
+        default="0",
+        metavar="N",
+    ),
+    Flag(
+        "--auto-recover-period",
+        "seconds between two recovery probes (with --auto-recover-probes)",
+        type=flagvalues.seconds,
+        default="10",
+        metavar="SECONDS",
+    ),
+    Flag(
+        "--recoverable-xids",
+        "XIDs that --auto-recover-probes may clear, comma-separated (never 48 or 79, "
+        "nor a lost GPU)",
+        type=flagvalues.recoverable_xids,
+        default="8,11",
+        metavar="XIDS",
+    ),
+    # Ports.
+    Flag(
+        "--metrics-port",
+        "TCP port of the Prometheus metrics (GET /metrics); 0 picks a free port; unset: off",
+        type=int,
+        metavar="PORT",
+    ),
+    Flag(
+        "--healthcheck-port",
+        "TCP port of the grpc.health.v1 service; 0 picks a free port",
+        type=int,
+        default="51515",
+        metavar="PORT",
+    ),
+    # The one-shot and standalone commands' own.
+    Flag(
+        "--list-profiles",
+        "list the simulated hardware profiles and exit",
+        type=flagvalues.boolean,
+        default="false",
+        switch=True,
+    ),
+    Flag(
+        "--output",
+        "yaml or json: the ResourceSlice objects; table: one row per device",
+        short="-o",
+        default="yaml",
+        choices=("yaml", "json", "table"),
+    ),
+    Flag(
+        "--resync-period",
+        "rediscover the GPUs this often, in seconds",
+        type=float,
+        default="60",
+        metavar="SECONDS",
+    ),
+)
+
+BY_NAME = {flag.name: flag for flag in FLAGS}
+GLOBAL = ("--log-level", "--log-format")
+
+
+def pick(*names: str) -> tuple[Flag, ...]:
+    """The table's flags by name, in the order given (the order of --help)."""
+    return tuple(BY_NAME[name] for name in names)

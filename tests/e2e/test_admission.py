@@ -1,0 +1,269 @@
+"""Our GpuConfigs checked where the user writes them: the chart's ValidatingAdmissionPolicy
+on the real API server, held against the plugin's own decoder (api/config.py).
+
+The policy and the decoder are two spellings of one set of rules, so a seeded generator
+feeds both the same configs (every field of GpuConfig hit by valid and invalid values:
+every enum value and near misses, numbers in and out of range, wrong types, nulls, unknown
+fields and kinds) and every verdict must agree: the server admits exactly what the decoder
+parses, and refuses the rest with the field's path. No driver pod runs here: the policy needs
+none, which is the point of a policy over a webhook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from api.config import API_VERSION, ConfigError, parse_gpu_config
+from tests.e2e import build
+from tests.e2e.cluster import ControlPlane, run_root
+from tests.e2e.kube import chart_objects
+
+MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
+DRIVER = "gpu.nvidia.com"
+POLICY = "gpu-dra-driver-gpuconfig"
+CASES = 2400
+SEED = 20261201
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster() -> AsyncIterator[ControlPlane]:
+    async with ControlPlane(run_root() / f"gpu-dra-e2e-admission-{MINOR}", MINOR) as cp:
+        for obj in chart_objects(cp.minor):
+            if obj["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+                cp.create(obj)
+        await cp.wait_for("the config policy type-checked", lambda: _checked(cp), 60)
+        # The policy is active once the API server refuses what it must.
+        await cp.wait_for("the config policy enforced", lambda: _verdict(cp, {}) != 201, 60)
+        yield cp
+
+
+def _checked(cp: ControlPlane) -> bool:
+    path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{POLICY}"
+    status = cp.call("GET", path).get("status", {})
+    assert not status.get("typeChecking", {}).get("expressionWarnings"), status
+    return bool(status.get("observedGeneration"))
+
+
+def _claim(params: Any, name: str = "c", template: bool = False) -> dict[str, Any]:
+    spec = {
+        "devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": params}}],
+        }
+    }
+    if template:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name}, "spec": {"spec": spec}}  # fmt: skip
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+
+
+def _post(cp: ControlPlane, obj: dict[str, Any]) -> tuple[int, str]:
+    plural = (
+        "resourceclaimtemplates" if obj["kind"] == "ResourceClaimTemplate" else "resourceclaims"
+    )
+    path = f"/apis/resource.k8s.io/v1/namespaces/default/{plural}?dryRun=All"
+    code, body = cp.raw("POST", path, obj)
+    return code, body.decode(errors="replace")
+
+
+def _verdict(cp: ControlPlane, params: Any, template: bool = False) -> int:
+    return _post(cp, _claim(params, template=template))[0]
+
+
+def _decoder_admits(params: Any) -> bool:
+    try:
+        parse_gpu_config(params, source="opaque config #1")
+    except ConfigError:
+        return False
+    return True
+
+
+# ---- the generator --------------------------------------------------------------------
+
+NEAR_STRATEGIES = ["TimeSlicing", "MPS", "TimeSlice", "timeslicing", "Mps", "mps", "MIG", "",
+                   " MPS", "TimeSlicing ", None, 1, True, ["MPS"], {"name": "MPS"}]  # fmt: skip
+INTERVALS = ["Default", "Short", "Medium", "Long", "default", "short", "Longer", "", None, 5,
+             ["Short"]]  # fmt: skip
+PERCENTAGES = [0, 1, 50, 99, 100, 101, -1, 150, 2**40, 50.0, 0.5, "50", True, None, [50]]
+ARABIC_DIGITS = "\u0661\u0660Gi"  # digits to Python's \\d, not to Kubernetes' quantity parser
+QUANTITIES = ["10Gi", "1G", "512Mi", "1.5Gi", ".5Gi", "1e3", "1E3", "+1Gi", "-1Gi", "0",
+              "10GiB", "10 Gi", "Gi", "1.Gi", "1ki", "1Ki", ARABIC_DIGITS, "", None, 10, 1.5,
+              ["1Gi"]]  # fmt: skip
+DEVICE_KEYS = ["0", "1", "GPU-4f9a8c1e-1111-2222-3333-444455556666", "x"]
+VERSIONS = [API_VERSION, "resource.nvidia.com/v1", "resource.nvidia.com/v1beta2",
+            "gpu.nvidia.com/v1beta1", "", None, 1]  # fmt: skip
+KINDS = ["GpuConfig", "GPUConfig", "gpuconfig", "MigDeviceConfig", "ComputeDomainChannelConfig",
+         "", None, 3]  # fmt: skip
+FIELDS = ("apiVersion", "kind", "sharing", "sharing.strategy", "sharing.timeSlicingConfig",
+          "sharing.timeSlicingConfig.interval", "sharing.mpsConfig",
+          "sharing.mpsConfig.defaultActiveThreadPercentage",
+          "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+          "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit",
+          "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.<key>")  # fmt: skip
+JUNK = ["extra", "Sharing", "strategyy", "interval", "mps_config", "apiversion"]
+
+
+def _mps(rng: random.Random) -> Any:
+    roll = rng.random()
+    if roll < 0.05:
+        return rng.choice([None, "MPS", [], 7])
+    mps: dict[str, Any] = {}
+    if rng.random() < 0.6:
+        mps["defaultActiveThreadPercentage"] = rng.choice(PERCENTAGES)
+    if rng.random() < 0.5:
+        mps["defaultPinnedDeviceMemoryLimit"] = rng.choice(QUANTITIES)
+    if rng.random() < 0.4:
+        if rng.random() < 0.1:
+            mps["defaultPerDevicePinnedMemoryLimit"] = rng.choice([None, "1Gi", ["1Gi"], 3])
+        else:
+            keys = rng.sample(DEVICE_KEYS, rng.randint(0, 3))
+            mps["defaultPerDevicePinnedMemoryLimit"] = {k: rng.choice(QUANTITIES) for k in keys}
+    if rng.random() < 0.08:
+        mps[rng.choice(JUNK)] = 1
+    return mps
+
+
+def _time_slicing(rng: random.Random) -> Any:
+    if rng.random() < 0.05:
+        return rng.choice([None, "Short", [], 7])
+    config: dict[str, Any] = {}
+    if rng.random() < 0.85:
+        config["interval"] = rng.choice(INTERVALS)
+    if rng.random() < 0.08:
+        config[rng.choice(JUNK)] = "x"
+    return config
+
+
+def _sharing(rng: random.Random) -> Any:
+    if rng.random() < 0.04:
+        return rng.choice([None, "MPS", [], 0])
+    sharing: dict[str, Any] = {}
+    if rng.random() < 0.95:
+        # Valid strategies most of the time, so the nested fields get reached.
+        good = rng.random() < 0.7
+        sharing["strategy"] = (
+            rng.choice(["TimeSlicing", "MPS"]) if good else rng.choice(NEAR_STRATEGIES)
+        )
+    if rng.random() < 0.5:
+        sharing["timeSlicingConfig"] = _time_slicing(rng)
+    if rng.random() < 0.5:
+        sharing["mpsConfig"] = _mps(rng)
+    if rng.random() < 0.06:
+        sharing[rng.choice(JUNK)] = {}
+    return sharing
+
+
+def generate(rng: random.Random) -> Any:
+    if rng.random() < 0.02:
+        return rng.choice([[], "GpuConfig", 1, {}])
+    params: dict[str, Any] = {}
+    if rng.random() < 0.96:
+        params["apiVersion"] = API_VERSION if rng.random() < 0.9 else rng.choice(VERSIONS)
+    if rng.random() < 0.96:
+        params["kind"] = "GpuConfig" if rng.random() < 0.9 else rng.choice(KINDS)
+    if rng.random() < 0.85:
+        params["sharing"] = _sharing(rng)
+    if rng.random() < 0.05:
+        params[rng.choice(JUNK)] = "x"
+    return params
+
+
+def _walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk(item, f"{path}.{key}" if path else key)
+
+
+def _coverage(cases: list[Any], admitted: list[bool]) -> dict[str, tuple[int, int]]:
+    """Per field path: how many cases set it in an admitted config, and in a refused one."""
+    counts: dict[str, list[int]] = {}
+    for params, ok in zip(cases, admitted, strict=True):
+        for path, _ in _walk(params):
+            if not path:
+                continue
+            key = path if not path.startswith("sharing.mpsConfig.defaultPerDevice") else (
+                "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.<key>"
+                if path.count(".") > 2 else path
+            )  # fmt: skip
+            counts.setdefault(key, [0, 0])[0 if ok else 1] += 1
+    return {k: (v[0], v[1]) for k, v in sorted(counts.items())}
+
+
+# ---- the tests ------------------------------------------------------------------------
+
+
+async def test_a_bad_config_is_refused_on_create_with_its_field(cluster: ControlPlane) -> None:
+    bad = {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlice"}}
+    code, body = _post(cluster, _claim(bad))
+    assert code == 422, body
+    message = json.loads(body)["message"]
+    assert POLICY in message
+    assert 'spec.devices.config[].opaque.parameters: field "sharing.strategy"' in message
+    assert "is TimeSlice" in message
+    over = {
+        "apiVersion": API_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}},
+    }
+    code, body = _post(cluster, _claim(over, template=True))
+    assert code == 422
+    assert "spec.spec.devices.config[]" in body and "from 0 to 100, is 150" in body
+    good = {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    assert _verdict(cluster, good) == 201
+    assert _verdict(cluster, good, template=True) == 201
+
+
+async def test_another_drivers_config_is_not_ours_to_check(cluster: ControlPlane) -> None:
+    claim = _claim({"anything": True})
+    claim["spec"]["devices"]["config"][0]["opaque"]["driver"] = "example.com"
+    assert _post(cluster, claim)[0] == 201
+
+
+async def test_the_server_and_the_decoder_agree_on_every_generated_config(
+    cluster: ControlPlane,
+) -> None:
+    rng = random.Random(SEED)
+    cases = [generate(rng) for _ in range(CASES)]
+    verdicts: Counter[str] = Counter()
+    disagreements = []
+    admitted = []
+    for i, params in enumerate(cases):
+        ours = _decoder_admits(params)
+        code, body = _post(cluster, _claim(params, name=f"c{i}", template=i % 5 == 0))
+        if code not in (201, 422):
+            raise AssertionError(f"case {i}: {code} {body[:500]}")
+        # What the API server's own validation refuses (a non-object) never reaches either.
+        if code == 422 and POLICY not in body:
+            verdicts["refused by the API server's own validation"] += 1
+            admitted.append(False)
+            continue
+        server = code == 201
+        verdicts[f"{'admitted' if server else 'refused'} by both" if server == ours
+                 else "disagreed"] += 1  # fmt: skip
+        admitted.append(ours)
+        if server != ours:
+            disagreements.append((i, params, code, body[:300]))
+    coverage = _coverage(cases, admitted)
+    print(f"\n{CASES} configs at {MINOR}: {dict(verdicts)}")
+    for path, (ok, bad) in coverage.items():
+        print(f"  {path}: {ok} admitted, {bad} refused")
+    assert not disagreements, disagreements[:5]
+    # Every field of GpuConfig was hit by at least one admitted and one refused config; an
+    # unknown field never passes.
+    assert set(FIELDS) <= set(coverage), set(FIELDS) - set(coverage)
+    assert all(coverage[f][0] and coverage[f][1] for f in FIELDS), coverage
+    assert all(ok == 0 for f, (ok, _) in coverage.items() if f not in FIELDS), coverage
+    assert verdicts["admitted by both"] > CASES // 5
+    assert verdicts["refused by both"] > CASES // 5
