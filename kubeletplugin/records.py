@@ -14,6 +14,12 @@ Layout (``plugin_dir`` is ``<plugins-dir>/<driver>``):
   is written with its inode, so it is never torn.
 - ``plugin_dir/claims/<uid>.json``: for a claim whose preparation has side effects
   (a device kind's ``prepare``), what to undo, written before the side effect.
+- ``plugin_dir/locks/<uid>.lock``: the claim's lock, an ``flock`` that every plugin
+  instance of the node (two during a surge upgrade) holds for the whole of a prepare
+  or unprepare of that claim, and that recovery holds while it judges the claim's
+  records: the per-device symlinks keep two claims apart, this keeps two instances
+  apart on one claim. Its file is removed by the last holder once the claim has no
+  record left (see :meth:`Records.try_lock_claim` for why that cannot race).
 - ``plugin_dir/boot_id``: the boot these records belong to, written once per boot at
   startup. ``plugin_dir/checkpoint.json``: release 0.1.0's node checkpoint, which
   startup migrates, replaced by a marker that 0.1.0 reads as "rebuild from the CDI
@@ -22,7 +28,8 @@ Layout (``plugin_dir`` is ``<plugins-dir>/<driver>``):
 A prepare: reserve each device (one ``symlink`` each, skipped for adminAccess), the
 per-claim record if there are side effects, the side effects, the spec (temp file,
 rename). An unprepare: remove the spec, undo the side effects, remove the per-claim
-record, release the devices. Distinct claims touch no common file and take no lock.
+record, release the devices. Both under the claim's lock. Distinct claims touch no
+common file and share no lock.
 
 Durability. Everything is atomic (a rename or a ``symlink``), so a crash of the
 process leaves each record whole: what it wrote is in the page cache and survives.
@@ -37,15 +44,18 @@ record that cannot be read is then refused, never guessed at); directory entries
 are not fsynced, since losing one loses a prepare the kubelet repeats after the
 reboot, or brings back an unprepared claim that holds its devices until the
 reconciler sees the claim gone. Per prepare: no fsync (one without a boot ID), one
-rename, one ``symlink`` per device, no lock; per unprepare: one ``unlink`` per file.
+rename, one ``symlink`` per device, one uncontended ``flock``; per unprepare: one
+``unlink`` per file.
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import re
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +69,9 @@ DEVICES_DIR = "devices"
 CLAIMS_DIR = "claims"
 BOOT_FILE = "boot_id"
 STARTUP_LOCK = "startup.lock"
+LOCKS_DIR = "locks"
+LOCK_SUFFIX = ".lock"
+LOCK_MODE = 0o600
 CLAIM_RECORD_KIND = "GpuDraClaimRecord"
 CLAIM_RECORD_VERSION = 1
 
@@ -195,13 +208,14 @@ class Records:
         self.cdi_root = cdi_root
         self.devices_dir = plugin_dir / DEVICES_DIR
         self.claims_dir = plugin_dir / CLAIMS_DIR
+        self.locks_dir = plugin_dir / LOCKS_DIR
         self.boot_id = boot_id
         # Without a boot ID a power loss goes unnoticed: records must never be torn.
         self.fsync = not boot_id
 
     def make_dirs(self) -> None:
         # Each missing directory gets its mode, whatever the umask (kubeletplugin.dirs).
-        for directory in (self.plugin_dir, self.devices_dir, self.claims_dir):
+        for directory in (self.plugin_dir, self.devices_dir, self.claims_dir, self.locks_dir):
             dirs.ensure_dir(directory, dirs.PRIVATE, ours=True)
         dirs.ensure_dir(self.cdi_root, dirs.CDI_ROOT)
 
@@ -209,12 +223,79 @@ class Records:
     def startup_lock(self) -> Iterator[None]:
         """Held while one instance recovers, so a second one starting never judges
         records the first is rewriting. Never held while serving."""
-        fd = os.open(self.plugin_dir / STARTUP_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.plugin_dir / STARTUP_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
+
+    # -- the claim's lock, shared by every plugin instance of the node --
+
+    def lock_path(self, uid: str) -> Path:
+        if not valid_uid(uid):  # nothing else becomes a path under the plugin dir
+            raise RecordError(f"claim uid {uid!r} is not a Kubernetes UID: no lock file for it")
+        return self.locks_dir / f"{uid}{LOCK_SUFFIX}"
+
+    def try_lock_claim(self, uid: str) -> int | None:
+        """Take ``uid``'s lock without waiting: the descriptor that holds it, or None when
+        another open file holds it (another instance, or recovery). A few syscalls.
+
+        The holder that finds the claim gone removes the file while it still holds the
+        lock (:meth:`unlock_claim`). One that opened the old file meanwhile then gets a
+        lock on a name that no longer leads to it, so after locking the name is checked
+        to still be the locked inode, and otherwise opened again: two holders can never
+        hold two different files of one claim.
+        """
+        path = self.lock_path(uid)
+        while True:
+            try:
+                # O_NOFOLLOW: a symlink planted at the name is refused, never followed.
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise RecordError(f"{path} is a symlink, not a claim lock: refused") from exc
+                raise
+            try:
+                opened = os.fstat(fd)
+                if not stat.S_ISREG(opened.st_mode) or opened.st_uid != os.geteuid():
+                    raise RecordError(f"{path} is not a lock file of this driver: refused")
+                if stat.S_IMODE(opened.st_mode) != LOCK_MODE:  # the umask narrows a create
+                    os.fchmod(fd, LOCK_MODE)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    return None
+                try:
+                    named = path.lstat()
+                except FileNotFoundError:
+                    named = None
+            except BaseException:
+                os.close(fd)
+                raise
+            if named is not None and (named.st_dev, named.st_ino) == (
+                opened.st_dev,
+                opened.st_ino,
+            ):
+                return fd
+            os.close(fd)  # its last holder removed it after we opened it: lock the new one
+
+    def unlock_claim(self, uid: str, fd: int) -> None:
+        """Release ``uid``'s lock; its file goes too when the claim has no record left."""
+        try:
+            # A lock file left behind costs an inode, never correctness: no error here.
+            with contextlib.suppress(OSError):
+                if self.unrecorded(uid):
+                    self.lock_path(uid).unlink()
+        finally:
+            os.close(fd)
+
+    def unrecorded(self, uid: str) -> bool:
+        """No record of ``uid`` is left: no spec, no side-effect record, no reservation."""
+        if self.spec_path(uid).exists() or self.claim_record_path(uid).exists():
+            return False
+        return all(target.split(":", 1)[0] != uid for target in self.reservations().values())
 
     # -- the spec: the record of a prepared claim --
 
@@ -318,6 +399,8 @@ class Records:
                 continue
             try:
                 out[entry.name] = str(Path(entry.path).readlink())
+            except FileNotFoundError:
+                continue  # released since the listing (another instance serves the node)
             except OSError:
                 out[entry.name] = ""
         return out
@@ -339,10 +422,9 @@ class Records:
                     released += 1
         return released
 
-    def force_reserve(self, device_name: str, holder: Holder) -> None:
-        """Recovery only: make ``device_name`` reserved for ``holder``."""
-        with contextlib.suppress(FileNotFoundError):
-            (self.devices_dir / device_name).unlink()
+    def restore_reservation(self, device_name: str, holder: Holder) -> None:
+        """Recovery only: reserve ``device_name`` for ``holder``; FileExistsError when
+        it is reserved already (another instance may serve meanwhile)."""
         (self.devices_dir / device_name).symlink_to(
             f"{holder.uid}:{holder.namespace}:{holder.name}"
         )

@@ -12,18 +12,24 @@ second plugin instance starting meanwhile waits). What it decides, per record:
   :class:`RecordError`, one line, the node stays not ready; it is never read as "no
   claim", which would hand its devices out twice;
 - a per-claim record of side effects with no spec: an interrupted prepare or
-  unprepare; its kind's ``recover`` undoes the side effects; the devices stay reserved
-  until the kubelet prepares or unprepares the claim again, or the reconciler sees
-  the claim gone; a ``recover`` that fails (the claim's GPU is bad) keeps the record
-  for those to finish and fails that claim alone, never the node;
+  unprepare, unless another plugin instance (a surge upgrade) holds the claim's lock:
+  then it is that instance's prepare or unprepare in flight, and left to it; otherwise
+  its kind's ``recover`` undoes the side effects, under the claim's lock; the devices
+  stay reserved until the kubelet prepares or unprepares the claim again, or the
+  reconciler sees the claim gone; a ``recover`` that fails (the claim's GPU is bad)
+  keeps the record for those to finish and fails that claim alone, never the node;
 - device reservations: void at the first start of a boot; otherwise kept (a
-  reservation without a spec is an interrupted prepare, as above);
+  reservation without a spec is an interrupted prepare, as above); a prepared claim's
+  missing one is made again (under the claim's lock, while its spec is still there);
+  a device reserved for another claim than the spec that names it is refused like an
+  unreadable record;
 - release 0.1.0's checkpoint: migrated (its claims are the truth, as 0.1.0 held them),
   then replaced by the marker a rollback to 0.1.0 understands (``kubeletplugin.checkpoint``).
 """
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import yaml
@@ -32,7 +38,13 @@ from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
 from driver.gpu.kinds import DeviceKind, PreparedClaim, PreparedDevice, by_name
 from kubeletplugin import cdi, checkpoint
-from kubeletplugin.records import Holder, RecordError, Records, decode_claim_record, parse_target
+from kubeletplugin.records import (
+    Holder,
+    RecordError,
+    Records,
+    decode_claim_record,
+    parse_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +238,8 @@ def _judge_claim_records(
             continue
         try:
             record_boot, claim = decode_claim_record(path.read_bytes())
+        except FileNotFoundError:
+            continue  # removed since the listing: another instance finished its unprepare
         except RecordError as exc:
             if fresh:
                 _remove(path, f"an unreadable record left by an earlier boot ({exc})")
@@ -239,10 +253,18 @@ def _judge_claim_records(
         unknown = sorted({d.kind for d in claim.devices} - kinds.keys())
         if unknown:
             raise _refuse(path, f"unknown device kind {unknown[0]!r}")
-        if not _recovered(claim, kinds):
-            unrecovered[claim.uid] = claim
-            continue
-        path.unlink(missing_ok=True)
+        # A record without a spec is an interrupted call only if no instance is in the
+        # middle of it: during a surge upgrade the other instance may be between the
+        # record and the spec of a prepare (or the spec and the record of an unprepare).
+        with _claim_locked(records, claim) as ours:
+            if not ours:
+                continue
+            if records.spec_path(claim.uid).exists():
+                continue  # its prepare finished since the specs were read: prepared
+            if not _recovered(claim, kinds):
+                unrecovered[claim.uid] = claim
+                continue
+            path.unlink(missing_ok=True)
         log.warning(
             "interrupted prepare rolled back: side effects undone, devices stay reserved until "
             "the kubelet retries or the claim is gone",
@@ -274,6 +296,25 @@ def _recovered(claim: PreparedClaim, kinds: Mapping[str, DeviceKind]) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _claim_locked(records: Records, claim: PreparedClaim | Holder) -> Iterator[bool]:
+    """Hold ``claim``'s lock if no other instance holds it; yields whether it is ours.
+    Never waits: a holder is a live instance (a lock dies with its process), and it
+    finishes the claim itself."""
+    fd = records.try_lock_claim(claim.uid)
+    if fd is None:
+        log.info(
+            "claim is being prepared or unprepared by another plugin instance; left to it",
+            extra=_claim_kv(claim),
+        )
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        records.unlock_claim(claim.uid, fd)
+
+
 def _reserve(
     records: Records,
     live: Mapping[str, PreparedClaim],
@@ -289,17 +330,37 @@ def _reserve(
     for name, target in current.items():
         if parse_target(target) is None:
             raise _refuse(records.devices_dir / name, f"not a reservation: {target!r}")
-    for claim in [*live.values(), *pending.values()]:
-        holder = Holder(claim.uid, claim.namespace, claim.name)
-        for device in claim.devices:
-            if device.admin_access:
+    for claim in pending.values():
+        _hold(records, claim)
+    for claim in live.values():
+        if reset:  # no instance serves at a boot's first start, nor beside 0.1.0's records
+            _hold(records, claim)
+            continue
+        # Another instance may serve the node: it may have unprepared the claim since its
+        # spec was read (and given the device to the next claim), or be doing so now.
+        with _claim_locked(records, claim) as ours:
+            if ours and records.spec_path(claim.uid).exists():
+                _hold(records, claim)
+
+
+def _hold(records: Records, claim: PreparedClaim) -> None:
+    """Reserve each device of a prepared claim for it; one reserved for another claim is
+    a record-integrity failure like an unreadable record: refused, never served twice."""
+    holder = Holder(claim.uid, claim.namespace, claim.name)
+    for device in claim.devices:
+        if device.admin_access:
+            continue
+        held = records.holder(device.reservation)
+        if held is None:
+            try:
+                records.restore_reservation(device.reservation, holder)
                 continue
-            held = parse_target(current.get(device.reservation, ""))
-            if held is None:
-                records.force_reserve(device.reservation, holder)
-                current[device.reservation] = f"{claim.uid}:{claim.namespace}:{claim.name}"
-            elif held.uid != claim.uid:
-                log.error(
-                    "device recorded for two claims; it stays with the first",
-                    extra={**_claim_kv(claim), "device": device.reservation, "holder": str(held)},
-                )
+            except FileExistsError:  # reserved in between: by whom?
+                held = records.holder(device.reservation)
+        if held is None or held.uid != claim.uid:
+            raise _refuse(
+                records.devices_dir / device.reservation,
+                f"device {device.reservation} is reserved for claim "
+                f"{held if held is not None else '(unreadable reservation)'}, and the CDI "
+                f"spec of claim {holder} says it is prepared with it",
+            )

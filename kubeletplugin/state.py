@@ -7,11 +7,14 @@ effects (only for kinds that have them, after a per-claim record), the CDI spec
 The records, their crash safety and their durability are ``kubeletplugin.records``;
 startup recovery is ``kubeletplugin.recovery``.
 
-Each claim is handled in its own task: calls for one claim are serialized, distinct
-claims run in parallel and share no file and no lock, and a call the kubelet gives
-up on (45 s timeout) finishes in the background, so what it leaves on disk is always
-a whole step, never half of one. File steps that need no fsync are a few syscalls
-and run on the event loop; an fsync or a kind's side effect runs in a worker thread.
+Each claim is handled in its own task: calls for one claim are serialized, in this
+process by an asyncio lock and across the node's plugin instances (two during a surge
+upgrade) by the claim's file lock; distinct claims run in parallel and share no file
+and no lock, and a call the kubelet gives up on (45 s timeout) finishes in the
+background, so what it leaves on disk is always a whole step, never half of one.
+File steps that need no fsync are a few syscalls and run on the event loop (the
+claim's lock too: one non-blocking ``flock``); an fsync or a kind's side effect runs
+in a worker thread.
 """
 
 import asyncio
@@ -26,7 +29,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from kubernetes.aio.client import ApiClient
 
 from driver.common.crashpoints import crashpoint
-from driver.common.errors import DriverError
+from driver.common.errors import DriverError, RetryableError
 from driver.common.logs import kv
 from driver.gpu.kinds import (
     DeviceKind,
@@ -61,6 +64,7 @@ from kubeletplugin.records import (
 from kubeletplugin.recovery import ForeignStateError
 
 __all__ = [
+    "ClaimBusyError",
     "ClaimObserver",
     "ClaimRef",
     "DeviceState",
@@ -68,6 +72,7 @@ __all__ = [
     "PrepareResult",
     "PreparedDevice",
     "RecordError",
+    "RollbackError",
     "StateConfig",
 ]
 
@@ -76,6 +81,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _GONE_CHECKS_IN_FLIGHT = 8
+# How long a call waits for the claim's lock that another plugin instance holds (its
+# prepare may make a MIG instance or start an MPS daemon: seconds), and the polls' span.
+CLAIM_LOCK_WAIT_S = 30.0
+_CLAIM_LOCK_POLL_S = (0.002, 0.05)
+
+
+class ClaimBusyError(RetryableError):
+    """Another plugin instance of the node is preparing or unpreparing the claim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +126,15 @@ class StateConfig:
     mps_control: Path | None = None  # nvidia-cuda-mps-control; default under the root
     nvml: Any = None  # the loaded NVML (driver.nvml.Nvml), for kinds that make MIG instances
     proc_root: Path = Path("/")  # where the driver's /proc/driver/nvidia lies
+
+
+class RollbackError(RetryableError):
+    """A prepare failed and undoing it did not finish (a read-only mount, a tool that
+    fails): a retry, once the cause is gone, finishes it."""
+
+
+def _described(exc: Exception) -> str:
+    return f"writing node state failed: {exc}" if isinstance(exc, OSError) else str(exc)
 
 
 def _claim_kv(ref: ClaimRef | PreparedClaim | Holder) -> dict[str, Any]:
@@ -289,6 +311,30 @@ class DeviceState:
             else:
                 self._claim_locks[uid] = (lock, users - 1)
 
+    @contextlib.asynccontextmanager
+    async def _node_claim_lock(self, ref: ClaimRef) -> AsyncIterator[None]:
+        """The claim's lock that every instance of the node takes (records.try_lock_claim),
+        held for the whole call. Polled, never waited on in a thread: a wait that cannot
+        be bounded would tie up a worker thread for as long as the other instance takes."""
+        if not valid_uid(ref.uid):
+            yield  # no record can be named after it: nothing to keep apart
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLAIM_LOCK_WAIT_S
+        pause, longest = _CLAIM_LOCK_POLL_S
+        while (fd := self._records.try_lock_claim(ref.uid)) is None:
+            if loop.time() > deadline:
+                raise ClaimBusyError(
+                    f"claim {ref}: another plugin instance of this node has been preparing or "
+                    f"unpreparing it for over {CLAIM_LOCK_WAIT_S:g}s"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)
+        try:
+            yield
+        finally:
+            self._records.unlock_claim(ref.uid, fd)
+
     async def _file_step(self, step: Callable[..., T], *args: Any) -> T:
         """A record write: inline when it is a few syscalls, in a thread when it fsyncs."""
         if self._records.fsync:
@@ -300,7 +346,8 @@ class DeviceState:
         outcome, result = "error", PrepareResult()
         async with self._claim_lock(ref.uid):
             try:
-                outcome, claim = await self._prepare(ref)
+                async with self._node_claim_lock(ref):
+                    outcome, claim = await self._prepare(ref)
                 result = PrepareResult(devices=claim.devices)
             except DriverError as exc:
                 result = PrepareResult(error=str(exc))
@@ -390,8 +437,25 @@ class DeviceState:
                 )
             # CDI: the spec is the claim's record; once it is in place the claim is prepared.
             await self._file_step(self._records.write_spec, ref.uid, spec)
-        except BaseException:
-            await self._roll_back(claim)
+        except BaseException as exc:
+            if existing is not None:
+                # The claim was prepared before this call, and a pod may run with it: undoing
+                # it would stop its MPS daemon or destroy its MIG instance under the pod and
+                # hand its devices to the next claim. The old spec, its side effects and its
+                # reservations stay; the kubelet's retry rewrites the spec.
+                self._held[ref.uid] = _device_names(claim)
+                log.error(
+                    "prepare of a prepared claim failed; it stays prepared as it was",
+                    extra={**_claim_kv(ref), "error": repr(exc)},
+                )
+                raise
+            problems = await self._roll_back(claim)
+            if problems and isinstance(exc, Exception):
+                raise RollbackError(
+                    f"claim {ref}: prepare failed ({_described(exc)}) and undoing it did not "
+                    f"finish ({'; '.join(problems)}); what is left stays recorded and reserved "
+                    "until the kubelet's retry or an unprepare finishes it"
+                ) from exc
             raise
         crashpoint("after-cdi-write")
         # Complete.
@@ -455,23 +519,67 @@ class DeviceState:
             raise ClaimError(f"claim {ref}: {mismatch}")
         log.warning("CDI spec of a prepared claim differed; rewriting", extra=_claim_kv(ref))
 
-    async def _roll_back(self, claim: PreparedClaim) -> None:
-        """Undo a prepare that failed half-way (e.g. disk full): nothing stays reserved."""
+    async def _roll_back(self, claim: PreparedClaim) -> list[str]:
+        """Undo a prepare of a claim that was not prepared before the call (e.g. on a full
+        disk). Each step runs whatever became of the others, except where running it would
+        leave a worse state than stopping: returns what could not be undone, [] when
+        nothing of the prepare is left.
+
+        Order matters across the steps, not their success: a spec that stays is a prepared
+        claim, so its side effects and devices stay with it; a side-effect record is the
+        only way the unprepare or recovery finds a side effect still standing, and the
+        reservation keeps its device from the next claim until then (recovering a stale
+        record would destroy a MIG instance at a placement another claim was given).
+        """
+        problems: list[str] = []
+        ref = _claim_kv(claim)
+
+        def failed(step: str, exc: BaseException) -> None:
+            log.error("rollback step failed", extra={**ref, "step": step, "error": repr(exc)})
+            problems.append(f"{step}: {exc}")
+
         try:
             self._records.remove_spec(claim.uid)
-            kinds = [k for k in _kinds_of(claim) if k.has_side_effects(claim)]
-            for kind in kinds:
+        except OSError as exc:
+            # A read-only mount refuses the unlink even of a name that is not there (the
+            # kernel checks the mount first); only a spec that is there must stop us.
+            try:
+                stays = self._records.read_spec(claim.uid) is not None
+            except OSError:
+                stays = True  # unreadable: assume the worst, it may be served
+            if stays:
+                failed("removing the CDI spec", exc)
+                return problems
+            log.warning(
+                "removing the CDI spec failed, but there is none; rolling back the rest",
+                extra={**ref, "error": repr(exc)},
+            )
+        undone = True
+        for kind in [k for k in _kinds_of(claim) if k.has_side_effects(claim)]:
+            try:
                 await asyncio.to_thread(kind.unprepare, claim)
+            except Exception as exc:  # the other kinds are still undone
+                failed(f"undoing the {kind.name} side effects", exc)
+                undone = False
+        if not undone:
+            return problems
+        try:
             self._records.remove_claim_record(claim.uid)
+        except OSError as exc:
+            failed("removing the side-effect record", exc)
+            return problems
+        try:
             self._records.release(claim.uid, _device_names(claim))
-        except Exception:  # the reservation stays; the next prepare or unprepare retries
-            log.exception("rollback of a failed prepare failed", extra=_claim_kv(claim))
+        except OSError as exc:
+            failed("releasing the devices", exc)
+        return problems
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         started = time.perf_counter()
         async with self._claim_lock(ref.uid):
             try:
-                outcome = await self._unprepare(ref)
+                async with self._node_claim_lock(ref):
+                    outcome = await self._unprepare(ref)
                 error = ""
             except DriverError as exc:
                 outcome, error = "error", str(exc)

@@ -2,7 +2,8 @@
 
 The argument is in kubeletplugin/records.py: with a boot ID nothing is fsynced (a
 power loss, the only thing that loses a page-cache write, voids the boot's records);
-without one each record file is fsynced before its rename so none can be torn.
+without one each record file is fsynced before its rename so none can be torn. The one
+lock is the claim's own, which every plugin instance of the node takes.
 """
 
 import fcntl
@@ -40,7 +41,7 @@ def _trace(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         real["unlink"](path, **kwargs)
 
     def flock(fd: Any, operation: int) -> None:
-        events.append(("flock", str(fd)))
+        events.append(("flock", str(Path(f"/proc/self/fd/{fd}").readlink())))
         real_flock(fd, operation)
 
     for name, fake in (("fsync", fsync), ("replace", replace), ("symlink", symlink)):
@@ -73,20 +74,25 @@ async def test_prepare_and_unprepare_write_one_record_per_claim_in_order(
 
     spec = str(cdi.spec_path(config.cdi_root, ref.uid))
     devices = config.plugin_dir / "devices"
+    lock = str(config.plugin_dir / "locks" / f"{ref.uid}.lock")
     reserve = [("symlink", str(devices / "gpu-5")), ("symlink", str(devices / "gpu-6"))]
-    # Reserve each device, then the spec: one rename, fsynced (its temp file) only
-    # where no boot ID voids what a power loss could tear. No lock.
-    fsync = [("fsync", prepare_events[2][1])] if not boot_id else []
-    assert prepare_events == [*reserve, *fsync, ("rename", spec)]
+    # The claim's lock, each device reserved, then the spec: one rename, fsynced (its
+    # temp file) only where no boot ID voids what a power loss could tear.
+    fsync = [("fsync", prepare_events[3][1])] if not boot_id else []
+    assert prepare_events == [("flock", lock), *reserve, *fsync, ("rename", spec)]
     if not boot_id:
-        assert Path(prepare_events[2][1]).parent == config.cdi_root
-    # Unprepare: the spec first, then the reservations; no fsync, no rename, no lock.
+        assert Path(prepare_events[3][1]).parent == config.cdi_root
+    # Unprepare: the spec first, then the reservations, then the lock file of a claim
+    # that is gone; no fsync, no rename.
     assert unprepare_events == [
+        ("flock", lock),
         ("unlink", spec),
         ("unlink", str(devices / "gpu-5")),
         ("unlink", str(devices / "gpu-6")),
+        ("unlink", lock),
     ]
     assert _listing(Path(spec).parent) == [] and _listing(devices) == []
+    assert _listing(config.plugin_dir / "locks") == []
 
 
 async def test_an_already_prepared_claim_writes_nothing(
@@ -100,4 +106,4 @@ async def test_an_already_prepared_claim_writes_nothing(
     first = await state.prepare([ref])
     events = _trace(monkeypatch)
     assert await state.prepare([ref]) == first
-    assert events == []
+    assert events == [("flock", str(config.plugin_dir / "locks" / f"{ref.uid}.lock"))]

@@ -7,6 +7,7 @@ An upgrade migrates it at start without unpreparing a live claim. A rollback run
 rebuilds its state from the CDI specs, losing no claim.
 """
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -18,7 +19,10 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from kubeletplugin import cdi, checkpoint
+from kubeletplugin.claims import ClaimRef
 from kubeletplugin.state import DeviceState, StateConfig
+from sandbox.apiserver import LocalApiServer
+from tests.fsfaults import disk_full
 from tests.test_state import _config, _inventory, create_claim, devices_of, reservations
 
 DATA = Path(__file__).resolve().parent / "data" / "v0_1_0"
@@ -58,8 +62,6 @@ async def test_upgrade_keeps_every_live_claim_prepared(
     assert "device gpu-2 is already prepared for claim default/live-b" in refused
     # The migrated claims unprepare like any other; restarting migrates nothing twice.
     live_b = cdi.claim_from_spec(json.loads(before[cdi.spec_name(LIVE_B)]))
-    from kubeletplugin.claims import ClaimRef
-
     ref = ClaimRef(uid=live_b.uid, namespace=live_b.namespace, name=live_b.name)
     assert await state.unprepare([ref]) == {ref.uid: ""}
     state = await _open(config, api_client, tmp_path)
@@ -95,8 +97,8 @@ async def test_a_0_1_0_node_that_rebooted_keeps_nothing(
     assert reservations(config) == {}
 
 
-def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
-    """0.1.0's startup recovery, its own code, on this node's files."""
+def _release_0_1_0(tmp_path: Path) -> Path:
+    """0.1.0's code, from this repository's history, in a directory of its own."""
     if subprocess.run(
         ["git", "-C", str(ROOT), "cat-file", "-e", f"{RELEASE_0_1_0}^{{commit}}"],
         capture_output=True,
@@ -111,6 +113,12 @@ def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
         check=True,
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    return old
+
+
+def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
+    """0.1.0's startup recovery, its own code, on this node's files."""
+    old = _release_0_1_0(tmp_path)
     script = textwrap.dedent(
         f"""
         import asyncio
@@ -167,3 +175,80 @@ async def test_rollback_to_0_1_0_reads_the_claims_from_the_specs_and_back(
         "gpu-5": fresh.uid,
     }
     assert await state.prepare([fresh]) == await state.prepare([fresh])
+
+
+async def _prepare_with_0_1_0(
+    tmp_path: Path, config: StateConfig, api_url: str, ref: ClaimRef
+) -> None:
+    """0.1.0's own prepare of ``ref`` on this node's files (a claim it prepared before the
+    upgrade): its checkpoint, and the CDI spec in its own layout."""
+    old = _release_0_1_0(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from pathlib import Path
+        from kubernetes.aio import client
+        from driver.discovery import discover
+        from driver.nvml.simulated import SimulatedNode
+        from kubeletplugin.state import ClaimRef, DeviceState, StateConfig
+
+        async def main():
+            node = SimulatedNode("p5.48xlarge", "node-a", Path({str(tmp_path / "sysfs-0.1.0")!r}))
+            inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
+            config = StateConfig(
+                plugin_dir=Path({str(config.plugin_dir)!r}),
+                cdi_root=Path({str(config.cdi_root)!r}),
+                driver_name="gpu.nvidia.com",
+                node_name="node-a",
+                boot_id_path=Path({str(config.boot_id_path)!r}),
+                nvml_mode="simulated",
+            )
+            ref = ClaimRef(uid={ref.uid!r}, namespace={ref.namespace!r}, name={ref.name!r})
+            async with client.ApiClient(client.Configuration(host={api_url!r})) as api:
+                state = await DeviceState.open(config, api, inventory)
+                result = (await state.prepare([ref]))[ref.uid]
+                assert result.error == "", result.error
+
+        asyncio.run(main())
+        """
+    )
+    # In a thread: the local API server it calls runs on this event loop.
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", script],
+        cwd=old,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+async def test_a_failed_repeat_prepare_keeps_the_claim_0_1_0_prepared(
+    api_client: k8s.ApiClient,
+    apiserver: LocalApiServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _config(tmp_path)
+    ref = await create_claim(api_client, "by-0-1-0", ["gpu-3"])
+    await _prepare_with_0_1_0(tmp_path, config, apiserver.url, ref)
+    by_0_1_0 = _specs(config)
+    state = await _open(config, api_client, tmp_path)  # the upgrade keeps 0.1.0's spec
+    assert _specs(config) == by_0_1_0 and reservations(config) == {"gpu-3": ref.uid}
+
+    # The kubelet prepares its claims again after the upgrade; this release would write
+    # the spec in its own layout, and the disk is full.
+    full = disk_full(monkeypatch, config.cdi_root)
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert full.hits and "No space left on device" in error
+    # The claim a pod runs with stays prepared as 0.1.0 left it.
+    assert _specs(config) == by_0_1_0
+    assert reservations(config) == {"gpu-3": ref.uid}
+    rival = await create_claim(api_client, "rival", ["gpu-3"])
+    assert "already prepared for claim default/by-0-1-0" in (
+        (await state.prepare([rival]))[rival.uid].error
+    )
+    monkeypatch.undo()
+    assert (await state.prepare([ref]))[ref.uid].error == ""  # the retry rewrites it
+    assert reservations(config) == {"gpu-3": ref.uid}

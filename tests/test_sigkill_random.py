@@ -10,6 +10,7 @@ real kubelet does; then the invariants must hold:
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -127,3 +128,185 @@ async def test_random_sigkills_lose_nothing_and_grant_nothing_twice(
     finally:
         for proc in started:
             proc.kill()
+
+
+# ---- two instances at once (a surge upgrade), claims with side effects ---------------------
+
+SURGE_NODE = "node-u"
+SURGE_KILLS = 12
+PODS = ("old-pod", "new-pod")
+# name -> (device, the kind of side effect it has). No dynamic-MIG claim yet: the simulated
+# library's MIG state is not safe to read from one process while another changes it (a
+# discovery meanwhile skips the GPU, a create fails on a missing cap file), and each
+# instance takes the MIG instances its sibling made for out of band; both need fixing first.
+SURGE_CLAIMS: dict[str, tuple[str, str]] = {
+    "mps-a": ("gpu-1", "mps"),
+    "mps-b": ("gpu-2", "mps"),
+    "sliced-a": ("gpu-3", "timeslicing"),
+    "sliced-b": ("gpu-4", "timeslicing"),
+    "plain": ("gpu-5", "none"),
+}
+
+
+def _side_effects(dirs: NodeDirs) -> dict[str, Any]:
+    from tests.test_mps import daemon_pids
+
+    holders = dirs.plugin_data / "kinds" / "gpu" / "timeslice"
+    return {
+        "mps daemons": len(daemon_pids(dirs.root)),
+        # <gpu uuid>/<claim uid>; each GPU's lock file beside them is no holder
+        "time-slice holders": sorted(p.name for p in holders.glob("*/*") if p.is_file())
+        if holders.exists()
+        else [],
+        "claim records": sorted(p.stem for p in (dirs.plugin_data / "claims").glob("*.json")),
+    }
+
+
+def _expected_side_effects(prepared: set[str], kind_of: dict[str, str]) -> dict[str, Any]:
+    return {
+        "mps daemons": sum(kind_of[uid] == "mps" for uid in prepared),
+        "time-slice holders": sorted(uid for uid in prepared if kind_of[uid] == "timeslicing"),
+        "claim records": sorted(uid for uid in prepared if kind_of[uid] != "none"),
+    }
+
+
+async def _retry(plugin: PluginProcess, claims: list[ClaimRef], prepare: bool) -> None:
+    """The kubelet's retry of a call whose answer it never got (or got: idempotent)."""
+    async with await KubeletSim.register(plugin.paths.registration) as kubelet:
+        answer = await (kubelet.prepare(claims) if prepare else kubelet.unprepare(claims))
+        errors = {c.name: answer.claims[c.uid].error for c in claims}
+        assert set(errors.values()) == {""}, errors
+
+
+async def test_random_sigkills_of_two_instances_at_once_lose_nothing_and_leak_nothing(
+    kube: tuple[Any, Path], dirs: NodeDirs
+) -> None:
+    from tests.test_mps import Control, daemon_pids, mps
+    from tests.test_timeslicing import Smi, timeslicing
+
+    api, kubeconfig = kube
+    await create_node(api, SURGE_NODE)
+    rng = random.Random(SEED)
+    env = {
+        "GPU_DRA_NVIDIA_SMI": str(Smi(dirs.root / "smi").path),
+        "GPU_DRA_MPS_CONTROL": str(Control(dirs.root / "mps").path),
+    }
+    configs = {"mps": [mps()], "timeslicing": [timeslicing("Medium")]}
+    claims: list[ClaimRef] = []
+    gpu_of: dict[str, str] = {}
+    kind_of: dict[str, str] = {}
+    for name, (device, kind) in SURGE_CLAIMS.items():
+        ref = await create_claim(
+            api, name, node=SURGE_NODE, devices=[device], config=configs.get(kind, [])
+        )
+        claims.append(ref)
+        gpu_of[ref.uid], kind_of[ref.uid] = device, kind
+    prepared: set[str] = set()
+    started: list[PluginProcess] = []
+
+    def start(pod: str) -> PluginProcess:
+        proc = PluginProcess(
+            dirs,
+            kubeconfig=kubeconfig,
+            node_name=SURGE_NODE,
+            pod_uid=pod,
+            extra_env=env,
+        )
+        started.append(proc)
+        return proc
+
+    def check() -> None:
+        _check(dirs, prepared, gpu_of)
+        assert _side_effects(dirs) == _expected_side_effects(prepared, kind_of)
+
+    kills = cut = most = churn = 0
+    try:
+        plugins = {}
+        for pod in PODS:  # one after the other: each builds the simulated node's sysfs
+            plugins[pod] = start(pod)
+            await plugins[pod].wait_ready()
+        # Until enough kills, and at least one of them cut a call off (a seed whose kills
+        # all land between calls proves less), within a bound.
+        while (kills < SURGE_KILLS or not cut) and kills < 3 * SURGE_KILLS:
+            chosen = rng.sample(claims, rng.randint(1, 3))
+            prepare = rng.random() < 0.6
+            # Each claim of the call through either instance: the kubelet talks to both.
+            through = {c.uid: rng.choice(PODS) for c in chosen}
+            doomed = rng.sample(PODS, 1 if rng.random() < 0.8 else 2)
+            kubelets = {
+                pod: await KubeletSim.register(plugins[pod].paths.registration) for pod in PODS
+            }
+            try:
+                calls = []
+                for pod in PODS:
+                    mine = [c for c in chosen if through[c.uid] == pod]
+                    if mine:
+                        kubelet = kubelets[pod]
+                        call = kubelet.prepare(mine) if prepare else kubelet.unprepare(mine)
+                        calls.append(asyncio.ensure_future(call))
+                # A random moment: before the calls arrive, during them, or after.
+                await asyncio.sleep(rng.uniform(0, 0.04))
+                for pod in doomed:
+                    os.kill(plugins[pod].pid, signal.SIGKILL)
+                answers = await asyncio.gather(*calls, return_exceptions=True)
+                cut += sum(isinstance(a, BaseException) for a in answers)
+            finally:
+                for kubelet in kubelets.values():
+                    await kubelet.close()
+            for n, pod in enumerate(doomed):
+                await plugins[pod].wait_exit()
+                kills += 1
+                if n:  # two simulated nodes must not build their sysfs at once
+                    await plugins[doomed[0]].wait_ready()
+                # The successor starts, and recovers, while the other instance serves.
+                plugins[pod] = start(pod)
+            survivors = [pod for pod in PODS if pod not in doomed]
+            if survivors:
+                # The instance that lives serves on while its sibling starts up and
+                # recovers: the kubelet prepares and unprepares the claims through it
+                # over and over, then retries the call the kill cut off.
+                ready = asyncio.ensure_future(
+                    asyncio.gather(*(plugins[pod].wait_ready() for pod in doomed))
+                )
+                while not ready.done():
+                    await _retry(plugins[survivors[0]], chosen, not prepare)
+                    await _retry(plugins[survivors[0]], chosen, prepare)
+                    churn += 1
+                await ready
+                await _retry(plugins[survivors[0]], chosen, prepare)
+            else:
+                for pod in doomed:
+                    await plugins[pod].wait_ready()
+                await _retry(plugins[rng.choice(PODS)], chosen, prepare)
+            prepared = (
+                prepared | {c.uid for c in chosen}
+                if prepare
+                else prepared - {c.uid for c in chosen}
+            )
+            check()
+            most = max(most, len(prepared))
+        # Both instances gone at once, and back: everything prepared is still whole.
+        for plugin in plugins.values():
+            plugin.kill()
+        plugins = {}
+        for pod in PODS:  # one after the other: each builds the simulated node's sysfs
+            plugins[pod] = start(pod)
+            await plugins[pod].wait_ready()
+        check()
+        async with await KubeletSim.register(plugins[PODS[1]].paths.registration) as kubelet:
+            undone = await kubelet.unprepare(claims)
+            assert all(undone.claims[c.uid].error == "" for c in claims), undone
+        prepared.clear()
+        check()
+        # The run met what it is for: calls cut off by a kill, several claims prepared.
+        assert kills >= SURGE_KILLS and cut > 0 and most >= 3 and churn > 0, (kills, cut, most)
+    except BaseException:
+        for proc in started:  # shown with the failure: what each instance did
+            print(f"---- {proc.log_path.name}\n{proc.log()}")
+        raise
+    finally:
+        for proc in started:
+            proc.kill()
+        for pid in daemon_pids(dirs.root):  # whatever a failed run left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

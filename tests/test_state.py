@@ -502,6 +502,24 @@ async def test_record_of_this_boot_not_understood_is_refused(
     assert node.reservations() == {"gpu-0": live.uid}
 
 
+async def test_a_device_recorded_for_two_claims_is_refused(node: Node) -> None:
+    first = await node.claim("first", ["gpu-2"])
+    second = await node.claim("second", ["gpu-3"])
+    await node.state.prepare([first, second])
+    # The spec of "second" names gpu-3; its reservation now names "first" (a record
+    # edited by hand, or one of two releases that both think they hold it).
+    link = node.config.plugin_dir / "devices" / "gpu-3"
+    link.unlink()
+    link.symlink_to(f"{first.uid}:default:first")
+    with pytest.raises(RecordError, match=r"devices/gpu-3 is a record of the current boot") as err:
+        await node.restart()
+    assert "reserved for claim default/first" in str(err.value)
+    assert "default/second" in str(err.value)
+    # Nothing was changed: the person who looks finds what the plugin found.
+    assert set(node.prepared()) == {first.uid, second.uid}
+    assert node.reservations() == {"gpu-2": first.uid, "gpu-3": first.uid}
+
+
 async def test_reboot_drops_prepared_claims(node: Node) -> None:
     before = await node.claim("before", ["gpu-1"])
     after = await node.claim("after", ["gpu-1"])

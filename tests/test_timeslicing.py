@@ -16,7 +16,9 @@ from driver.gpu.kinds import KindContext, NodeDevices, PreparedClaim, PreparedDe
 from driver.gpu.kinds.gpu import UUID_KEY
 from driver.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
 from driver.gpu.nvidiasmi import TIMESLICE_LEVELS
+from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
+from tests.fsfaults import disk_full, read_only
 from tests.standin import StandIn
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 
@@ -194,6 +196,63 @@ async def test_a_holder_of_an_earlier_boot_does_not_keep_the_setting(
     assert await state.unprepare([ref]) == {ref.uid: ""}
     assert smi.calls() == [*sliced(uuid, 1), *sliced(uuid, 0)]
     assert _holders(tmp_path) == []
+
+
+async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices(
+    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = await _state(api_client, tmp_path, smi.path)
+    uuid = _uuid(tmp_path, "gpu-0")
+    ref = await create_claim(api_client, "sliced", ["gpu-0"], config=[timeslicing("Short")])
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    assert smi.calls() == sliced(uuid, 1)
+    # The spec as the release before wrote it (pretty-printed): same claim, other bytes.
+    path = cdi.spec_path(tmp_path / "cdi", ref.uid)
+    path.write_text(json.dumps(json.loads(path.read_bytes()), indent=1))
+    layout = path.read_bytes()
+    plugin_dir = tmp_path / "plugins" / DRIVER
+    record = (plugin_dir / "claims" / f"{ref.uid}.json").read_bytes()
+
+    # The kubelet prepares it again while the disk is full: the side-effect record's
+    # rewrite, the first write of the repeat, fails.
+    full = disk_full(monkeypatch, plugin_dir / "claims")
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert full.hits and "No space left on device" in error
+    # The pod that runs with the claim keeps its GPU's setting, its spec and its device.
+    assert path.read_bytes() == layout
+    assert _holders(tmp_path) == [f"{uuid}/{ref.uid}"]
+    assert (plugin_dir / "claims" / f"{ref.uid}.json").read_bytes() == record
+    assert (plugin_dir / "devices" / "gpu-0").readlink().name.startswith(ref.uid)
+    assert "-c DEFAULT" not in " ".join(smi.calls())  # the setting was never reset
+    monkeypatch.undo()
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert smi.calls()[-1:] == [f"compute-policy -i {uuid} --set-timeslice 0"]
+    assert _holders(tmp_path) == []
+
+
+async def test_a_read_only_cdi_root_during_prepare_leaves_nothing_half_prepared(
+    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = await _state(api_client, tmp_path, smi.path)
+    uuid = _uuid(tmp_path, "gpu-1")
+    ref = await create_claim(api_client, "sliced", ["gpu-1"], config=[timeslicing("Long")])
+    plugin_dir = tmp_path / "plugins" / DRIVER
+    # The CDI root's mount went read-only: the spec cannot be written, and removing it
+    # (which a rollback does first) fails as well, although there is none.
+    ro = read_only(monkeypatch, tmp_path / "cdi")
+    error = (await state.prepare([ref]))[ref.uid].error
+    assert {"open", "unlink"} <= set(ro.hits)
+    assert "Read-only file system" in error
+    # Every other step of the rollback ran: the setting restored, its holder, the
+    # side-effect record and the reservation gone; the GPU is free for the next claim.
+    assert smi.calls() == [*sliced(uuid, 3), *sliced(uuid, 0)]
+    assert _holders(tmp_path) == []
+    assert list((plugin_dir / "claims").iterdir()) == []
+    assert list((plugin_dir / "devices").iterdir()) == []
+    monkeypatch.undo()
+    other = await create_claim(api_client, "next", ["gpu-1"])
+    assert (await state.prepare([other]))[other.uid].error == ""
 
 
 INTERVALS = ("Default", "Short", "Medium", "Long")

@@ -371,9 +371,11 @@ class Mps:
             self._smi.run("-i", uuid, "-c", "DEFAULT")
 
     def _reap(self) -> None:
+        # Called from worker threads side by side (two claims' unprepares, the watchdog):
+        # another one may have reaped the same child a moment ago.
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
-                del self._children[pid]
+                self._children.pop(pid, None)
 
     def _gpu_dir(self, uuid: str) -> Path:
         if self._dir is None:
