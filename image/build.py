@@ -115,7 +115,16 @@ def _rootfs(arch: str, root: Path) -> None:
 def _site(arch: str, root: Path, work: Path) -> None:
     wheels = work / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(ROOT)])
+    # From a clean copy: setuptools stages a build in the source tree (build/lib), and a
+    # module removed since the last build would stay in the next wheel.
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, source / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)])
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     _run([*pip, "download", *_pip_platform_args(arch), "--dest", str(wheels), *deps])
     _run([

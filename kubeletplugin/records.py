@@ -54,7 +54,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.common.errors import PermanentError
+from driver.common.fsutil import TEMP_SUFFIX, ensure_dir, write_atomic
 from driver.gpu.kinds import PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, dirs, names
 
@@ -77,7 +77,6 @@ CLAIM_RECORD_VERSION = 1
 
 # A DRA device name is a DNS label: it can name a file.
 _DEVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_TEMP_SUFFIX = ".tmp"
 # devices/<device>#<share ID>: one share of a device with allowMultipleAllocations.
 SHARE_SEPARATOR = "#"
 
@@ -116,28 +115,6 @@ def parse_target(target: str) -> Holder | None:
     if len(parts) != 3 or not valid_uid(parts[0]):
         return None
     return Holder(*parts)
-
-
-def write_atomic(path: Path, content: bytes, *, fsync: bool) -> None:
-    """Temp file in the same directory, (fsync,) rename over ``path``.
-
-    The temp name starts with a dot and ends in .tmp, so nothing that scans the
-    directory (a CDI registry, our recovery) mistakes it for a finished file.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_TEMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        try:
-            os.write(fd, content)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        tmp.replace(path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def _encode_device(device: PreparedDevice) -> dict[str, Any]:
@@ -216,8 +193,8 @@ class Records:
     def make_dirs(self) -> None:
         # Each missing directory gets its mode, whatever the umask (kubeletplugin.dirs).
         for directory in (self.plugin_dir, self.devices_dir, self.claims_dir, self.locks_dir):
-            dirs.ensure_dir(directory, dirs.PRIVATE, ours=True)
-        dirs.ensure_dir(self.cdi_root, dirs.CDI_ROOT)
+            ensure_dir(directory, dirs.PRIVATE, ours=True)
+        ensure_dir(self.cdi_root, dirs.CDI_ROOT)
 
     @contextlib.contextmanager
     def startup_lock(self) -> Iterator[None]:
@@ -395,7 +372,7 @@ class Records:
         except FileNotFoundError:
             return out
         for entry in entries:
-            if entry.name.endswith(_TEMP_SUFFIX):
+            if entry.name.endswith(TEMP_SUFFIX):
                 continue
             try:
                 out[entry.name] = str(Path(entry.path).readlink())
@@ -488,7 +465,7 @@ class Records:
             except FileNotFoundError:
                 continue
             for entry in entries:
-                if entry.name.startswith(prefix) and entry.name.endswith(_TEMP_SUFFIX):
+                if entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
                         Path(entry.path).unlink()
                         swept += 1

@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from driver.common.errors import DriverError, PermanentError
+from driver.common.fsutil import write_atomic
 from driver.common.logs import kv
 from driver.gpu.kinds import DeviceKind, PreparedClaim, PreparedDevice, by_name
 from kubeletplugin import cdi, checkpoint
@@ -143,8 +144,6 @@ def _recover(records: Records) -> dict[str, PreparedClaim]:
         log.warning("removed temp files an interrupted write left", extra=kv(files=swept))
     marker = records.plugin_dir / checkpoint.FILE_NAME
     if legacy is not None or not marker.exists():
-        from kubeletplugin.records import write_atomic
-
         write_atomic(marker, checkpoint.marker(), fsync=records.fsync)
     if boot and recorded != boot:
         records.record_boot()

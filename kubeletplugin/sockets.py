@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from driver.common.errors import PermanentError
+from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from kubeletplugin import dirs
 
@@ -73,7 +74,7 @@ class SocketServer:
         self._server = server
 
     async def start(self) -> None:
-        dirs.ensure_dir(self.path.parent, dirs.PRIVATE)
+        ensure_dir(self.path.parent, dirs.PRIVATE)
         _remove_stale(self.path)
         try:
             self._server.add_insecure_port(f"unix://{self.path}")

@@ -30,6 +30,7 @@ from kubernetes.aio.client import ApiClient
 
 from driver.common.crashpoints import crashpoint
 from driver.common.errors import DriverError, RetryableError
+from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from driver.gpu.kinds import (
     DeviceKind,
@@ -157,7 +158,7 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
 def _attach_kinds(config: StateConfig, records: Records) -> None:
     for kind in by_name().values():
         state_dir = records.plugin_dir / "kinds" / kind.name
-        dirs.ensure_dir(state_dir, dirs.PRIVATE, ours=True)
+        ensure_dir(state_dir, dirs.PRIVATE, ours=True)
         kind.attach(
             KindContext(
                 state_dir=state_dir,

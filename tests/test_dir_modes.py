@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from driver.common.fsutil import ensure_dir
 from kubeletplugin import dirs as plugin_dirs
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
@@ -69,11 +70,11 @@ def test_an_existing_directory_of_ours_is_narrowed_and_a_shared_one_kept(tmp_pat
     ours = tmp_path / "ours"
     ours.mkdir()
     ours.chmod(0o777)
-    plugin_dirs.ensure_dir(ours, plugin_dirs.PRIVATE, ours=True)
+    ensure_dir(ours, plugin_dirs.PRIVATE, ours=True)
     assert _mode(ours) == plugin_dirs.PRIVATE
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o775)
-    plugin_dirs.ensure_dir(shared / "a" / "b", plugin_dirs.CDI_ROOT)
+    ensure_dir(shared / "a" / "b", plugin_dirs.CDI_ROOT)
     assert _mode(shared) == 0o775
     assert _mode(shared / "a") == _mode(shared / "a" / "b") == plugin_dirs.CDI_ROOT

@@ -15,11 +15,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from driver.common import fsutil
 from driver.common.errors import PermanentError
 from driver.gpu import devicehealth
 from driver.gpu.devicehealth import Taint, Xid
 from driver.nvml.faults import write_state_file
-from kubeletplugin import records
 from kubeletplugin.gpu import node
 from kubeletplugin.gpu.healthmonitor import STATE_FILE, HealthMonitor, HealthStateError
 from kubeletplugin.healthstream import HealthBoard
@@ -142,7 +142,7 @@ async def test_the_health_write_runs_off_the_event_loop(
     release = threading.Event()
     writers: list[int] = []
     responsive: list[bool] = []
-    real = records.write_atomic
+    real = fsutil.write_atomic
 
     def spy(path: Path, content: bytes, *, fsync: bool) -> None:
         writers.append(threading.get_ident())

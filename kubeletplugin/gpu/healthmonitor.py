@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.common.errors import PermanentError, RetryableError
+from driver.common.fsutil import write_atomic
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.gpu import devicehealth
@@ -42,7 +43,6 @@ from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import by_name
 from driver.gpu.kinds.base import NodeDevice
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
-from kubeletplugin.records import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from typing import Any
 import pynvml
 
 from driver.common.errors import PermanentError
+from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.limits import is_uid
 from driver.common.logs import kv
 from driver.gpu.inventory import Gpu, Inventory, MigPartition
@@ -37,7 +38,7 @@ from driver.gpu.kinds.base import (
     PreparedClaim,
     PreparedDevice,
 )
-from driver.gpu.kinds.files import make_dir, write_atomic
+from driver.gpu.kinds.files import PRIVATE
 from driver.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
 from driver.gpu.kinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV
 
@@ -260,7 +261,7 @@ class DynamicMigKind:
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir
-        make_dir(self._dir)
+        ensure_dir(self._dir, PRIVATE)
         self._boot = context.boot_id
         self._maker = context.mig_maker
         ours: set[Placement] = set()

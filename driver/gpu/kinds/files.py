@@ -1,6 +1,6 @@
-"""Files a kind keeps in its state directory, with modes that do not depend on the umask
-(a plugin started with umask 000 must not leave world-writable state), and the few opens
-the plugin makes in a directory a container can write (an MPS pipe directory, or a log
+"""The modes of a kind's state directories (made with :func:`driver.common.fsutil.ensure_dir`
+and written with its ``write_atomic``), and the few opens the plugin makes in a directory a
+container can write (an MPS pipe directory, or a log
 directory that an earlier release mounted into containers): from a directory descriptor,
 never through a link, the type judged on the opened inode and not by a look beforehand
 (a container can swap the entry between the look and the open)."""
@@ -8,42 +8,17 @@ never through a link, the type judged on the opened inode and not by a look befo
 import errno
 import logging
 import os
-import secrets
 import shutil
 import stat
 from pathlib import Path
 
+from driver.common.fsutil import FILE
 from driver.common.logs import kv
 
 log = logging.getLogger(__name__)
 
 PRIVATE = 0o750  # as the plugin's own directory
 SHARED = 0o755  # a directory that containers get mounted (an MPS pipe)
-FILE = 0o644
-
-
-def make_dir(path: Path, mode: int = PRIVATE) -> None:
-    """``path`` and its missing parents, each with exactly ``mode``."""
-    if path.is_dir():
-        return
-    make_dir(path.parent, PRIVATE)
-    try:
-        path.mkdir(mode=mode)
-    except FileExistsError:
-        return
-    path.chmod(mode)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Temp file (a dot name, which readers skip), then rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE)
-    try:
-        os.fchmod(fd, FILE)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    tmp.replace(path)
 
 
 def open_dir(path: Path) -> int:

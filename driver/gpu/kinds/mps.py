@@ -34,19 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from driver.common.errors import PermanentError, RetryableError
+from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.logs import kv
 from driver.common.quantity import Quantity
 from driver.gpu.inventory import is_gpu_uuid
 from driver.gpu.kinds.base import KindContext, PreparedClaim
-from driver.gpu.kinds.files import (
-    SHARED,
-    exists,
-    make_dir,
-    open_dir,
-    open_regular,
-    remove_entry,
-    write_atomic,
-)
+from driver.gpu.kinds.files import PRIVATE, SHARED, exists, open_dir, open_regular, remove_entry
 from driver.gpu.nvidiasmi import NvidiaSmi
 
 log = logging.getLogger(__name__)
@@ -127,7 +120,7 @@ class Mps:
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir / "mps"
-        make_dir(self._dir)
+        ensure_dir(self._dir, PRIVATE)
         self._failing = {}
         root = context.container_driver_root
         self._control = context.mps_control or default_control(root)
@@ -166,7 +159,7 @@ class Mps:
         for uuid in gpus:
             with self._locked(uuid):
                 holder = self._gpu_dir(uuid) / "holders" / claim.uid
-                make_dir(holder.parent)
+                ensure_dir(holder.parent, PRIVATE)
                 write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
                 self._ensure_running(uuid, claim)
 
@@ -274,7 +267,7 @@ class Mps:
         gpu_dir = self._gpu_dir(uuid)
         pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
         for d in (pipe, logs):
-            make_dir(d, SHARED)
+            ensure_dir(d, SHARED, parent_mode=PRIVATE)
         with contextlib.ExitStack() as stack:
             try:
                 pipe_fd, out = self._open_for_start(stack, pipe, logs)

@@ -27,10 +27,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from driver.common.errors import PermanentError
+from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.logs import kv
 from driver.gpu.inventory import is_gpu_uuid
 from driver.gpu.kinds.base import KindContext, PreparedClaim
-from driver.gpu.kinds.files import make_dir, write_atomic
+from driver.gpu.kinds.files import PRIVATE
 from driver.gpu.nvidiasmi import NvidiaSmi
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class TimeSlicing:
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir / "timeslice"
-        make_dir(self._dir)
+        ensure_dir(self._dir, PRIVATE)
         self._boot = context.boot_id
         self._smi = context.nvidia_smi_tool()
 
@@ -181,5 +182,5 @@ class TimeSlicing:
 
     def _write_holder(self, uuid: str, claim_uid: str, interval: str) -> None:
         path = self._holder_path(uuid, claim_uid)
-        make_dir(path.parent)
+        ensure_dir(path.parent, PRIVATE)
         write_atomic(path, f"{self._boot or '-'} {interval}\n")
