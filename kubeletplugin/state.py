@@ -32,6 +32,7 @@ from driver.common.crashpoints import crashpoint
 from driver.common.errors import DriverError, RetryableError
 from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
+from driver.common.supervise import OnFailure, supervised
 from driver.gpu.kinds import (
     DeviceKind,
     KindContext,
@@ -254,11 +255,11 @@ class DeviceState:
 
     async def run_reconciler(self, period: float = 600.0) -> None:
         """Reconcile now and then every ``period`` seconds, until cancelled."""
-        await _every(period, self.reconcile, "reconciliation failed")
+        await _every(period, self.reconcile, "claim reconciler")
 
     async def run_watchdog(self, period: float = 5.0) -> None:
         """:meth:`watch` every ``period`` seconds, until cancelled."""
-        await _every(period, self.watch, "side-effect watchdog failed")
+        await _every(period, self.watch, "side-effect watchdog")
 
     async def watch(self) -> None:
         """One round: each kind brings back what its prepared claims lost (an MPS daemon)."""
@@ -687,11 +688,13 @@ class DeviceState:
         return list(found.values())
 
 
-async def _every(period: float, work: Callable[[], Awaitable[None]], failed: str) -> None:
-    """``work`` now and then every ``period`` seconds, until cancelled."""
-    while True:
-        try:
-            await work()
-        except Exception:  # keep the loop alive; the next round may succeed
-            log.exception(failed)
+async def _every(period: float, work: Callable[[], Awaitable[None]], name: str) -> None:
+    """``work`` now and then every ``period`` seconds, until cancelled; a failed round is
+    logged (once while it repeats) and the next one may succeed."""
+
+    async def round_() -> None:
+        await work()
         await asyncio.sleep(period)
+
+    # A failed round waits the period too (supervised's pause), as a successful one does.
+    await supervised(name, round_, OnFailure.CONTINUE, pause=period)
