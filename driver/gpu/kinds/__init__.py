@@ -1,7 +1,9 @@
 """Device kinds: the one table of them, and the node's devices of every kind.
 
 A new kind is one module implementing :class:`~driver.gpu.kinds.base.DeviceKind`
-and one entry in :data:`KINDS`; nothing else names a kind.
+and one entry in :data:`KINDS`; nothing else names a kind but the readers of release 0.1.0's
+records (``kubeletplugin/recovery.py``, ``kubeletplugin/cdi.py``), which know that release had
+only the full GPU.
 """
 
 import dataclasses

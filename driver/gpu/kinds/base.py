@@ -102,8 +102,20 @@ class KindContext:
 
 
 class DeviceKind(Protocol):
-    """What a device kind implements. Every method but ``prepare``, ``unprepare`` and
-    ``recover`` is pure; those three block (call them from a worker thread)."""
+    """What a device kind implements, and which methods touch the node:
+
+    - pure, functions of their arguments and of what :meth:`attach` gave the kind:
+      ``name``, ``identity_keys``, ``health_target``, ``has_side_effects``, and ``devices``
+      and ``claim_edits`` for every kind but dynamic MIG, whose ``devices`` depends on which
+      instances it made (state it keeps: an instance it did not make blocks the placements
+      it overlaps) and whose ``claim_edits`` reads the claim's record of what it made;
+    - I/O: ``attach`` (its state directory and the records in it), ``prepare``,
+      ``unprepare`` and ``recover`` (they block: call them from a worker thread), and
+      ``watch`` (restarts what a prepared claim lost, such as an MPS daemon).
+
+    A kind's config checks run in the claim state's plan (``api/config.py``, the same rules
+    the chart's admission policy applies), not here: every kind of this driver takes the
+    one ``GpuConfig``."""
 
     @property
     def name(self) -> str:
