@@ -5,6 +5,7 @@ log line appears, the process exits), never fixed sleeps.
 """
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -31,6 +32,21 @@ _POLL = 0.02
 # The crashpoints of a prepare with side effects, then of its unprepare, in order.
 PREPARE_STEPS = ["after-claim-record", "after-side-effects", "after-cdi-write"]
 UNPREPARE_STEPS = ["after-spec-removed", "after-side-effects-undone"]
+
+
+async def health_status(port: int) -> int:
+    """What the plugin's grpc.health.v1 service on ``port`` answers (SERVING, NOT_SERVING)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
+    return int(response.status)
+
+
+def logged_health_port(records: Sequence[logging.LogRecord]) -> int:
+    """The port an in-process node's health service last logged it listens on."""
+    ports = [getattr(r, "port", 0) for r in records if r.getMessage() == "health service listening"]
+    return int(ports[-1])
 
 
 @dataclass(frozen=True)
@@ -183,12 +199,7 @@ class PluginProcess:
         return int((await self.wait_log(r"health service listening\"? port=(\d+)")).group(1))
 
     async def health(self) -> int:
-        port = await self.health_port()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            response = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=10
-            )
-        return int(response.status)
+        return await health_status(await self.health_port())
 
     async def wait_ready(self, wait_s: float = 30.0) -> None:
         await self.wait_log("kubelet plugin ready", wait_s)

@@ -12,36 +12,25 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from kubeletplugin.gpu import node
 from sandbox.kubeletsim import KubeletSim
-from tests.pluginharness import NodeDirs, create_claim, create_node, wait_for
+from tests.pluginharness import (
+    NodeDirs,
+    create_claim,
+    create_node,
+    health_status,
+    logged_health_port,
+    wait_for,
+)
 
 NODE = "node-a"
 
 
 def _config(dirs: NodeDirs, kubeconfig: Path) -> node.NodeConfig:
     return dirs.node_config(kubeconfig, node_name=NODE, profile="p5.48xlarge")
-
-
-async def _health(port: int) -> int:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        response = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=10
-        )
-    return int(response.status)
-
-
-def _health_port(caplog: pytest.LogCaptureFixture) -> int:
-    ports = [
-        getattr(r, "port", 0)
-        for r in caplog.records
-        if r.getMessage() == "health service listening"
-    ]
-    return int(ports[-1])
 
 
 @pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
@@ -115,7 +104,10 @@ async def test_device_plugin_guard_keeps_the_plugin_unregistered(
             lambda: any("device plugin" in r.getMessage() for r in caplog.records),
             "the guard's log line",
         )
-        assert await _health(_health_port(caplog)) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert (
+            await health_status(logged_health_port(caplog.records))
+            == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         # The guard rechecks the Node (every 0.2 s here) and logs nothing new: one line.
         await wait_for(lambda: _node_reads(apiserver) >= 3, "three guard checks")
         assert sum("device plugin" in r.getMessage() for r in caplog.records) == 1
@@ -151,7 +143,10 @@ async def test_setup_error_stays_up_not_ready(
         assert "no-such-instance-type" in next(
             r.getMessage() for r in caplog.records if "setup failed" in r.getMessage()
         )
-        assert await _health(_health_port(caplog)) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert (
+            await health_status(logged_health_port(caplog.records))
+            == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         assert not running.done()  # no crash loop
         assert not dirs.paths().registration.exists()
     finally:

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from driver.common import fsutil
 from driver.common.errors import PermanentError
@@ -23,28 +22,11 @@ from driver.nvml.faults import write_state_file
 from kubeletplugin.gpu import node
 from kubeletplugin.gpu.healthmonitor import STATE_FILE, HealthMonitor, HealthStateError
 from kubeletplugin.healthstream import HealthBoard
-from tests.pluginharness import NodeDirs, create_node, wait_for
+from tests.pluginharness import NodeDirs, create_node, health_status, logged_health_port, wait_for
 
 NODE = "node-h"
 XID79 = Taint(devicehealth.XID_KEY, "79", "NoSchedule")
 XID79_PUBLISHED = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
-
-
-async def _health(port: int) -> int:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        response = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=10
-        )
-    return int(response.status)
-
-
-def _health_port(caplog: pytest.LogCaptureFixture) -> int:
-    ports = [
-        getattr(r, "port", 0)
-        for r in caplog.records
-        if r.getMessage() == "health service listening"
-    ]
-    return int(ports[-1])
 
 
 async def _taints(api: Any) -> dict[str, list[dict[str, str]]]:
@@ -113,7 +95,10 @@ async def test_a_failed_health_write_is_logged_and_the_daemon_goes_on_serving(
             "health-monitor"
         )
         assert not running.done()
-        assert await _health(_health_port(caplog)) == health_pb2.HealthCheckResponse.SERVING
+        assert (
+            await health_status(logged_health_port(caplog.records))
+            == health_pb2.HealthCheckResponse.SERVING
+        )
 
         (health_file / "in-the-way").unlink()
         health_file.rmdir()
@@ -241,7 +226,10 @@ async def test_the_node_stays_up_not_ready_with_one_line_until_the_file_is_dealt
         )
         assert len(lines()) == 1, lines()
         assert str(health_file) in lines()[0] and "remove" in lines()[0]
-        assert await _health(_health_port(caplog)) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert (
+            await health_status(logged_health_port(caplog.records))
+            == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         assert not dirs.paths().registration.exists()
         assert not (await _taints(api))  # nothing published as healthy meanwhile
 

@@ -16,6 +16,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from image.build import normalized
+
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ("sh", "cat", "env", "ls", "echo", "sleep", "grep", "sort", "tr", "true", "stat")
 PAUSE_C = r"""
@@ -64,17 +66,6 @@ def _blob(tar: tarfile.TarFile, data: bytes) -> str:
     digest = hashlib.sha256(data).hexdigest()
     _add(tar, f"blobs/sha256/{digest}", data, mode=0o644)
     return f"sha256:{digest}"
-
-
-def normalized(ref: str) -> str:
-    """The name as the CRI looks it up: ``busybox`` is ``docker.io/library/busybox:latest``."""
-    name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
-    first = name.split("/", 1)[0]
-    if "/" not in name:
-        name = f"docker.io/library/{name}"
-    elif "." not in first and ":" not in first and first != "localhost":
-        name = f"docker.io/{name}"
-    return f"{name}:{tag}"
 
 
 def write_image(out: Path, ref: str, layer: bytes, entrypoint: list[str]) -> Path:
