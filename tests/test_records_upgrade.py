@@ -116,6 +116,15 @@ def _release_0_1_0(tmp_path: Path) -> Path:
     return old
 
 
+# In each script of 0.1.0: every module of ours it imported is 0.1.0's (the editable install
+# of this checkout would serve a module 0.1.0 lacks, and the move once rewrote an import here).
+_ONLY_OLD_CODE = (
+    "import os, sys; assert not [n for n, m in list(sys.modules.items()) "
+    "if n.split('.')[0] in ('api', 'driver', 'kubeletplugin') "
+    "and not os.path.abspath(getattr(m, '__file__', None) or os.getcwd()).startswith(os.getcwd())]"
+)
+
+
 def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
     """0.1.0's startup recovery, its own code, on this node's files."""
     old = _release_0_1_0(tmp_path)
@@ -124,10 +133,10 @@ def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
         import asyncio
         from pathlib import Path
         from kubernetes.aio import client
-        from driver.gpu.discovery import discover
+        from driver.discovery import discover
         from driver.nvml.simulated import SimulatedNode
         from kubeletplugin.state import DeviceState, StateConfig
-
+        {_ONLY_OLD_CODE}
         async def main():
             node = SimulatedNode("p5.48xlarge", "node-a", Path({str(tmp_path / "sysfs-0.1.0")!r}))
             inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
@@ -191,6 +200,7 @@ async def _prepare_with_0_1_0(
         from driver.discovery import discover
         from driver.nvml.simulated import SimulatedNode
         from kubeletplugin.state import ClaimRef, DeviceState, StateConfig
+        {_ONLY_OLD_CODE}
 
         async def main():
             node = SimulatedNode("p5.48xlarge", "node-a", Path({str(tmp_path / "sysfs-0.1.0")!r}))
