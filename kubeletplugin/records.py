@@ -259,20 +259,17 @@ class Records:
             os.close(fd)  # its last holder removed it after we opened it: lock the new one
 
     def unlock_claim(self, uid: str, fd: int) -> None:
-        """Release ``uid``'s lock; its file goes too when the claim has no record left."""
+        """Release ``uid``'s lock; its file goes too once the claim has no spec and no
+        side-effect record (a reservation left by a failed release does not keep it:
+        removing the file is safe whenever it happens, see :meth:`try_lock_claim`, so
+        unlocking reads two names, never every reservation of the node)."""
         try:
             # A lock file left behind costs an inode, never correctness: no error here.
             with contextlib.suppress(OSError):
-                if self.unrecorded(uid):
+                if not (self.spec_path(uid).exists() or self.claim_record_path(uid).exists()):
                     self.lock_path(uid).unlink()
         finally:
             os.close(fd)
-
-    def unrecorded(self, uid: str) -> bool:
-        """No record of ``uid`` is left: no spec, no side-effect record, no reservation."""
-        if self.spec_path(uid).exists() or self.claim_record_path(uid).exists():
-            return False
-        return all(target.split(":", 1)[0] != uid for target in self.reservations().values())
 
     # -- the spec: the record of a prepared claim --
 

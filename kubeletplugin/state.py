@@ -670,14 +670,8 @@ class DeviceState:
             holder = parse_target(target)
             if holder is not None:
                 found[holder.uid] = holder
-        for path in self._records.spec_files():
-            try:
-                spec = cdi.parse(path.read_bytes(), path)
-                if cdi.is_ours(spec):
-                    claim = cdi.claim_from_spec(spec)
-                    found.setdefault(claim.uid, Holder(claim.uid, claim.namespace, claim.name))
-            except (OSError, ValueError, cdi.SpecError):
-                continue  # judged at the next start, not here
+        for claim in self._prepared_on_disk().values():
+            found.setdefault(claim.uid, Holder(claim.uid, claim.namespace, claim.name))
         for path in self._records.claim_record_files():
             with contextlib.suppress(OSError, RecordError):
                 effects = self._records.read_claim_record(path.stem)

@@ -43,17 +43,13 @@ def ensure_dir(
         path.chmod(mode)
 
 
-def temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
-
-
 def write_atomic(
     path: Path, content: bytes | str, *, mode: int = FILE, fsync: bool = False
 ) -> None:
     """Temp file in the same directory with exactly ``mode``, (fsync,) rename over ``path``;
     a failure leaves no temp file behind."""
     data = content.encode() if isinstance(content, str) else content
-    tmp = temp_name(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         try:
