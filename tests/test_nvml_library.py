@@ -6,6 +6,7 @@ own behaviour is driven here through pynvml, in this process.
 
 import ctypes
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -121,6 +122,29 @@ def test_system_nvml_in_a_fake_root_publishes_what_the_profile_says(
     assert slices == list(yaml.safe_load_all(simulated.stdout))
     devices = [d for s in slices for d in s["spec"]["devices"]]
     assert len(devices) == node.profile.count
+
+
+def test_installed_the_library_finds_its_hardware_file_above_itself(tmp_path: Path) -> None:
+    """The plugin's pod: no $GPU_DRA_SIM_NVML (the chart sets its environment), and the
+    root seen at another path than the host's (its mount point in the container)."""
+    host = tmp_path / "host-root"
+    fake_root(host, "p4d.24xlarge-mig")
+    args = ("--node-name", NODE, "-o", "yaml", "--nvml", "system")
+    env = {k: v for k, v in os.environ.items() if k != HARDWARE_ENV}
+    before = gpu_dra("discover", *args, "--container-driver-root", str(host),
+                     "--sysfs-root", str(host), env=env)  # fmt: skip
+    mounted = host.rename(tmp_path / "driver-root")  # the file's root line names the old path
+    after = gpu_dra("discover", *args, "--container-driver-root", str(mounted),
+                    "--sysfs-root", str(mounted), env=env)  # fmt: skip
+    assert before.returncode == 0, before.stderr
+    assert after.returncode == 0, after.stderr
+    devices = [d for s in yaml.safe_load_all(after.stdout) for d in s["spec"]["devices"]]
+    assert len(devices) == 4 + 4 * 3  # 4 whole GPUs, 4 in MIG mode with 3 instances each
+    assert after.stdout == before.stdout
+    mounted.joinpath("run/gpu-dra-sim/nvml-hardware").unlink()
+    gone = gpu_dra("discover", *args, "--container-driver-root", str(mounted), env=env)
+    assert gone.returncode != 0
+    assert "no /run/gpu-dra-sim/nvml-hardware above the library" in gone.stderr
 
 
 def test_an_older_library_names_the_symbol_and_the_driver_needed(tmp_path: Path) -> None:

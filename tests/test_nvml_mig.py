@@ -279,3 +279,31 @@ def test_created_instances_are_discovered_as_mig_devices(tmp_path: Path) -> None
         ("1g.10gb", 0),
         ("2g.20gb", 2),
     ]
+
+
+def test_a_mig_device_is_found_by_its_uuid_with_its_share_of_the_gpu(tmp_path: Path) -> None:
+    """As NVML since R470, and as nvidia-ctk cdi generate looks every MIG device up."""
+    node = SimulatedNode("p4d.24xlarge-mig", "n", tmp_path)
+    node.nvml.nvmlInit()
+    try:
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        uuid = pynvml.nvmlDeviceGetUUID(mig)
+        found = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        assert pynvml.nvmlDeviceGetUUID(found) == uuid and uuid.startswith("MIG-")
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(gpu, pynvml.nvmlDeviceGetGpuInstanceId(found))
+        profile = pynvml.nvmlGpuInstanceGetInfo(gi).profileId
+        info = next(
+            i for i in (pynvml.nvmlDeviceGetGpuInstanceProfileInfo(gpu, n) for n in (0, 1, 2, 3, 4))
+            if i.id == profile
+        )  # fmt: skip
+        attrs = pynvml.nvmlDeviceGetAttributes(found)
+        assert attrs.multiprocessorCount == info.multiprocessorCount
+        assert attrs.gpuInstanceSliceCount == info.sliceCount
+        assert attrs.memorySizeMB == info.memorySizeMB
+        with pytest.raises(pynvml.NVMLError_NotSupported):  # whole GPUs: not a MIG share
+            pynvml.nvmlDeviceGetAttributes(gpu)
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetHandleByUUID("MIG-00000000-0000-0000-0000-000000000000")
+    finally:
+        pynvml.nvmlShutdown()

@@ -7,6 +7,11 @@
  * path is in $GPU_DRA_SIM_NVML. The file is re-read at every nvmlInit, because the bindings
  * never unload the library: a re-init is how the simulated bus changes.
  *
+ * Installed (the plugin's pod, whose environment the chart sets and a test must not): with
+ * $GPU_DRA_SIM_NVML unset, the file is <root>/run/gpu-dra-sim/nvml-hardware of the nearest
+ * directory above this library that has one, and that directory is the root, as this
+ * process sees it (a container sees the host's root at its mount point, not its host path).
+ *
  * File format, one "key value..." per line ('#' starts a comment):
  *   init ok | <nvmlReturn_t>           what nvmlInit answers (12: no library, 9: no driver)
  *   driver 580.95.05                   cuda 13000
@@ -38,6 +43,8 @@
  * handle kept across a re-init stays safe: its GPU is then gone (GPU_IS_LOST) or refreshed.
  * Bad input (a malformed file, a null or foreign pointer, a short buffer) gets an error code.
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -410,16 +417,42 @@ static int parse_line(struct hardware *h, char *line, struct nvmlDevice_st **gpu
     return -1;
 }
 
+#define INSTALLED_FILE "/run/gpu-dra-sim/nvml-hardware"
+
+/* Installed: the root above this library's file that holds the hardware file, or "". */
+static void installed_root(char *root, size_t size) {
+    Dl_info info;
+    char probe[sizeof ((struct hardware *)0)->root + sizeof INSTALLED_FILE];
+    root[0] = '\0';
+    if (!dladdr((void *)installed_root, &info) || !info.dli_fname || info.dli_fname[0] != '/')
+        return;
+    copy_text(root, size, info.dli_fname);
+    char *slash;
+    while ((slash = strrchr(root, '/')) != NULL) {
+        *slash = '\0'; /* up one directory; "" is "/" */
+        snprintf(probe, sizeof probe, "%s%s", root, INSTALLED_FILE);
+        if (access(probe, R_OK) == 0) return;
+    }
+    root[0] = '\0';
+}
+
 /* The hardware file into *h; 0 on success, else the line number that failed (or -1). */
 static int read_hardware(struct hardware *h) {
     const char *path = getenv("GPU_DRA_SIM_NVML");
     char line[512];
+    char installed[sizeof h->root + sizeof INSTALLED_FILE];
+    char root[sizeof h->root] = "";
     int number = 0;
     struct nvmlDevice_st *gpu = NULL;
     memset(h, 0, sizeof *h);
     copy_text(h->driver, sizeof h->driver, "580.95.05");
     h->cuda = 13000;
-    FILE *f = path && *path ? fopen(path, "r") : NULL;
+    if (!path || !*path) {
+        installed_root(root, sizeof root);
+        snprintf(installed, sizeof installed, "%s%s", root, INSTALLED_FILE);
+        path = installed;
+    }
+    FILE *f = fopen(path, "r");
     if (!f) return -1;
     while (fgets(line, sizeof line, f)) {
         number++;
@@ -433,6 +466,7 @@ static int read_hardware(struct hardware *h) {
         if (parse_line(h, start, &gpu)) { fclose(f); return number; }
     }
     fclose(f);
+    if (path == installed) copy_text(h->root, sizeof h->root, root); /* not the host's path */
     for (unsigned i = 0; i < MAX_GPUS; i++)
         if (h->gpus[i].defined && h->gpus[i].present) h->order[h->count++] = i;
     return 0;
@@ -577,7 +611,7 @@ static nvmlReturn_t init_locked(void) {
         const char *path = getenv("GPU_DRA_SIM_NVML");
         if (bad < 0)
             fprintf(stderr, "simulated libnvidia-ml: cannot read $GPU_DRA_SIM_NVML (%s)\n",
-                    path ? path : "unset");
+                    path && *path ? path : "unset, and no " INSTALLED_FILE " above the library");
         else
             fprintf(stderr, "simulated libnvidia-ml: %s: line %d is malformed\n", path, bad);
         free(next);
@@ -708,6 +742,13 @@ static nvmlReturn_t by_uuid(const char *uuid, nvmlDevice_t *out) {
         nvmlDevice_t gpu = &hw.gpus[hw.order[i]];
         if (!strcmp(gpu->uuid, uuid)) {
             *out = gpu;
+            return OK;
+        }
+    }
+    /* NVML finds MIG devices by their UUIDs too (R470 and later): nvidia-ctk looks each up. */
+    for (unsigned s = 0; s < MAX_MIG; s++) {
+        if (hw.migs[s].defined && !strcmp(hw.migs[s].uuid, uuid)) {
+            *out = &hw.migs[s];
             return OK;
         }
     }
@@ -1286,6 +1327,33 @@ static nvmlReturn_t parent_locked(nvmlDevice_t mig, nvmlDevice_t *out) {
 EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,
                                                                  nvmlDevice_t *out) {
     LOCKED(parent_locked(mig, out));
+}
+
+/* nvmlDeviceAttributes_t, as nvml.h lays it out. */
+typedef struct {
+    unsigned multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount;
+    unsigned sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    unsigned gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+/* A MIG device's share of its GPU, from its GPU instance's profile (nvidia-ctk reads it). */
+static nvmlReturn_t attributes_locked(nvmlDevice_t device, nvmlDeviceAttributes_t *out) {
+    nvmlReturn_t r = any_device(device, "nvmlDeviceGetAttributes_v2");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if (!device->is_mig) return NOT_SUPPORTED;
+    const struct mig_profile *p = &hw.profiles[hw.gis[device->slot].profile];
+    *out = (nvmlDeviceAttributes_t){p->sms, p->ce, p->dec, p->enc, p->jpeg, p->ofa,
+                                    p->slices, p->slices, p->mem_mib};
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
+                                               nvmlDeviceAttributes_t *out) {
+    LOCKED(attributes_locked(device, out));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *out) {
+    LOCKED(attributes_locked(device, out));
 }
 
 static nvmlReturn_t instance_id_locked(nvmlDevice_t mig, unsigned *out, int compute) {
