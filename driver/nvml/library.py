@@ -199,7 +199,8 @@ def _load(driver_root: Path) -> Path:
         raise LibraryError(f"loaded {found}, but this process maps {mapped or 'no NVML'}")
     _loaded_digest = _digest(found)
     _check_symbols(found)
-    log.debug("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
+    # Which copy serves this node is the first thing to know when discovery looks wrong.
+    log.info("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
     return found
 
 

@@ -64,6 +64,9 @@ class NodeConfig:
     cdi_root: Path = Path("/var/run/cdi")
     nvidia_driver_root: Path = Path("/")
     container_driver_root: Path = Path("/driver-root")
+    # Holds the sys/ and proc/driver/ discovery reads: the host's, as every container sees
+    # them; a simulated node's own tree elsewhere.
+    sysfs_root: Path = Path("/")
     nvidia_smi: Path | None = None
     mps_control: Path | None = None
     # Publish GPUs for consumable capacity (driver.gpu.kinds.capacity).
@@ -285,6 +288,7 @@ class _Node:
                     node_name=cfg.node_name,
                     state_file=cfg.sim_state,
                     driver_root=cfg.container_driver_root,
+                    sysfs_root=cfg.sysfs_root,
                 )
             )
         return self._backend
