@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from cli import main
-from driver.tools.validation import Problem, Severity, parse_version, validate_sources
+from driver.tools.validation import Check, Problem, Severity, parse_version, validate_sources
 
 CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -377,17 +377,46 @@ def test_template_paths_start_at_spec_spec() -> None:
     assert only(check(template)).path == "spec.spec.devices.requests[0].exactly.count"
 
 
-def test_class_references_checked_only_when_classes_are_given() -> None:
-    other = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
-    assert check(other) == []
-    problem = only(check(other, CLASS))
+def test_a_class_nobody_defines_is_refused_with_the_closest_name() -> None:
+    typo = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.co"}}])
+    problem = only(check(typo))
     assert problem.path == "spec.devices.requests[0].exactly.deviceClassName"
-    assert "DeviceClass 'mig.nvidia.com' is not among the given files" in problem.message
-    # Across files too: the class may come from another FILE argument.
+    assert problem.check is Check.REFERENCE and problem.severity is Severity.ERROR
+    assert "no DeviceClass 'gpu.nvidia.co' in the chart" in problem.message
+    assert "did you mean gpu.nvidia.com?" in problem.message
+    # The chart's classes are known without a file; another file's class is known too.
+    mig = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
+    assert check(mig) == []
+    other = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "example.com"}}])
+    mine = {**CLASS, "metadata": {"name": "example.com"}}
     across = validate_sources(
-        [("claim.yaml", yaml.safe_dump(other)), ("class.yaml", yaml.safe_dump(CLASS))]
+        [("claim.yaml", yaml.safe_dump(other)), ("class.yaml", yaml.safe_dump(mine))]
     )
-    assert [p.file for p in across] == ["claim.yaml"]
+    assert across == []
+    # Classes defined elsewhere: the same line, as a warning.
+    demoted = validate_sources([("c.yaml", yaml.safe_dump(typo))], defined_elsewhere=True)
+    assert [p.severity for p in demoted] == [Severity.WARNING]
+
+
+def test_the_chart_classes_are_the_ones_validate_knows() -> None:
+    from driver.tools.validation.manifests import CHART_CLASSES
+    from tests.chart_render import render
+
+    every = [
+        "consumableCapacity.enabled=true",
+        "deviceClasses.gpu.extendedResourceName.enabled=true",
+    ]
+    rendered = {o["metadata"]["name"] for o in render((), every) if o["kind"] == "DeviceClass"}
+    assert rendered == CHART_CLASSES
+
+
+def test_cli_defined_elsewhere_demotes_unknown_names(tmp_path: Path) -> None:
+    typo = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.co"}}])
+    path = write(tmp_path, "typo.yaml", typo)
+    code, lines = run([path])
+    assert code == 1 and "did you mean gpu.nvidia.com?" in lines[0]
+    code, lines = run(["--defined-elsewhere", path])
+    assert code == 0 and ": warning: " in lines[0]
 
 
 GATED: list[tuple[str, dict[str, Any], str, str]] = [

@@ -42,6 +42,10 @@ PUBLISHED = rules.Published(
     classes=frozenset({DEFAULT_DRIVER_NAME}),
 )
 
+# The DeviceClasses the chart installs (every switch on): known to exist without a file
+# (tests/test_validate_server_rules.py holds this equal to the chart's render).
+CHART_CLASSES = frozenset({"gpu.nvidia.com", "mig.nvidia.com", "shared.gpu.nvidia.com"})
+
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
 _DRA_KINDS = frozenset({"DeviceClass", *_CLAIM_SPEC_PATH})
@@ -184,12 +188,11 @@ def _documents(file: str, text: str) -> Iterator[tuple[int, Any] | Problem]:
         yield Problem(file, "yaml", where, f"not valid YAML: {problem}")
 
 
-def _class_names(docs: Sequence[Any]) -> frozenset[str] | None:
+def _class_names(docs: Sequence[Any]) -> frozenset[str]:
+    """The chart's DeviceClasses and those in the files and the cluster."""
     classes = [d for d in docs if isinstance(d, Mapping) and d.get("kind") == "DeviceClass"]
-    if not classes:
-        return None
     metas = [c.get("metadata") for c in classes]
-    return frozenset(
+    return CHART_CLASSES | frozenset(
         m["name"] for m in metas if isinstance(m, Mapping) and isinstance(m.get("name"), str)
     )
 
@@ -233,6 +236,12 @@ def _rule_findings(
     yield from rules.check_claim_spec(spec, ".".join(_CLAIM_SPEC_PATH[str(kind)]), ctx)
 
 
+def _severity(finding: Finding, defined_elsewhere: bool) -> Severity:
+    if defined_elsewhere and finding.check is Check.REFERENCE:
+        return Severity.WARNING
+    return finding.severity
+
+
 def validate_sources(
     sources: Sequence[tuple[str, str]],
     *,
@@ -240,12 +249,15 @@ def validate_sources(
     selector_check: rules.SelectorCheck = check_selector,
     published: rules.Published | None = PUBLISHED,
     known: Sequence[Mapping[str, Any]] = (),
+    defined_elsewhere: bool = False,
 ) -> list[Problem]:
     """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
 
     DeviceClass, ResourceClaim and ResourceClaimTemplate names are collected across all
     sources (and ``known``, objects read from a cluster) first: when any DeviceClass is
-    given, every ``deviceClassName`` must name one; when any claim or template is given,
+    given or not, every ``deviceClassName`` must name one or one of the chart's
+    (``defined_elsewhere``: a name none defines is a warning); when any claim or template is
+    given,
     every pod's ``resourceClaims`` must name one. ``published`` is what the driver
     publishes, for names and types in selectors, constraints and configs (None: unchecked).
     """
@@ -278,7 +290,7 @@ def validate_sources(
                 continue
             label = _label(doc, index)
             problems.extend(
-                Problem(file, label, f.path, f.message, f.severity, f.check)
+                Problem(file, label, f.path, f.message, _severity(f, defined_elsewhere), f.check)
                 for f in _object_findings(doc, ctx, claims)
             )
         problems.extend(unparsable)

@@ -64,7 +64,7 @@ class Published:
 class Context:
     version: gates.Version
     check_selector: SelectorCheck
-    # DeviceClass names known from the given files; None: no DeviceClass given, do not check.
+    # DeviceClass names known: the chart's, the files', the cluster's; None: do not check.
     classes: frozenset[str] | None = None
     # Findings that compile cannot make: names and types against what drivers publish.
     lint_selector: SelectorLint = no_lint
@@ -271,10 +271,15 @@ def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iter
                 + (f", is {len(class_name)}" if len(class_name) > 253 else ""),
             )
         elif ctx.classes is not None and class_name not in ctx.classes:
+            from driver.tools.cel import suggest
+
+            near = suggest(class_name, set(ctx.classes))
             yield Finding(
                 f"{path}.deviceClassName",
-                f"DeviceClass {class_name!r} is not among the given files "
-                f"(known: {', '.join(sorted(ctx.classes)) or 'none'})",
+                f"no DeviceClass {class_name!r} in the chart, the files given or the cluster "
+                f"(known: {', '.join(sorted(ctx.classes))}): the claim would stay pending"
+                + (f"; did you mean {near}?" if near else "")
+                + " (--defined-elsewhere if it is)",
                 check=Check.REFERENCE,
             )
     yield from _selectors(f"{path}.selectors", _list(request.get("selectors")), ctx)
