@@ -16,7 +16,8 @@ what is checked:
     comparisons across types (an int attribute against a string); quantity() and semver()
     literals; constraint attributes; capacity requests; request names used by constraints
     and config; opaque GpuConfig parameters, parsed as the kubelet plugin parses them;
-    deviceClassName against the DeviceClasses given (when any is).
+    deviceClassName against the chart's DeviceClasses and those given (files, --cluster),
+    with the closest name.
   Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet: each container's
     resources.claims against the pod's resourceClaims, and those against the claims and
     templates given (in the files, or read with --cluster; when any is known).
@@ -64,6 +65,12 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         metavar="FILE",
         help="kubeconfig for --cluster (default: $KUBECONFIG or ~/.kube/config)",
     )
+    parser.add_argument(
+        "--defined-elsewhere",
+        action="store_true",
+        help="DeviceClasses, claims and templates may be defined outside the chart, the files "
+        "and --cluster: a name none of them defines is a warning, not an error",
+    )
     parser.add_argument("files", nargs="+", metavar="FILE", help="manifest file, or - for stdin")
     parser.set_defaults(func=_run)
 
@@ -108,7 +115,9 @@ def _run(args: argparse.Namespace) -> int:
         except DriverError as exc:
             print(f"gpu-dra validate: --cluster: {exc}", file=sys.stderr)
             return 2
-    problems = validate_sources(sources, version=version, known=known)
+    problems = validate_sources(
+        sources, version=version, known=known, defined_elsewhere=args.defined_elsewhere
+    )
     for problem in problems:
         print(problem)
     return 1 if any(p.severity is Severity.ERROR for p in problems) else 0

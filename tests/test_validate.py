@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from cli import main
-from driver.tools.validation import Problem, Severity, parse_version, validate_sources
+from driver.tools.validation import Check, Problem, Severity, parse_version, validate_sources
 
 CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -98,8 +98,9 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "exactly one of exactly and firstAvailable",
     ),
     (
-        "count zero",
-        claim(requests=[exactly(count=0)]),
+        # 0 is no count (the server defaults it to 1): a negative one is refused.
+        "count negative",
+        claim(requests=[exactly(count=-1)]),
         "spec.devices.requests[0].exactly.count",
         "at least 1",
     ),
@@ -146,8 +147,8 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "duplicate subrequest name",
     ),
     (
-        "subrequest count zero",
-        fa_claim(sub("a", count=0)),
+        "subrequest count negative",
+        fa_claim(sub("a", count=-2)),
         "spec.devices.requests[0].firstAvailable[0].count",
         "at least 1",
     ),
@@ -224,7 +225,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "constraint without an attribute",
         claim(constraints=[{"requests": ["gpu"]}]),
         "spec.devices.constraints[0]",
-        "exactly one of matchAttribute and distinctAttribute",
+        "one of matchAttribute and distinctAttribute must be set",
     ),
     (
         "matchAttribute without domain",
@@ -264,16 +265,16 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "at most 10240 bytes",
     ),
     (
-        "17 tolerations",
-        claim(requests=[exactly(tolerations=[{"key": "k", "operator": "Exists"}] * 17)]),
-        "spec.devices.requests[0].exactly.tolerations",
-        "at most 16 items, has 17",
+        "toleration Exists with a value",
+        claim(requests=[exactly(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}])]),
+        "spec.devices.requests[0].exactly.tolerations[0].value",
+        "'v' must be empty for operator Exists",
     ),
     (
         "schema: unknown field",
         claim(requests=[exactly(cuont=1)]),
-        "spec.devices.requests[0].exactly",
-        "'cuont' was unexpected",
+        "spec.devices.requests[0].exactly.cuont",
+        "unknown field 'cuont'; did you mean count?",
     ),
     (
         "constraint names a request twice",
@@ -300,8 +301,8 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "schema: opaque without parameters",
         claim(config=[{"opaque": {"driver": "gpu.nvidia.com"}}]),
-        "spec.devices.config[0].opaque",
-        "'parameters' is a required property",
+        "spec.devices.config[0].opaque.parameters",
+        "required",
     ),
     (
         "claim name not a DNS subdomain",
@@ -318,8 +319,8 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "schema: adminAccess is not a subrequest field",
         fa_claim(sub("a", adminAccess=True)),
-        "spec.devices.requests[0].firstAvailable[0]",
-        "'adminAccess' was unexpected",
+        "spec.devices.requests[0].firstAvailable[0].adminAccess",
+        "unknown field 'adminAccess'",
     ),
     (
         "class extendedResourceName in kubernetes.io",
@@ -371,22 +372,51 @@ def test_template_paths_start_at_spec_spec() -> None:
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": "t"},
-        "spec": {"spec": claim(requests=[exactly(count=0)])["spec"]},
+        "spec": {"spec": claim(requests=[exactly(count=-1)])["spec"]},
     }
     assert only(check(template)).path == "spec.spec.devices.requests[0].exactly.count"
 
 
-def test_class_references_checked_only_when_classes_are_given() -> None:
-    other = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
-    assert check(other) == []
-    problem = only(check(other, CLASS))
+def test_a_class_nobody_defines_is_refused_with_the_closest_name() -> None:
+    typo = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.co"}}])
+    problem = only(check(typo))
     assert problem.path == "spec.devices.requests[0].exactly.deviceClassName"
-    assert "DeviceClass 'mig.nvidia.com' is not among the given files" in problem.message
-    # Across files too: the class may come from another FILE argument.
+    assert problem.check is Check.REFERENCE and problem.severity is Severity.ERROR
+    assert "no DeviceClass 'gpu.nvidia.co' in the chart" in problem.message
+    assert "did you mean gpu.nvidia.com?" in problem.message
+    # The chart's classes are known without a file; another file's class is known too.
+    mig = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
+    assert check(mig) == []
+    other = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "example.com"}}])
+    mine = {**CLASS, "metadata": {"name": "example.com"}}
     across = validate_sources(
-        [("claim.yaml", yaml.safe_dump(other)), ("class.yaml", yaml.safe_dump(CLASS))]
+        [("claim.yaml", yaml.safe_dump(other)), ("class.yaml", yaml.safe_dump(mine))]
     )
-    assert [p.file for p in across] == ["claim.yaml"]
+    assert across == []
+    # Classes defined elsewhere: the same line, as a warning.
+    demoted = validate_sources([("c.yaml", yaml.safe_dump(typo))], defined_elsewhere=True)
+    assert [p.severity for p in demoted] == [Severity.WARNING]
+
+
+def test_the_chart_classes_are_the_ones_validate_knows() -> None:
+    from driver.tools.validation.manifests import CHART_CLASSES
+    from tests.chart_render import render
+
+    every = [
+        "consumableCapacity.enabled=true",
+        "deviceClasses.gpu.extendedResourceName.enabled=true",
+    ]
+    rendered = {o["metadata"]["name"] for o in render((), every) if o["kind"] == "DeviceClass"}
+    assert rendered == CHART_CLASSES
+
+
+def test_cli_defined_elsewhere_demotes_unknown_names(tmp_path: Path) -> None:
+    typo = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.co"}}])
+    path = write(tmp_path, "typo.yaml", typo)
+    code, lines = run([path])
+    assert code == 1 and "did you mean gpu.nvidia.com?" in lines[0]
+    code, lines = run(["--defined-elsewhere", path])
+    assert code == 0 and ": warning: " in lines[0]
 
 
 GATED: list[tuple[str, dict[str, Any], str, str]] = [
@@ -463,7 +493,7 @@ def test_other_kinds_get_the_schema_only() -> None:
         "spec": {"containers": [{"name": "c", "image": "i", "resourcez": {}}]},
     }
     problem = only(check(pod))
-    assert (problem.obj, problem.path) == ("Pod/p", "spec.containers[0]")
+    assert (problem.obj, problem.path) == ("Pod/p", "spec.containers[0].resourcez")
     good = copy.deepcopy(pod)
     del good["spec"]["containers"][0]["resourcez"]
     assert check(good) == []
@@ -484,7 +514,7 @@ def test_older_api_version_gets_schema_and_a_warning() -> None:
 
 
 def test_broken_yaml_keeps_the_documents_before_it() -> None:
-    text = yaml.safe_dump(claim(requests=[exactly(count=0)])) + "---\nkind: [unclosed\n"
+    text = yaml.safe_dump(claim(requests=[exactly(count=-1)])) + "---\nkind: [unclosed\n"
     problems = validate_sources([("f.yaml", text)])
     assert [p.obj for p in problems] == ["ResourceClaim/c", "yaml"]
     assert problems[1].message.startswith("not valid YAML")
@@ -546,7 +576,7 @@ def test_cli_clean_file_exits_0(tmp_path: Path) -> None:
 
 
 def test_cli_error_exits_1_with_one_line_per_problem(tmp_path: Path) -> None:
-    bad = write(tmp_path, "bad.yaml", claim(requests=[exactly(count=0), exactly()]))
+    bad = write(tmp_path, "bad.yaml", claim(requests=[exactly(count=-1), exactly()]))
     code, lines = run([bad])
     assert code == 1
     assert len(lines) == 2
@@ -571,7 +601,7 @@ def test_cli_warnings_alone_exit_0_and_version_matters(tmp_path: Path) -> None:
 def test_cli_reads_stdin_and_reports_unreadable_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = run(["-"], stdin=yaml.safe_dump(claim(requests=[exactly(count=0)])))
+    code, lines = run(["-"], stdin=yaml.safe_dump(claim(requests=[exactly(count=-1)])))
     assert code == 1 and lines[0].startswith("-: ResourceClaim/c: ")
     capsys.readouterr()
     code, lines = run([str(tmp_path / "missing.yaml")])

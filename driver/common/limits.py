@@ -393,3 +393,47 @@ def _counter_sets(sets: Any, errors: list[str]) -> None:
             for key in counters
             if not is_dns_label(key)
         )
+
+
+# apimachinery's IsQualifiedName and IsValidLabelValue (label keys and values, taint and
+# toleration keys and values).
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+MAX_LABEL_VALUE = 63
+
+
+def label_key_error(key: str) -> str | None:
+    """Why ``key`` is no label key (``[prefix/]name``), or None."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return (
+            "must be a name with an optional DNS subdomain prefix and '/' (e.g. example.com/name)"
+        )
+    name = parts[-1]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            return "its prefix before '/' must not be empty"
+        if not is_dns_subdomain(prefix):
+            return f"its prefix {prefix!r} must be a DNS subdomain (lowercase, '-', '.')"
+    if not name:
+        return "its name must not be empty"
+    if len(name) > MAX_LABEL_VALUE:
+        return f"its name must be at most {MAX_LABEL_VALUE} characters, is {len(name)}"
+    if _LABEL_NAME.fullmatch(name) is None:
+        return (
+            "its name must be letters, digits, '-', '_' or '.', starting and ending with a "
+            "letter or digit"
+        )
+    return None
+
+
+def label_value_error(value: str) -> str | None:
+    """Why ``value`` is no label value, or None (empty is one)."""
+    if len(value) > MAX_LABEL_VALUE:
+        return f"must be at most {MAX_LABEL_VALUE} characters, is {len(value)}"
+    if value and _LABEL_NAME.fullmatch(value) is None:
+        return (
+            "must be empty or letters, digits, '-', '_' or '.', starting and ending with a "
+            "letter or digit"
+        )
+    return None

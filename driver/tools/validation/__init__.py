@@ -4,6 +4,6 @@ gates of one Kubernetes version."""
 
 from driver.tools.validation.gates import NEWEST, OLDEST, parse_version
 from driver.tools.validation.manifests import validate_sources
-from driver.tools.validation.problems import Problem, Severity
+from driver.tools.validation.problems import Check, Problem, Severity
 
-__all__ = ["NEWEST", "OLDEST", "Problem", "Severity", "parse_version", "validate_sources"]
+__all__ = ["NEWEST", "OLDEST", "Check", "Problem", "Severity", "parse_version", "validate_sources"]

@@ -4,11 +4,16 @@ Pure: it takes file names with their text and never touches the file system, so 
 reads the files and everything here is a function of data.
 """
 
+import functools
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
+import referencing
 import yaml
+from kubernetes_validate import utils as kv_utils
 
 from driver import DEFAULT_DRIVER_NAME
 from driver.gpu.resourceslice import (
@@ -24,9 +29,10 @@ from driver.tools.cel import (
     Schema,
     compile_selector,
     lint_selector,
+    suggest,
 )
 from driver.tools.validation import gates, rules, workloads
-from driver.tools.validation.problems import Finding, Problem, Severity
+from driver.tools.validation.problems import Check, Finding, Problem, Severity
 
 # What this driver publishes (driver/gpu/resourceslice.py), the one source for names and types.
 PUBLISHED = rules.Published(
@@ -36,9 +42,14 @@ PUBLISHED = rules.Published(
     classes=frozenset({DEFAULT_DRIVER_NAME}),
 )
 
+# The DeviceClasses the chart installs (every switch on): known to exist without a file
+# (tests/test_validate_server_rules.py holds this equal to the chart's render).
+CHART_CLASSES = frozenset({"gpu.nvidia.com", "mig.nvidia.com", "shared.gpu.nvidia.com"})
+
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
 _DRA_KINDS = frozenset({"DeviceClass", *_CLAIM_SPEC_PATH})
+_SPEC_OPTIONAL = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate"})
 # v1beta2 has the v1 shape; v1beta1 puts the request fields on the request itself.
 _RULE_API_VERSIONS = frozenset({"resource.k8s.io/v1", "resource.k8s.io/v1beta2"})
 
@@ -70,7 +81,7 @@ def linter(published: rules.Published) -> "rules.SelectorLint":
 
     def lint(expression: str) -> list[Finding]:
         return [
-            Finding("", f.message, Severity.WARNING if f.warning else Severity.ERROR)
+            Finding("", f.message, Severity.WARNING if f.warning else Severity.ERROR, Check.DEVICES)
             for f in lint_selector(expression, schema)
         ]
 
@@ -92,23 +103,82 @@ def _field_path(parts: Sequence[object]) -> str:
     return out
 
 
-def _schema(doc: Mapping[str, Any], version: gates.Version) -> Finding | None:
+@functools.lru_cache(maxsize=128)
+def _validator(version: str, kind: str, api_version: str) -> jsonschema.Draft202012Validator:
+    """kubernetes-validate's strict schema for one kind, loaded once: its ``validate`` reads
+    and parses the schema and the 4 MB of definitions again on every call, most of the time
+    a file of many documents takes. Raises SchemaNotFoundError as kubernetes-validate does."""
+    newest = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) <= version][-1]
+    folder = f"kubernetes-json-schema/v{newest}-local-strict"
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = kv_utils.schema_contents(f"{folder}/{kind.lower()}-{group}.json", version)
+    except FileNotFoundError:
+        raise kubernetes_validate.SchemaNotFoundError(
+            version=version, kind=kind, api_version=api_version
+        ) from None
+    definitions = kv_utils.schema_contents(f"{folder}/_definitions.json", version)
+    registry: referencing.Registry[Any] = (
+        referencing.Resource.from_contents(schema) @ referencing.Registry()
+    )
+    registry = referencing.Resource.from_contents(definitions) @ registry
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def _schema(doc: Mapping[str, Any], version: gates.Version) -> list[Finding]:
     """kubernetes-validate --strict: the API's OpenAPI schema, unknown fields rejected."""
     if not isinstance(doc.get("apiVersion"), str) or not isinstance(doc.get("kind"), str):
-        return Finding("", "apiVersion and kind must be set: not a Kubernetes object")
+        return [Finding("", "apiVersion and kind must be set: not a Kubernetes object")]
     try:
-        kubernetes_validate.validate(dict(doc), f"{version[0]}.{version[1]}", strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        return Finding(_field_path(list(exc.path)), str(exc.message))
+        validator = _validator(f"{version[0]}.{version[1]}", doc["kind"], doc["apiVersion"])
     except kubernetes_validate.SchemaNotFoundError as exc:
         severity = Severity.ERROR if doc["kind"] in _DRA_KINDS else Severity.WARNING
-        return Finding("", f"{exc.message}; not checked", severity)
-    return None
+        return [Finding("", f"{exc.message}; not checked", severity)]
+    findings: dict[str, Finding] = {}
+    for error in validator.iter_errors(dict(doc)):
+        finding = _schema_finding(error, str(doc["kind"]))
+        if finding is not None:
+            findings.setdefault(finding.path, finding)  # one per field: the first
+    return sorted(findings.values(), key=lambda f: f.path)
+
+
+def _schema_finding(error: jsonschema.ValidationError, kind: str) -> Finding | None:
+    """One schema error at the field it concerns: an unknown or a missing field is named
+    in the path itself, as the API server names it."""
+    path = list(error.path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, Mapping):
+        allowed = _map_keys(error.schema)
+        extra = sorted(k for k in error.instance if k not in allowed)
+        if extra:
+            near = suggest(str(extra[0]), set(allowed))
+            return Finding(
+                _field_path([*path, extra[0]]),
+                f"unknown field {extra[0]!r}" + (f"; did you mean {near}?" if near else ""),
+            )
+    instance = error.instance
+    if error.validator == "required" and isinstance(error.validator_value, list):
+        missing = [
+            k for k in error.validator_value if isinstance(instance, Mapping) and k not in instance
+        ]
+        # The API server takes an absent spec of these kinds (a template's inner spec too)
+        # as an empty one.
+        if path in ([], ["spec"]) and missing == ["spec"] and kind in _SPEC_OPTIONAL:
+            return None
+        if missing:
+            return Finding(_field_path([*path, missing[0]]), "required")
+    return Finding(_field_path(path), str(error.message))
+
+
+def _map_keys(schema: Any) -> list[str]:
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    return list(properties) if isinstance(properties, Mapping) else []
 
 
 def _documents(file: str, text: str) -> Iterator[tuple[int, Any] | Problem]:
     try:
-        for index, doc in enumerate(yaml.safe_load_all(text)):
+        # libyaml's loader where it is built in: the pure-Python one is ten times slower.
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        for index, doc in enumerate(yaml.load_all(text, Loader=loader)):
             if doc is not None:
                 yield index, doc
     except yaml.YAMLError as exc:
@@ -118,12 +188,11 @@ def _documents(file: str, text: str) -> Iterator[tuple[int, Any] | Problem]:
         yield Problem(file, "yaml", where, f"not valid YAML: {problem}")
 
 
-def _class_names(docs: Sequence[Any]) -> frozenset[str] | None:
+def _class_names(docs: Sequence[Any]) -> frozenset[str]:
+    """The chart's DeviceClasses and those in the files and the cluster."""
     classes = [d for d in docs if isinstance(d, Mapping) and d.get("kind") == "DeviceClass"]
-    if not classes:
-        return None
     metas = [c.get("metadata") for c in classes]
-    return frozenset(
+    return CHART_CLASSES | frozenset(
         m["name"] for m in metas if isinstance(m, Mapping) and isinstance(m.get("name"), str)
     )
 
@@ -132,10 +201,20 @@ def _object_findings(
     doc: Mapping[str, Any], ctx: rules.Context, claims: workloads.Claims
 ) -> Iterator[Finding]:
     schema = _schema(doc, ctx.version)
-    if schema is not None:
-        yield schema
+    yield from schema
+    # A field the schema already refused (a missing or null one) gets no second line.
+    refused = {f.path for f in schema}
+    for finding in _rule_findings(doc, ctx, claims):
+        if finding.path not in refused:
+            yield finding
+
+
+def _rule_findings(
+    doc: Mapping[str, Any], ctx: rules.Context, claims: workloads.Claims
+) -> Iterator[Finding]:
     kind = doc.get("kind")
     if kind in workloads.POD_SPEC_PATHS:
+        yield from rules.check_metadata(doc.get("metadata"), str(kind))
         yield from workloads.check_workload(doc, claims)
         return
     if kind not in _DRA_KINDS:
@@ -147,7 +226,7 @@ def _object_findings(
             Severity.WARNING,
         )
         return
-    yield from rules.check_name(doc.get("metadata"))
+    yield from rules.check_metadata(doc.get("metadata"), str(kind))
     if kind == "DeviceClass":
         yield from rules.check_device_class_spec(doc.get("spec"), "spec", ctx)
         return
@@ -157,6 +236,12 @@ def _object_findings(
     yield from rules.check_claim_spec(spec, ".".join(_CLAIM_SPEC_PATH[str(kind)]), ctx)
 
 
+def _severity(finding: Finding, defined_elsewhere: bool) -> Severity:
+    if defined_elsewhere and finding.check is Check.REFERENCE:
+        return Severity.WARNING
+    return finding.severity
+
+
 def validate_sources(
     sources: Sequence[tuple[str, str]],
     *,
@@ -164,12 +249,15 @@ def validate_sources(
     selector_check: rules.SelectorCheck = check_selector,
     published: rules.Published | None = PUBLISHED,
     known: Sequence[Mapping[str, Any]] = (),
+    defined_elsewhere: bool = False,
 ) -> list[Problem]:
     """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
 
     DeviceClass, ResourceClaim and ResourceClaimTemplate names are collected across all
     sources (and ``known``, objects read from a cluster) first: when any DeviceClass is
-    given, every ``deviceClassName`` must name one; when any claim or template is given,
+    given or not, every ``deviceClassName`` must name one or one of the chart's
+    (``defined_elsewhere``: a name none defines is a warning); when any claim or template is
+    given,
     every pod's ``resourceClaims`` must name one. ``published`` is what the driver
     publishes, for names and types in selectors, constraints and configs (None: unchecked).
     """
@@ -202,7 +290,7 @@ def validate_sources(
                 continue
             label = _label(doc, index)
             problems.extend(
-                Problem(file, label, f.path, f.message, f.severity)
+                Problem(file, label, f.path, f.message, _severity(f, defined_elsewhere), f.check)
                 for f in _object_findings(doc, ctx, claims)
             )
         problems.extend(unparsable)

@@ -10,6 +10,21 @@ class Severity(Enum):
     WARNING = "warning"  # accepted, but not what the author asked for (a gated field is dropped)
 
 
+class Check(Enum):
+    """Who would stop the object, which is what tells a test which oracle holds a finding."""
+
+    API = "api"  # the API server refuses it on create (tests/e2e/test_validate_oracle.py)
+    # It names a DeviceClass, claim or template that no file given, the chart nor the
+    # cluster defines: accepted, and the pod stays pending.
+    REFERENCE = "reference"
+    # Against what the driver publishes: an attribute or capacity it never publishes, a
+    # selector no device of any supported instance type satisfies. Accepted, never allocated.
+    DEVICES = "devices"
+    # Our opaque config: the plugin refuses it at prepare (and the chart's admission policy
+    # on create, when it is installed).
+    PLUGIN = "plugin"
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """What a rule found, at a field path inside the object it checked."""
@@ -17,6 +32,7 @@ class Finding:
     path: str
     message: str
     severity: Severity = Severity.ERROR
+    check: Check = Check.API
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +44,7 @@ class Problem:
     )
     message: str
     severity: Severity = Severity.ERROR
+    check: Check = Check.API
 
     def __str__(self) -> str:
         path = self.path or "(object)"

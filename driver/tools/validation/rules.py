@@ -13,14 +13,15 @@ from typing import Any
 
 from driver.common.limits import (
     C_IDENTIFIER,
-    MAX_DOMAIN,
     MAX_DRIVER_NAME,
     MAX_ID,
     is_dns_label,
     is_dns_subdomain,
+    label_key_error,
+    label_value_error,
 )
 from driver.tools.validation import gates
-from driver.tools.validation.problems import Finding, Severity
+from driver.tools.validation.problems import Check, Finding, Severity
 
 # pkg/apis/resource/types.go
 MAX_REQUESTS = 32  # DeviceRequestsMaxSize
@@ -28,7 +29,7 @@ MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
 MAX_SELECTORS = 32  # DeviceSelectorsMaxSize
 MAX_CONSTRAINTS = 32  # DeviceConstraintsMaxSize
 MAX_CONFIGS = 32  # DeviceConfigMaxSize
-MAX_TOLERATIONS = 16  # DeviceTolerationsMaxLength
+# DeviceTolerationsMaxLength (16) is declared but not enforced (1.34, 1.36): not checked.
 MAX_CEL_BYTES = 10 * 1024  # CELSelectorExpressionMaxLength
 MAX_OPAQUE_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength
 
@@ -63,7 +64,7 @@ class Published:
 class Context:
     version: gates.Version
     check_selector: SelectorCheck
-    # DeviceClass names known from the given files; None: no DeviceClass given, do not check.
+    # DeviceClass names known: the chart's, the files', the cluster's; None: do not check.
     classes: frozenset[str] | None = None
     # Findings that compile cannot make: names and types against what drivers publish.
     lint_selector: SelectorLint = no_lint
@@ -82,15 +83,34 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def is_driver_name(name: str) -> bool:
+    """A driver name (and an attribute's domain): a DNS subdomain of at most 63 characters,
+    compared without case (ValidateCSIDriverName lowercases it first)."""
+    return is_dns_subdomain(name.lower(), MAX_DRIVER_NAME)
+
+
 def _fully_qualified_name(name: str) -> str | None:
-    """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None."""
-    domain, slash, ident = name.partition("/")
-    if not slash:
+    """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None.
+
+    As validateFullyQualifiedName: a name with two slashes passes (upstream's TODO says so);
+    no attribute has one, which the caller reports as a name that matches nothing."""
+    parts = name.split("/")
+    if len(parts) == 1:
         return "must be a fully qualified name: <domain>/<name>, e.g. gpu.nvidia.com/nvlinkDomain"
-    if not is_dns_subdomain(domain, MAX_DOMAIN):
-        return f"domain {domain!r} must be a DNS subdomain of at most 63 characters"
+    if len(parts) > 2:
+        return None
+    domain, ident = parts
+    if not domain:
+        return "the domain before '/' must not be empty"
+    if not is_driver_name(domain):
+        return f"domain {domain!r} must be a DNS subdomain of at most {MAX_DRIVER_NAME} characters"
+    if not ident:
+        return "the name after '/' must not be empty"
     if not C_IDENTIFIER.fullmatch(ident) or len(ident) > MAX_ID:
-        return f"name {ident!r} must be a C identifier of at most 32 characters"
+        return (
+            f"name {ident!r} must be a C identifier (letters, digits, '_') of at most "
+            f"{MAX_ID} characters, is {len(ident)}"
+        )
     return None
 
 
@@ -122,7 +142,7 @@ def _selectors(path: str, selectors: list[Any], ctx: Context) -> Iterator[Findin
         if finding is not None:
             yield Finding(expr_path, finding.message, finding.severity)
         for lint in ctx.lint_selector(expression):
-            yield Finding(expr_path, lint.message, lint.severity)
+            yield Finding(expr_path, lint.message, lint.severity, lint.check)
         if _USES_ALLOW_MULTIPLE.search(expression):
             yield from _gated(expr_path, gates.DRA_CONSUMABLE_CAPACITY, ctx)
 
@@ -134,7 +154,9 @@ def _gpu_config(path: str, parameters: Any) -> Iterator[Finding]:
     try:
         parse_gpu_config(parameters, source="GpuConfig")
     except ConfigError as exc:
-        yield Finding(path, f"the plugin would reject it: {exc}{_field_hint(str(exc))}")
+        yield Finding(
+            path, f"the plugin would reject it: {exc}{_field_hint(str(exc))}", check=Check.PLUGIN
+        )
 
 
 _EXTRA_FIELD = re.compile(r'field "(?:[^"]*\.)?([^".]+)": Extra inputs are not permitted')
@@ -166,12 +188,17 @@ def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Fin
         if not isinstance(opaque, Mapping):
             continue
         driver = _str(opaque.get("driver"))
-        if driver is not None and not is_dns_subdomain(driver, MAX_DRIVER_NAME):
+        if driver is None or not driver:
+            yield Finding(f"{path}[{i}].opaque.driver", "required: the driver the config is for")
+        elif not is_driver_name(driver):
             yield Finding(
                 f"{path}[{i}].opaque.driver",
-                f"{driver!r} must be a DNS subdomain of at most 63 characters",
+                f"{driver!r} must be a DNS subdomain of at most {MAX_DRIVER_NAME} characters"
+                + (f", is {len(driver)}" if len(driver) > MAX_DRIVER_NAME else ""),
             )
-        if opaque.get("parameters") is not None:
+        if opaque.get("parameters") is None:
+            yield Finding(f"{path}[{i}].opaque.parameters", "required: the driver's config")
+        else:
             size = len(json.dumps(opaque["parameters"], separators=(",", ":")).encode())
             if size > MAX_OPAQUE_PARAMETERS_BYTES:
                 yield Finding(
@@ -183,11 +210,33 @@ def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Fin
             yield from _gpu_config(f"{path}[{i}].opaque.parameters", opaque.get("parameters"))
 
 
-def check_name(metadata: Any) -> Iterator[Finding]:
-    """DeviceClass, ResourceClaim and ResourceClaimTemplate names are DNS subdomains."""
-    name = _str(_map(metadata).get("name"))
-    if name is not None and not is_dns_subdomain(name):
-        yield Finding("metadata.name", f"{name!r} must be a DNS subdomain (lowercase, '-', '.')")
+def check_metadata(metadata: Any, kind: str) -> Iterator[Finding]:
+    """Every object's name (required, a DNS subdomain; a Job's at most 63 characters, as
+    it becomes a label of its pods) and labels."""
+    meta = _map(metadata)
+    name = _str(meta.get("name"))
+    if not name and not meta.get("generateName"):
+        yield Finding("metadata.name", "required (or metadata.generateName)")
+    elif name and not is_dns_subdomain(name):
+        yield Finding(
+            "metadata.name",
+            f"{name!r} must be a DNS subdomain: lowercase letters, digits, '-' and '.', at "
+            f"most 253 characters" + (f", is {len(name)}" if len(name) > 253 else ""),
+        )
+    elif name and kind == "Job" and len(name) > MAX_JOB_NAME:
+        yield Finding(
+            "metadata.name",
+            f"a Job's name becomes its pods' label batch.kubernetes.io/job-name: at most "
+            f"{MAX_JOB_NAME} characters, is {len(name)}",
+        )
+    for key, value in _map(meta.get("labels")).items():
+        if (why := label_key_error(str(key))) is not None:
+            yield Finding("metadata.labels", f"label key {key!r}: {why}")
+        elif isinstance(value, str) and (why := label_value_error(value)) is not None:
+            yield Finding(f"metadata.labels.{key}", f"label value {value!r}: {why}")
+
+
+MAX_JOB_NAME = 63
 
 
 def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
@@ -211,35 +260,90 @@ def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Find
 def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
     """The fields ``exactly`` and a ``firstAvailable`` subrequest share."""
     class_name = _str(request.get("deviceClassName"))
-    if class_name is not None:
+    if not class_name:
+        yield Finding(f"{path}.deviceClassName", "required: the DeviceClass to allocate from")
+    else:
         if not is_dns_subdomain(class_name):
-            yield Finding(f"{path}.deviceClassName", f"{class_name!r} must be a DNS subdomain")
-        elif ctx.classes is not None and class_name not in ctx.classes:
             yield Finding(
                 f"{path}.deviceClassName",
-                f"DeviceClass {class_name!r} is not among the given files "
-                f"(known: {', '.join(sorted(ctx.classes)) or 'none'})",
+                f"{class_name!r} must be a DNS subdomain: lowercase letters, digits, '-' and "
+                "'.', at most 253 characters"
+                + (f", is {len(class_name)}" if len(class_name) > 253 else ""),
+            )
+        elif ctx.classes is not None and class_name not in ctx.classes:
+            from driver.tools.cel import suggest
+
+            near = suggest(class_name, set(ctx.classes))
+            yield Finding(
+                f"{path}.deviceClassName",
+                f"no DeviceClass {class_name!r} in the chart, the files given or the cluster "
+                f"(known: {', '.join(sorted(ctx.classes))}): the claim would stay pending"
+                + (f"; did you mean {near}?" if near else "")
+                + " (--defined-elsewhere if it is)",
+                check=Check.REFERENCE,
             )
     yield from _selectors(f"{path}.selectors", _list(request.get("selectors")), ctx)
     mode = _str(request.get("allocationMode")) or "ExactCount"
-    count = request.get("count")
+    # 0 is no count: the field is omitted when empty, and the server defaults it.
+    count = request.get("count") or 0
     if mode not in _ALLOCATION_MODES:
         yield Finding(
             f"{path}.allocationMode", f"{mode!r} must be one of {', '.join(_ALLOCATION_MODES)}"
         )
-    elif mode == "All" and count is not None:
-        yield Finding(f"{path}.count", "must not be set when allocationMode is All")
-    elif mode == "ExactCount" and isinstance(count, int) and count < 1:
-        yield Finding(f"{path}.count", f"must be at least 1, is {count}")
+    elif mode == "All" and isinstance(count, int) and count:
+        yield Finding(f"{path}.count", f"{count} must not be set when allocationMode is All")
+    elif mode == "ExactCount" and isinstance(count, int) and count < 0:
+        yield Finding(f"{path}.count", f"{count} is out of range: must be at least 1")
+    if request.get("adminAccess") is True:
+        yield Finding(
+            f"{path}.adminAccess",
+            "the API server refuses adminAccess unless the claim's namespace has the label "
+            'resource.kubernetes.io/admin-access: "true"',
+            Severity.WARNING,
+        )
     tolerations = _list(request.get("tolerations"))
     if tolerations:
-        yield from _too_many(f"{path}.tolerations", tolerations, MAX_TOLERATIONS)
         yield from _gated(f"{path}.tolerations", gates.DRA_DEVICE_TAINTS, ctx)
+        for i, toleration in enumerate(tolerations):
+            yield from _toleration(f"{path}.tolerations[{i}]", _map(toleration), ctx)
     capacity = _map(request.get("capacity"))
     if capacity.get("requests"):
         yield from _gated(f"{path}.capacity.requests", gates.DRA_CONSUMABLE_CAPACITY, ctx)
         yield from _capacity_requests(
             f"{path}.capacity.requests", _map(capacity.get("requests")), class_name, ctx
+        )
+
+
+_OPERATORS = ("Equal", "Exists")
+
+
+def _effects(version: gates.Version) -> tuple[str, ...]:
+    # DeviceTaintEffectNone is new in 1.35.
+    return (
+        ("NoExecute", "NoSchedule", "None") if version >= (1, 35) else ("NoExecute", "NoSchedule")
+    )
+
+
+def _toleration(path: str, toleration: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
+    """validateDeviceToleration."""
+    key = _str(toleration.get("key")) or ""
+    value = _str(toleration.get("value")) or ""
+    if key and (why := label_key_error(key)) is not None:
+        yield Finding(f"{path}.key", f"{key!r} is no taint key: {why}")
+    # An unset operator is defaulted to Equal before validation.
+    operator = _str(toleration.get("operator")) or "Equal"
+    if operator not in _OPERATORS:
+        yield Finding(f"{path}.operator", f"{operator!r} must be one of {', '.join(_OPERATORS)}")
+    elif operator == "Exists" and value:
+        yield Finding(f"{path}.value", f"{value!r} must be empty for operator Exists")
+    elif operator == "Equal" and (why := label_value_error(value)) is not None:
+        yield Finding(f"{path}.value", f"{value!r}: {why}")
+    effect = _str(toleration.get("effect")) or ""
+    effects = _effects(ctx.version)
+    if effect and effect not in effects:
+        yield Finding(
+            f"{path}.effect",
+            f"{effect!r} must be one of {', '.join(effects)} (or unset: every effect)",
         )
 
 
@@ -272,6 +376,7 @@ def _capacity_requests(
                 f"{published.driver} publishes no capacity {ident!r} (it has: "
                 f"{', '.join(sorted(published.capacities))})"
                 + (f"; did you mean {near}?" if near else ""),
+                check=Check.DEVICES,
             )
 
 
@@ -306,7 +411,11 @@ def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding
     if names is None:
         near = suggest(domain, set(published.attributes))
         if near is not None:
-            yield Finding(path, f"no driver publishes domain {domain!r}; did you mean {near}?")
+            yield Finding(
+                path,
+                f"no driver publishes domain {domain!r}; did you mean {near}?",
+                check=Check.DEVICES,
+            )
         return
     if ident not in names:
         near = suggest(ident, set(names))
@@ -314,6 +423,7 @@ def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding
             path,
             f"{domain} publishes no attribute {ident!r}: the constraint can never be met"
             + (f"; did you mean {domain}/{near}?" if near else ""),
+            check=Check.DEVICES,
         )
 
 
@@ -368,6 +478,8 @@ def _references(path: str, refs: list[Any], names: Mapping[str, set[str]]) -> It
     """Each entry of a constraint's or config's ``requests`` must name a request or subrequest."""
     seen: set[str] = set()
     for i, ref in enumerate(refs):
+        if ref is None:
+            ref = ""  # JSON null decodes as the empty string
         if not isinstance(ref, str):
             continue
         if ref in seen:
@@ -405,14 +517,24 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
         yield from _references(f"{cpath}.requests", _list(constraint.get("requests")), names)
         match = _str(constraint.get("matchAttribute"))
         distinct = _str(constraint.get("distinctAttribute"))
-        if (match is None) == (distinct is None):
-            yield Finding(cpath, "exactly one of matchAttribute and distinctAttribute must be set")
-        for key, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
+        if match is None and distinct is None:
+            yield Finding(cpath, "one of matchAttribute and distinctAttribute must be set")
+        elif match is not None and distinct is not None:
+            # The server takes matchAttribute and never looks at distinctAttribute.
+            yield Finding(
+                f"{cpath}.distinctAttribute",
+                "ignored: matchAttribute is set too, and the API server keeps only that one",
+                Severity.WARNING,
+            )
+        checked = (
+            ("matchAttribute", match) if match is not None else ("distinctAttribute", distinct)
+        )
+        for key, value in (checked,):
             if value is not None and (why := _fully_qualified_name(value)):
                 yield Finding(f"{cpath}.{key}", why)
             elif value is not None:
                 yield from _published_attribute(f"{cpath}.{key}", value, ctx)
-        if distinct is not None:
+        if distinct is not None and match is None:
             yield from _gated(f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx)
     configs = _list(devices.get("config"))
     yield from _opaque_configs(f"{dpath}.config", configs, ctx)

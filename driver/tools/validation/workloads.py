@@ -9,8 +9,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.common.limits import is_dns_label, is_dns_subdomain
 from driver.tools.cel import suggest
-from driver.tools.validation.problems import Finding, Severity
+from driver.tools.validation.problems import Check, Finding, Severity
 
 # kind -> path from the object to its PodSpec
 POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
@@ -100,6 +101,17 @@ def _pod_claim(
             Finding(path, "exactly one of resourceClaimName and resourceClaimTemplateName")
         )
         return findings, None
+    for key, value in (("resourceClaimName", claim), ("resourceClaimTemplateName", template)):
+        if isinstance(value, str) and not is_dns_subdomain(value):
+            findings.append(
+                Finding(
+                    f"{path}.{key}",
+                    f"{value!r} must be a DNS subdomain: lowercase letters, digits, '-' and "
+                    "'.', at most 253 characters"
+                    + (f", is {len(value)}" if len(value) > 253 else ""),
+                )
+            )
+            return findings, None
     kind, name, table = (
         ("ResourceClaim", claim, known.claims)
         if claim is not None
@@ -124,6 +136,7 @@ def _pod_claim(
                 f"{path}.{field_name}",
                 f"no {kind} {name!r} in namespace {namespace!r} among the given manifests "
                 f"(known: {', '.join(in_namespace) or 'none'}){hint}",
+                check=Check.REFERENCE,
             )
         )
     return findings, requests
@@ -141,20 +154,31 @@ def check_pod_spec(spec: Any, path: str, namespace: str, known: Claims) -> Itera
     for i, raw in enumerate(_list(spec.get("resourceClaims"))):
         entry = _map(raw)
         name = entry.get("name")
-        findings, requests = _pod_claim(f"{path}.resourceClaims[{i}]", entry, namespace, known)
+        epath = f"{path}.resourceClaims[{i}]"
+        if not name:
+            yield Finding(f"{epath}.name", "required: the name containers use for this claim")
+        elif isinstance(name, str) and name in entries:
+            yield Finding(f"{epath}.name", f"duplicate name {name!r}")
+        elif isinstance(name, str) and not is_dns_label(name):
+            yield Finding(f"{epath}.name", f"{name!r} {_DNS_LABEL}")
+        findings, requests = _pod_claim(epath, entry, namespace, known)
         yield from findings
-        if isinstance(name, str):
+        if isinstance(name, str) and name not in entries:
             entries[name] = requests
     used: set[str] = set()
     for cpath, container in _containers(spec, path):
         resources = _map(container.get("resources"))
+        yield from _duplicate_claims(f"{cpath}.resources.claims", _list(resources.get("claims")))
         for k, raw in enumerate(_list(resources.get("claims"))):
             ref = _map(raw)
             name = ref.get("name")
             rpath = f"{cpath}.resources.claims[{k}]"
-            if not isinstance(name, str):
+            if not isinstance(name, str) or not name:
                 continue
             used.add(name)
+            request = ref.get("request")
+            if isinstance(request, str) and request and not is_dns_label(request):
+                yield Finding(f"{rpath}.request", f"{request!r} {_DNS_LABEL}")
             if name not in entries:
                 yield Finding(
                     f"{rpath}.name",
@@ -171,6 +195,7 @@ def check_pod_spec(spec: Any, path: str, namespace: str, known: Claims) -> Itera
                     f"{rpath}.request",
                     f"claim {name!r} has no request {request!r} (requests: "
                     f"{', '.join(top) or 'none'})" + _did_you_mean(request, top),
+                    check=Check.REFERENCE,
                 )
     for name in sorted(set(entries) - used):
         index = next(
@@ -184,6 +209,43 @@ def check_pod_spec(spec: Any, path: str, namespace: str, known: Claims) -> Itera
             "but no container gets them",
             Severity.WARNING,
         )
+
+
+_DNS_LABEL = (
+    "must be a DNS label: lowercase letters, digits and '-', starting and ending with a "
+    "letter or digit, at most 63 characters"
+)
+
+
+def _duplicate_claims(path: str, refs: list[Any]) -> Iterator[Finding]:
+    """validateResourceClaimNames: each entry names a claim once, or each of its requests
+    once; a whole claim beside one of its requests is a duplicate too."""
+    seen: set[str] = set()
+    for i, raw in enumerate(refs):
+        ref = _map(raw)
+        name = ref.get("name")
+        if not name:
+            yield Finding(
+                f"{path}[{i}]", "required: the name of an entry in the pod's resourceClaims"
+            )
+            continue
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            yield Finding(
+                f"{path}[{i}]", f"duplicate: every request of claim {name!r} is listed already"
+            )
+            continue
+        request = ref.get("request")
+        key = f"{name}/{request}" if isinstance(request, str) and request else name
+        if key in seen:
+            yield Finding(f"{path}[{i}]", f"duplicate entry {key!r}")
+        elif key == name and any(k.startswith(f"{name}/") for k in seen):
+            yield Finding(
+                f"{path}[{i}]",
+                f"duplicate: claim {name!r} is listed already for one of its requests",
+            )
+        seen.add(key)
 
 
 def check_workload(doc: Mapping[str, Any], known: Claims) -> Iterator[Finding]:
