@@ -102,8 +102,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--sysfs-root",
-        "directory holding sys/ (PCIe root and NUMA) and proc/driver/ (MIG capability minors); "
-        "the host's in every container (simulated hardware brings its own)",
+        "directory holding sys/ (PCIe root and NUMA) and the driver's proc files (MIG "
+        "capability minors): the host's in every container (simulated hardware brings its own)",
         default="/",
         metavar="DIR",
     ),
