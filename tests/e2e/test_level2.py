@@ -10,7 +10,6 @@ termination message, which the test reads from the pod status.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -18,17 +17,26 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
 from tests.e2e.kube import PLUGIN_POD_IMAGE, as_pod, await_until, install_chart, plugin_token
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
+from tests.e2e.workloads import (
+    EXAMPLES,
+    delete_namespace_claims,
+    example_docs,
+    finished_pod,
+    reports,
+    run_example,
+    runnable,
+    spec_files,
+    wait_finished,
+)
 from tests.pluginharness import NodeDirs, PluginProcess
 from tests.simroot import fake_root
 from tests.test_mps import Control
@@ -37,19 +45,10 @@ from tests.test_timeslicing import Smi, sliced
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
-EXAMPLES = Path(__file__).resolve().parents[2] / "charts" / "examples"
 NODE = "node-1"
 # GPUs 0-3 in MIG mode (3g.20gb, 2g.10gb, 1g.10gb each), 4-7 whole.
 PROFILE = "p4d.24xlarge-mig"
 GPUS = 4 + 4 * 3  # devices published
-# What each container prints into its termination message.
-REPORT = (
-    'echo "uuids=$GPU_DRA_VISIBLE_GPU_UUIDS visible=$NVIDIA_VISIBLE_DEVICES'
-    ' migs=$GPU_DRA_VISIBLE_MIG_UUIDS caps=$(ls /dev/nvidia-caps 2>/dev/null | sort | tr "\\n" ",")'
-    " mps=$CUDA_MPS_PIPE_DIRECTORY:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-    ':$(ls ${CUDA_MPS_PIPE_DIRECTORY:-/none} 2>/dev/null | tr "\\n" ",")'
-    ' devices=$(ls /dev | grep nvidia | sort | tr "\\n" " ")" > /dev/termination-log'
-)
 
 
 @dataclass(frozen=True)
@@ -72,31 +71,13 @@ class KubeletDirs(NodeDirs):
         return self.cdi_root
 
 
-def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
-
-
 def example_images() -> tuple[str, ...]:
     refs = set()
     for path in EXAMPLES.glob("*.yaml"):
-        for doc in _docs(path.name):
+        for doc in example_docs(path.name):
             for c in doc.get("spec", {}).get("containers", []) if doc["kind"] == "Pod" else []:
                 refs.add(c["image"])
     return (*sorted(refs), PLUGIN_POD_IMAGE)
-
-
-def runnable(pod: dict[str, Any]) -> dict[str, Any]:
-    """The example pod, running our report instead of its CUDA command."""
-    pod = copy.deepcopy(pod)
-    spec = pod["spec"]
-    spec["hostNetwork"] = True
-    spec["restartPolicy"] = "Never"
-    spec["terminationGracePeriodSeconds"] = 1
-    for c in spec["containers"]:
-        c["command"] = ["sh", "-c", REPORT]
-        c.pop("args", None)
-        c["imagePullPolicy"] = "IfNotPresent"
-    return pod
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -162,78 +143,6 @@ def start_plugin(dirs: NodeDirs, config: Path, pod_uid: str | None = None) -> Pl
             f"--mps-control={plugin_mps(dirs).path}",
         ),
     )
-
-
-def _pod(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
-    return cp.call("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
-
-
-def _finished(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
-    pod = _pod(cp, ns, name)
-    return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
-
-
-async def wait_finished(
-    cp: ControlPlane, ns: str, name: str, wait_s: float = 180
-) -> dict[str, Any]:
-    try:
-        done: dict[str, Any] = await await_until(
-            f"pod {ns}/{name} finished", partial(_finished, cp, ns, name), wait_s
-        )
-    except TimeoutError as exc:
-        status = _pod(cp, ns, name).get("status")
-        events = cp.call("GET", f"/api/v1/namespaces/{ns}/events")["items"]
-        said = [f"{e.get('reason')}: {e.get('message')}" for e in events]
-        raise TimeoutError(f"{exc}: status {json.dumps(status)}; events {said}") from exc
-    return done
-
-
-def reports(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """container -> what it printed: uuids, visible, migs, caps, mps, devices."""
-    out = {}
-    for status in pod["status"]["containerStatuses"]:
-        message = status["state"]["terminated"].get("message", "")
-        fields = dict(part.split("=", 1) for part in message.strip().split(" ", 5))
-        out[status["name"]] = fields
-    return out
-
-
-async def run_example(cp: ControlPlane, ns: str, example: str) -> list[dict[str, Any]]:
-    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    await await_until(
-        f"default SA in {ns}",
-        lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200,
-    )
-    pods = []
-    for doc in _docs(example):
-        if doc["kind"] == "Pod":
-            pods.append(cp.create(runnable(doc), ns))
-        else:
-            cp.create(doc, ns)
-    done = []
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        finished = await wait_finished(cp, ns, name)
-        assert finished["status"]["phase"] == "Succeeded", json.dumps(finished["status"])
-        done.append(finished)
-    return done
-
-
-def spec_files(node: RealNode) -> list[Path]:
-    return sorted(node.cdi_root.glob("*.json"))
-
-
-async def delete_namespace_claims(cp: ControlPlane, ns: str) -> None:
-    cp.raw("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
-    await await_until(f"pods of {ns} gone", lambda: not cp.call(
-        "GET", f"/api/v1/namespaces/{ns}/pods")["items"], 120)  # fmt: skip
-    claims = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
-    for c in claims:
-        cp.raw("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
-               f"{c['metadata']['name']}")  # fmt: skip
-    await await_until(f"claims of {ns} gone", lambda: not cp.call(
-        "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"],
-        120)  # fmt: skip
 
 
 async def test_the_kubelet_registers_the_plugin_and_slices_appear(
@@ -318,7 +227,7 @@ async def test_mps_pods_reach_their_daemons_pipe(node: RealNode, plugin: PluginP
     cp, ns = node.cp, "mps"
     smi, control = plugin_smi(plugin.dirs), plugin_mps(plugin.dirs)
     smi.calls(), control.calls()  # what earlier tests left
-    docs = _docs("mps-memory-limit.yaml")
+    docs = example_docs("mps-memory-limit.yaml")
     (template,) = (d for d in docs if d["kind"] == "ResourceClaimTemplate")
     (deployment,) = (d for d in docs if d["kind"] == "Deployment")
     cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -375,7 +284,7 @@ async def test_sigkill_while_pods_start_then_restart(node: RealNode, plugin: Plu
         f"default SA in {ns}",
         lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200,
     )
-    docs = _docs("single-gpu.yaml")
+    docs = example_docs("single-gpu.yaml")
     template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
     pod = next(d for d in docs if d["kind"] == "Pod")
     cp.create(template, ns)
@@ -393,7 +302,9 @@ async def test_sigkill_while_pods_start_then_restart(node: RealNode, plugin: Plu
     await successor.wait_ready(120)
     seen = set()
     for name in names:
-        finished = await await_until(f"pod {name} finished", partial(_finished, cp, ns, name), 240)
+        finished = await await_until(
+            f"pod {name} finished", partial(finished_pod, cp, ns, name), 240
+        )
         assert finished["status"]["phase"] == "Succeeded", json.dumps(finished["status"])
         (report,) = reports(finished).values()
         seen.add(report["uuids"])
