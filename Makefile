@@ -35,11 +35,15 @@ oracles: $(STAMP)
 # (cached in ~/.cache/gpu-dra-e2e, or $$GPU_DRA_E2E_CACHE).
 e2e-build: $(STAMP)
 	bash tests/e2e/deps.sh
-	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd runc helm oracles
+	$(PY) -m tests.e2e.build --k8s $(K8S) kubernetes etcd containerd runc helm nvidia-ctk oracles images
 
 # The e2e tier against those components; pytest's addopts exclude it from `make test`.
+# Level 3 (the chart installed, the plugin as the DaemonSet's pod) runs in network and mount
+# namespaces of its own (tests/e2e/netns.py): a pod network, kube-proxy, an rshared root.
+E2E_PYTEST := $(PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider
 e2e: e2e-build
-	K8S=$(K8S) $(PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider tests/oracles tests/e2e
+	K8S=$(K8S) $(E2E_PYTEST) tests/oracles tests/e2e --ignore=tests/e2e/test_level3.py
+	K8S=$(K8S) $(PY) -m tests.e2e.netns $(E2E_PYTEST) tests/e2e/test_level3.py
 
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done

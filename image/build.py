@@ -222,7 +222,8 @@ def _sha256(path: Path, *, unzip: bool = False) -> str:
 
 
 def write_archive(out: Path, ref: str, layers: dict[str, Path]) -> Path:
-    """An OCI layout tar: index.json names one image index, one manifest per architecture."""
+    """An OCI layout tar: index.json names one image index, one manifest per architecture;
+    the image's version label is ``ref``'s tag."""
     image = CONTENTS["image"]
     blobs: list[Blob] = []
     manifests = []
@@ -233,7 +234,7 @@ def write_archive(out: Path, ref: str, layers: dict[str, Path]) -> Path:
         config = _json_blob("application/vnd.oci.image.config.v1+json", {
             "architecture": OCI_ARCH[arch], "os": "linux", "created": "1970-01-01T00:00:00Z",
             "config": {"Entrypoint": image["entrypoint"], "Cmd": image["cmd"], "Env": image["env"],
-                       "Labels": {"org.opencontainers.image.version": version()}},
+                       "Labels": {"org.opencontainers.image.version": ref.rsplit(":", 1)[1]}},
             "rootfs": {"type": "layers", "diff_ids": [_sha256(layer, unzip=True)]},
         })  # fmt: skip
         manifest = _json_blob("application/vnd.oci.image.manifest.v1+json", {
@@ -289,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", action="append", choices=sorted(OCI_ARCH), help="repeatable")
     parser.add_argument("--out", type=Path, default=ROOT / "dist")
     parser.add_argument("--name", default=CONTENTS["image"]["name"], help="image name, untagged")
+    # Another tag of the same build (the e2e tier's helm upgrade to a second image).
+    parser.add_argument("--tag", default=version(), help="image tag (default: the version)")
     args = parser.parse_args(argv)
     arches = args.arch or ["amd64", "arm64"]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -299,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         layers[arch] = build_layer(arch)
         print(f"{arch}: layer {layers[arch].stat().st_size / 2**20:.1f} MiB "
               f"({time.monotonic() - t0:.1f} s)")  # fmt: skip
-    ref = f"{args.name}:{version()}"
-    out = write_archive(args.out / f"gpu-dra-driver-{version()}.oci.tar", ref, layers)
+    ref = f"{args.name}:{args.tag}"
+    out = write_archive(args.out / f"gpu-dra-driver-{args.tag}.oci.tar", ref, layers)
     print(f"{out} {normalized(ref)} {out.stat().st_size / 2**20:.1f} MiB "
           f"({time.monotonic() - start:.1f} s)")  # fmt: skip
     return 0

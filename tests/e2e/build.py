@@ -28,7 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = tomllib.loads((HERE / "versions.toml").read_text())
-K8S_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+K8S_BINARIES = (
+    "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
+)  # fmt: skip
 
 
 def cache_root() -> Path:
@@ -131,11 +133,12 @@ def build_kubernetes(version: str, wanted: tuple[str, ...] = K8S_BINARIES) -> Pa
     pkgs = [f"k8s.io/kubernetes/cmd/{b}" for b in K8S_BINARIES]
     _write_module(module, "kubernetes", "\n".join(lines), {})
     (module / "tools.go").write_text(_tools_go(pkgs))
-    if not (module / "go.sum").exists():
-        started = time.monotonic()
-        print(f"resolving k8s.io/kubernetes {version} modules ...", file=sys.stderr, flush=True)
-        _go(["mod", "tidy"], module)
-        print(f"resolved in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    # go.mod was written anew (tidy's requires gone), and a binary added to the list brings
+    # modules the earlier go.sum lacks: tidy each time something is built (seconds, cached).
+    started = time.monotonic()
+    print(f"resolving k8s.io/kubernetes {version} modules ...", file=sys.stderr, flush=True)
+    _go(["mod", "tidy"], module)
+    print(f"resolved in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     major, minor = version.removeprefix("v").split(".")[:2]
     stamp = " ".join(
         f"-X k8s.io/component-base/version.{k}={v}"
@@ -262,6 +265,28 @@ def build_oracles() -> Path:
     return out
 
 
+# The plugin's image under two tags (level 3 upgrades from the first to the second): the
+# same build, the second tag and version label differ. Built here, before level 3 enters its
+# network namespace, where no package mirror is reachable.
+IMAGE_TAGS = ("0.1.0", "0.1.0-e2e.2")
+
+
+def image_archive(tag: str) -> Path:
+    return cache_root() / "images" / f"gpu-dra-driver-{tag}.oci.tar"
+
+
+def build_images() -> Path:
+    repo = HERE.parents[1]
+    out = image_archive(IMAGE_TAGS[0]).parent
+    for tag in IMAGE_TAGS:  # in turn: the second finds the first's layer in the image cache
+        subprocess.run(
+            [sys.executable, str(repo / "image" / "build.py"), "--arch", "amd64",
+             "--out", str(out), "--tag", tag],
+            check=True,
+        )  # fmt: skip
+    return out
+
+
 BUILDERS = {
     "kubernetes": lambda minor: build_kubernetes(k8s_version(minor)),
     "etcd": lambda minor: build_etcd(),
@@ -270,6 +295,7 @@ BUILDERS = {
     "helm": lambda minor: build_helm(),
     "nvidia-ctk": lambda minor: build_nvidia_ctk(),
     "oracles": lambda minor: build_oracles(),
+    "images": lambda minor: build_images(),
 }
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.e2e import build
+from tests.e2e import build, netns
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -79,12 +79,16 @@ def issue(pki: Path, name: str, subject: str, extension: str) -> tuple[Path, Pat
     return pki / f"{name}.crt", pki / f"{name}.key"
 
 
-def make_pki(pki: Path) -> None:
-    """CA, apiserver serving cert, admin client cert and a service-account key (EC P-256)."""
+def make_pki(pki: Path, addresses: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert (also for ``addresses``), admin client cert and a
+    service-account key (EC P-256)."""
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3",
              "-subj", "/CN=gpu-dra-e2e-ca", cwd=pki)  # fmt: skip
-    sans = "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"
+    sans = "subjectAltName=" + ",".join(
+        [f"IP:{a}" for a in ("127.0.0.1", *addresses)]
+        + ["DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default.svc"]
+    )
     issue(pki, "apiserver", "/CN=kube-apiserver", sans)
     issue(pki, "admin", "/O=system:masters/CN=e2e-admin", "extendedKeyUsage=clientAuth")
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
@@ -206,6 +210,10 @@ class ControlPlane:
     minor: str
     # Off for Nodes without a kubelet (level 1); on where a real kubelet heartbeats (level 2).
     node_lifecycle: bool = False
+    # As EKS runs it (level 3, inside tests.e2e.netns): the default --runtime-config (no
+    # alpha API), no alpha feature gate, and an advertised non-loopback address whose
+    # kubernetes Service endpoints the lease reconciler keeps, for pods' in-cluster config.
+    eks: bool = False
     processes: list[Process] = field(default_factory=list)
     api_port: int = 0
 
@@ -225,8 +233,11 @@ class ControlPlane:
     def bindir(self) -> Path:
         return build.cache_root() / f"kubernetes-{build.k8s_version(self.minor)}" / "bin"
 
+    def feature_gates(self) -> dict[str, bool]:
+        return {} if self.eks else dict(FEATURE_GATES[self.minor])
+
     def gates(self) -> str:
-        return ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES[self.minor].items())
+        return ",".join(f"{k}={str(v).lower()}" for k, v in self.feature_gates().items())
 
     async def spawn(self, name: str, argv: list[str]) -> Process:
         log = self.root / "logs" / f"{name}.log"
@@ -329,7 +340,8 @@ class ControlPlane:
             raise RuntimeError(f"only {free / 2**30:.1f} GiB free under {self.root}: 2 GiB needed")
         with contextlib.suppress(OSError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        await asyncio.to_thread(make_pki, self.pki)
+        addresses = (netns.API_ADDRESS, netns.KUBERNETES_SERVICE_IP) if self.eks else ()
+        await asyncio.to_thread(make_pki, self.pki, addresses)
         etcd_port, peer_port = free_port(), free_port()
         self.api_port = free_port()
         pki = self.pki
@@ -345,10 +357,21 @@ class ControlPlane:
             f"--initial-cluster=e2e={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
         ])  # fmt: skip
         gates = [f"--feature-gates={self.gates()}"] if self.gates() else []
+        if self.eks:
+            if not netns.isolated():
+                raise RuntimeError("an EKS-like control plane runs in tests.e2e.netns only")
+            network = [
+                "--bind-address=0.0.0.0", f"--advertise-address={netns.API_ADDRESS}",
+                "--endpoint-reconciler-type=lease",
+            ]  # fmt: skip
+        else:
+            network = [
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none", "--runtime-config=api/all=true",
+            ]  # fmt: skip
         await self.spawn("kube-apiserver", [
             str(self.bindir / "kube-apiserver"), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.api_port}",
+            *network, f"--secure-port={self.api_port}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
@@ -356,9 +379,8 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
-            "--allow-privileged=true", "--profiling=false", "--runtime-config=api/all=true",
-            *gates,
+            f"--service-cluster-ip-range={netns.SERVICE_SUBNET}",
+            "--allow-privileged=true", "--profiling=false", *gates,
         ])  # fmt: skip
         await self.wait_for("kube-apiserver", lambda: self.get("/readyz")[0] == 200, 120)
         common = [

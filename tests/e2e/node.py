@@ -2,8 +2,11 @@
 
 This VM has cgroup v1 and no systemd as PID 1, so the kubelet runs with the cgroupfs
 driver (``failCgroupV1: false``) and relaxed eviction thresholds; runc and the CNI plugins
-come from Debian's packages. Pods run on the host network; containerd still needs a CNI
-configuration (loopback only) or the node stays NotReady. No registry is reachable: the
+come from Debian's packages. On levels 1 and 2 pods run on the host network; containerd
+still needs a CNI configuration (loopback only) or the node stays NotReady. With
+``pod_network`` (level 3, inside :mod:`tests.e2e.netns`) pods get addresses on a bridge
+(``bridge`` and ``host-local``), and the real kube-proxy translates the Service range, so a
+pod reaches the API server by in-cluster config as on EKS. No registry is reachable: the
 images come from :mod:`tests.e2e.images`, imported into containerd's ``k8s.io`` namespace
 under the names the pods use, the sandbox image pinned in containerd's config.
 
@@ -22,7 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.e2e import build, images
+from tests.e2e import build, images, netns
 from tests.e2e.cluster import ControlPlane, free_port, issue, kubeconfig
 
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
@@ -56,6 +59,10 @@ class RealNode:
     name: str
     root: Path
     images: tuple[str, ...]
+    # OCI archives imported as they are (the plugin's image), beside the busybox images.
+    archives: tuple[Path, ...] = ()
+    pod_network: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def containerd_socket(self) -> Path:
@@ -106,8 +113,22 @@ state = "{r / "containerd" / "state"}"
     conf_dir = "{r / "cni"}"
 """
 
+    def _cni_config(self) -> dict[str, object]:
+        if not self.pod_network:
+            return {"cniVersion": "1.0.0", "name": "loopback", "plugins": [{"type": "loopback"}]}
+        return {
+            "cniVersion": "1.0.0",
+            "name": "pods",
+            "plugins": [{
+                "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True,
+                "ipam": {"type": "host-local", "subnet": netns.POD_SUBNET,
+                         "routes": [{"dst": "0.0.0.0/0"}],
+                         # Not /var/lib/cni: nothing of the run outside its root.
+                         "dataDir": str(self.root / "cni-ipam")},
+            }],
+        }  # fmt: skip
+
     def _kubelet_config(self) -> dict[str, object]:
-        gates = {k: v for k, v in _gates(self.cp).items()}
         config: dict[str, object] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -120,7 +141,7 @@ state = "{r / "containerd" / "state"}"
             "cgroupDriver": "cgroupfs",
             "failCgroupV1": False,
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "address": "127.0.0.1",
+            "address": "0.0.0.0" if self.pod_network else "127.0.0.1",
             "port": free_port(),
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -139,7 +160,7 @@ state = "{r / "containerd" / "state"}"
             "localStorageCapacityIsolation": False,
             "makeIPTablesUtilChains": False,
             "serializeImagePulls": False,
-            "featureGates": gates,
+            "featureGates": self.cp.feature_gates(),
         }
         return config
 
@@ -151,9 +172,7 @@ state = "{r / "containerd" / "state"}"
         ctd = build.build_containerd()
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "cni").mkdir(exist_ok=True)
-        (self.root / "cni" / "10-loopback.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "loopback", "plugins": [{"type": "loopback"}],
-        }))  # fmt: skip
+        (self.root / "cni" / "10-pods.conflist").write_text(json.dumps(self._cni_config()))
         self.cdi_root.mkdir(exist_ok=True)
         config = self.root / "containerd.toml"
         config.write_text(self._containerd_config())
@@ -170,12 +189,46 @@ state = "{r / "containerd" / "state"}"
         kc.write_text(kubeconfig(self.cp.server, self.cp.pki / "ca.crt", cert=cert, key=key))
         kconf = self.root / "kubelet.yaml"
         kconf.write_text(json.dumps(self._kubelet_config()))
+        extra = []
+        if self.pod_network:
+            extra.append(f"--node-ip={netns.API_ADDRESS}")
+        if self.labels:
+            extra.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels))
         await self.cp.spawn(f"kubelet-{self.name}", [
             str(self.cp.bindir / "kubelet"), f"--config={kconf}", f"--kubeconfig={kc}",
             f"--root-dir={self.kubelet_dir}", f"--cert-dir={self.root / 'kubelet-pki'}",
-            f"--hostname-override={self.name}", "--v=2",
+            f"--hostname-override={self.name}", "--v=2", *extra,
         ])  # fmt: skip
         await self.cp.wait_for(f"node {self.name} Ready", self._ready, 120)
+        if self.pod_network:
+            await self._start_kube_proxy()
+
+    async def _start_kube_proxy(self) -> None:
+        cert, key = issue(self.cp.pki, "kube-proxy", "/CN=system:kube-proxy",
+                          "extendedKeyUsage=clientAuth")  # fmt: skip
+        kc = self.root / "kube-proxy.kubeconfig"
+        kc.write_text(kubeconfig(self.cp.server, self.cp.pki / "ca.crt", cert=cert, key=key))
+        health = free_port()
+        config = self.root / "kube-proxy.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "mode": "iptables", "clientConnection": {"kubeconfig": str(kc)},
+            "hostnameOverride": self.name, "clusterCIDR": netns.POD_SUBNET,
+            "healthzBindAddress": f"127.0.0.1:{health}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            # A network namespace's conntrack table size is not its own to set.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                          "tcpCloseWaitTimeout": "0s"},
+        }))  # fmt: skip
+        await self.cp.spawn(f"kube-proxy-{self.name}", [
+            str(self.cp.bindir / "kube-proxy"), f"--config={config}", "--v=2",
+        ])  # fmt: skip
+
+        def rules() -> bool:  # the kubernetes Service translated: kube-proxy synced once
+            out = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True)
+            return f"-d {netns.KUBERNETES_SERVICE_IP}/32" in out.stdout
+
+        await self.cp.wait_for("kube-proxy's rules for the kubernetes Service", rules, 60)
 
     def _import_images(self, ctd: Path) -> None:
         tars = self.root / "images"
@@ -183,9 +236,10 @@ state = "{r / "containerd" / "state"}"
         built = [images.pause_image(tars / "pause.tar", SANDBOX_IMAGE)]
         built += [images.busybox_image(tars / f"busybox-{i}.tar", ref)
                   for i, ref in enumerate(self.images)]  # fmt: skip
-        for tar in built:
+        for tar in [*built, *self.archives]:
             subprocess.run([str(ctd / "ctr"), "--address", str(self.containerd_socket), "-n",
-                            "k8s.io", "images", "import", "--local", str(tar)],
+                            "k8s.io", "images", "import", "--local", "--snapshotter", "native",
+                            str(tar)],
                            check=True, capture_output=True)  # fmt: skip
 
     def _ready(self) -> bool:
@@ -196,9 +250,3 @@ state = "{r / "containerd" / "state"}"
             if cond["type"] == "Ready":
                 return bool(cond["status"] == "True")
         return False
-
-
-def _gates(cp: ControlPlane) -> dict[str, bool]:
-    from tests.e2e.cluster import FEATURE_GATES
-
-    return dict(FEATURE_GATES[cp.minor])

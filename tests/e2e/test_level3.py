@@ -1,0 +1,603 @@
+"""Level 3: installed as users install it.
+
+The project's image (``make image``) imported into the node's containerd; the chart installed
+by the real helm with ``values-eks.yaml`` and only what this node needs (the image's pull
+policy, the host driver root of the simulated node, and this kubelet's directories, which are
+not ``/var/lib/kubelet`` because the run keeps everything under its own root); the real
+DaemonSet controller creates the plugin's pod, the real kubelet runs it from the image under
+the chart's securityContext and probes, and workload pods from ``charts/examples/`` get
+devices it prepared. The control plane runs as EKS runs it: the default ``--runtime-config``,
+no alpha feature gate, an advertised address; the pod reaches it by in-cluster config
+through the real kube-proxy, on a pod network of its own.
+
+The simulated node's ``libnvidia-ml.so.1`` sits in its driver root at ``usr/lib64``, as on
+AL2023, and finds its hardware file there (the pod's environment is the chart's alone).
+Runs inside :mod:`tests.e2e.netns` (``make e2e`` does that); elsewhere it is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests import chart_render
+from tests.chart_render import NAMESPACE
+from tests.e2e import build, netns
+from tests.e2e.cluster import ControlPlane, run_root
+from tests.e2e.kube import await_until, wait_until
+from tests.e2e.node import RealNode, missing_dependencies, unmount_under
+from tests.e2e.workloads import (
+    delete_namespace_claims,
+    example_docs,
+    get_pod,
+    reports,
+    run_example,
+    runnable,
+    spec_files,
+)
+from tests.simroot import fake_root, install_driver_files
+
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(
+        not netns.isolated(),
+        reason="level 3 needs network and mount namespaces of its own: make e2e runs it as "
+        "`python -m tests.e2e.netns python -m pytest tests/e2e/test_level3.py`",
+    ),
+]
+
+MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "gpu-dra-driver"
+RELEASE = "gpu-dra-driver"
+NODE = "node-1"
+# Whole GPUs: MIG devices are level 2's. With NVML "system" the plugin runs nvidia-ctk,
+# which reads the MIG capability minors from the kernel's /proc/driver/nvidia-caps, and a
+# simulated node has no kernel files the pod's /proc could show.
+PROFILE = INSTANCE_TYPE = "p4d.24xlarge"
+GPUS = 8
+VERSION = build.IMAGE_TAGS[0]
+TAGS = build.IMAGE_TAGS  # the second: the same build, another tag and version label
+SELECTOR = "app.kubernetes.io/component%3Dkubelet-plugin"
+
+
+@dataclass
+class Installed:
+    node: RealNode
+    helm: Path
+    driver_root: Path
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def cp(self) -> ControlPlane:
+        return self.node.cp
+
+    def run_helm(self, *args: str) -> str:
+        argv = [str(self.helm), "--kubeconfig", str(self.cp.admin_kubeconfig), *args]
+        self.log.append(" ".join(args))
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    def node_values(self) -> list[str]:
+        """What this test node needs beyond values-eks.yaml, and nothing else."""
+        kubelet = self.node.kubelet_dir
+        return [
+            "--set", "image.pullPolicy=Never",
+            "--set", f"nvidiaDriverRoot={self.driver_root}",
+            "--set", f"kubeletPlugin.kubeletRegistrarDirectoryPath={kubelet / 'plugins_registry'}",
+            "--set", f"kubeletPlugin.kubeletPluginsDirectoryPath={kubelet / 'plugins'}",
+            "--set", f"cdiRoot={self.node.cdi_root}",
+            # The one flag beyond paths: a simulated node's sysfs and /proc files (PCI
+            # topology, MIG capability minors) live in its driver root, not this kernel's.
+            "--set", "kubeletPlugin.extraArgs={--sysfs-root=/driver-root}",
+        ]  # fmt: skip
+
+    def plugin_pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.cp.call(
+            "GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={SELECTOR}"
+        )["items"]
+        return items
+
+    def ready_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self.plugin_pods() if _ready(p) and not p["metadata"].get(
+            "deletionTimestamp")]  # fmt: skip
+
+    def pod_log(self, pod: dict[str, Any]) -> list[str]:
+        """The plugin container's log lines as the kubelet keeps them (CRI format)."""
+        meta = pod["metadata"]
+        base = self.node.pod_logs / f"{NAMESPACE}_{meta['name']}_{meta['uid']}" / "kubelet-plugin"
+        lines: list[str] = []
+        for f in sorted(base.glob("*.log")):  # "<time> stdout F <line>"
+            lines.extend(line.split(" ", 3)[-1] for line in f.read_text().splitlines())
+        return lines
+
+    def published(self) -> int:
+        slices = self.cp.call(
+            "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+        )["items"]
+        return sum(len(s["spec"].get("devices") or []) for s in slices)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _json_lines(lines: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict):
+                out.append(doc)
+    return out
+
+
+def _archive(tag: str) -> Path:
+    archive = build.image_archive(tag)
+    if not archive.is_file():
+        pytest.fail(f"{archive} missing: make e2e-build builds it (python -m tests.e2e.build "
+                    "images), before level 3 enters its network namespace")  # fmt: skip
+    return archive
+
+
+def _chart_image(tag: str) -> str:
+    docs = chart_render.render([chart_render.EKS_VALUES], [f"image.tag={tag}"])
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    return str(ds["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def installed() -> AsyncIterator[Installed]:
+    missing = missing_dependencies()
+    if missing:
+        pytest.skip(f"a real node needs {', '.join(missing)}")
+    # Short: the kubelet's socket paths under it (driver name, pod UID) must fit in 107 bytes.
+    root = run_root() / f"l3-{MINOR}"
+    archives = tuple(_archive(t) for t in TAGS)
+    assert _chart_image(VERSION) == f"gpu-dra-driver:{VERSION}"
+    cp = ControlPlane(root, MINOR, node_lifecycle=True, eks=True)
+    node = RealNode(
+        cp, NODE, root / "n", images=_workload_images(),
+        archives=archives, pod_network=True,
+        labels=(("node.kubernetes.io/instance-type", INSTANCE_TYPE),),
+    )  # fmt: skip
+    try:
+        await cp.start()
+        await node.start()
+        driver_root = node.root / "nvidia"  # the host's driver root ("/" on AL2023)
+        sim, _ = fake_root(driver_root, PROFILE)
+        # As on the AL2023 NVIDIA AMI: the driver's libraries and binaries, and nvidia-ctk in
+        # usr/bin, which the plugin runs for every spec's driver mounts (NVML "system").
+        install_driver_files(driver_root, sim.profile.driver_version, build.build_nvidia_ctk())
+        yield Installed(node, build.build_helm(), driver_root)
+    finally:
+        await cp.stop()
+        unmount_under(cp.root)
+
+
+def _workload_images() -> tuple[str, ...]:
+    refs = set()
+    for path in (REPO / "charts" / "examples").glob("*.yaml"):
+        for doc in example_docs(path.name):
+            for c in doc.get("spec", {}).get("containers", []) if doc["kind"] == "Pod" else []:
+                refs.add(c["image"])
+    return tuple(sorted(refs))
+
+
+def _namespace(cp: ControlPlane) -> None:
+    """What the README has users run before helm install."""
+    cp.create({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": NAMESPACE,
+                     "labels": {"pod-security.kubernetes.io/enforce": "privileged"}},
+    })  # fmt: skip
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def release(installed: Installed) -> AsyncIterator[Installed]:
+    cp = installed.cp
+    _namespace(cp)
+    installed.run_helm(
+        "install", RELEASE, str(CHART), "-n", NAMESPACE,
+        "-f", str(CHART / "values-eks.yaml"), *installed.node_values(),
+    )  # fmt: skip
+    try:
+        await await_until("the plugin pod Ready", lambda: len(installed.ready_pods()) == 1, 240)
+    except TimeoutError as exc:
+        pods = installed.plugin_pods()
+        said = [installed.pod_log(p)[-30:] for p in pods]
+        events = cp.call("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+        raise AssertionError(
+            f"{exc}: pods {json.dumps([p.get('status') for p in pods])[:4000]}; logs {said}; "
+            f"events {[(e.get('reason'), e.get('message')) for e in events]}"
+        ) from exc
+    yield installed
+
+
+async def test_the_daemonsets_pod_registers_and_publishes_from_the_image(
+    release: Installed,
+) -> None:
+    (pod,) = release.ready_pods()
+    await await_until(f"{GPUS} devices published", lambda: release.published() == GPUS, 60)
+    status = pod["status"]
+    (container,) = status["containerStatuses"]
+    assert container["ready"] and container["restartCount"] == 0
+    assert container["image"].endswith(f"gpu-dra-driver:{VERSION}")
+    assert status["podIP"].startswith("10.244.0."), status  # the pod network, not the host's
+    lines = _json_lines(release.pod_log(pod))
+    loaded = [d for d in lines if d.get("msg") == "NVML library loaded"]
+    assert loaded and loaded[0]["path"].startswith("/driver-root/usr/lib64/libnvidia-ml.so"), lines
+    assert any(d.get("msg") == "registered with the kubelet" for d in lines)
+    assert any(d.get("msg") == "slices published" for d in lines)
+    for d in (*loaded[:1], *(d for d in lines if d.get("msg") in (
+            "registered with the kubelet", "slices published"))):  # fmt: skip
+        print("plugin pod:", json.dumps(d))
+
+
+def _host_paths_only(specs: list[Path], driver_root: Path) -> None:
+    """The pod's CDI specs name the host's paths (the runtime reads them on the host), each
+    device node under the host driver root and there."""
+    assert specs
+    for spec in specs:
+        text = spec.read_text()
+        assert "/driver-root" not in text, text  # the pod's mount point of driver_root
+        for device in json.loads(text)["devices"]:
+            for dn in device["containerEdits"].get("deviceNodes") or []:
+                host = Path(dn.get("hostPath") or dn["path"])
+                assert host.is_relative_to(driver_root), dn
+                assert host.exists(), dn
+
+
+async def test_workload_pods_get_devices_the_pod_prepared(release: Installed) -> None:
+    cp, node = release.cp, release.node
+    # The spec of a claim whose pod runs (the kubelet unprepares once a pod has finished).
+    await asyncio.to_thread(_start_holder, cp, "held")
+    _host_paths_only(spec_files(node), release.driver_root)
+    await delete_namespace_claims(cp, "held")
+    (pod,) = await run_example(cp, "single", "single-gpu.yaml", host_network=False)
+    (report,) = reports(pod).values()
+    assert report["uuids"].startswith("GPU-") and "nvidiactl" in report["devices"].split()
+    await delete_namespace_claims(cp, "single")
+    await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
+    (pod,) = await run_example(cp, "two-containers", "shared-gpu-two-containers.yaml",
+                               host_network=False)  # fmt: skip
+    first, second = reports(pod).values()
+    assert first["uuids"] == second["uuids"] and len(first["uuids"].split(",")) == 1
+    await delete_namespace_claims(cp, "two-containers")
+    pods = await run_example(cp, "two-pods", "shared-claim-two-pods.yaml", host_network=False)
+    assert len({r["uuids"] for p in pods for r in reports(p).values()}) == 1
+    await delete_namespace_claims(cp, "two-pods")
+    await await_until("specs removed by unprepare", lambda: not spec_files(node), 60)
+
+
+# -- upgrade and rollback ----------------------------------------------------------------
+
+
+@dataclass
+class Prober:
+    """A one-GPU pod every 2 s, each deleted once it finished, and the node's slices polled
+    meanwhile: what users and the scheduler see during an upgrade."""
+
+    cp: ControlPlane
+    ns: str
+    period: float = 2.0
+    created: int = 0
+    succeeded: int = 0
+    failed: list[str] = field(default_factory=list)
+    slice_uids: set[str] = field(default_factory=set)
+    vanished: set[str] = field(default_factory=set)  # slice UIDs seen, then gone
+    fewest_devices: int = GPUS
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def setup(self) -> None:
+        self.cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.ns}})
+        wait_until(f"default SA in {self.ns}", lambda: self.cp.raw(
+            "GET", f"/api/v1/namespaces/{self.ns}/serviceaccounts/default")[0] == 200)  # fmt: skip
+        (template,) = [d for d in example_docs("single-gpu.yaml") if d["kind"] != "Pod"]
+        self.cp.create(template, self.ns)
+
+    def run(self) -> None:
+        (pod,) = [d for d in example_docs("single-gpu.yaml") if d["kind"] == "Pod"]
+        pending: set[str] = set()
+        next_at = 0.0
+        while not self.stop.is_set() or pending:
+            if not self.stop.is_set() and time.monotonic() >= next_at:
+                probe = runnable(pod, host_network=False)
+                probe["metadata"]["name"] = f"probe-{self.created}"
+                self.cp.create(probe, self.ns)
+                pending.add(probe["metadata"]["name"])
+                self.created += 1
+                next_at = time.monotonic() + self.period
+            for name in sorted(pending):
+                status = get_pod(self.cp, self.ns, name).get("status", {})
+                if status.get("phase") == "Succeeded":
+                    self.succeeded += 1
+                elif status.get("phase") == "Failed":
+                    self.failed.append(f"{name}: {json.dumps(status)[:600]}")
+                else:
+                    continue
+                pending.discard(name)
+                self.cp.raw("DELETE", f"/api/v1/namespaces/{self.ns}/pods/{name}"
+                            "?gracePeriodSeconds=0")  # fmt: skip
+            self._poll_slices()
+            time.sleep(0.2)
+
+    def _poll_slices(self) -> None:
+        slices = self.cp.call(
+            "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+        )["items"]
+        uids = {s["metadata"]["uid"] for s in slices}
+        self.vanished |= self.slice_uids - uids
+        self.slice_uids |= uids
+        # A pool is complete when every slice of its generation is there.
+        devices = sum(len(s["spec"].get("devices") or []) for s in slices)
+        self.fewest_devices = min(self.fewest_devices, devices)
+
+    def failed_prepares(self) -> list[str]:
+        events = self.cp.call("GET", f"/api/v1/namespaces/{self.ns}/events")["items"]
+        said = [f"{e.get('reason')}: {e.get('message')}" for e in events]
+        return [m for m in said if "prepare" in m.lower()]
+
+
+def _inside(marker: str) -> dict[str, Any]:
+    """What the container marked ``marker`` sees, read through its /proc from the host: its
+    GPU env and its /dev/nvidia* nodes."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            env = dict(
+                kv.split("=", 1) for kv in (entry / "environ").read_text().split("\0") if "=" in kv
+            )
+            if env.get("HOLDER") != marker:
+                continue
+            devices = sorted(p.name for p in (entry / "root" / "dev").iterdir()
+                             if p.name.startswith("nvidia"))  # fmt: skip
+            return {"uuids": env.get("GPU_DRA_VISIBLE_GPU_UUIDS", ""), "devices": devices}
+    return {}
+
+
+def _start_holder(cp: ControlPlane, ns: str) -> str:
+    """A pod that keeps its one-GPU claim while it runs; its claim's UID."""
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    wait_until(f"default SA in {ns}", lambda: cp.raw(
+        "GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200)  # fmt: skip
+    docs = example_docs("single-gpu.yaml")
+    (template,) = [d for d in docs if d["kind"] != "Pod"]
+    (pod,) = [runnable(d, host_network=False) for d in docs if d["kind"] == "Pod"]
+    cp.create(template, ns)
+    pod["metadata"]["name"] = "holder"
+    (container,) = pod["spec"]["containers"]
+    container["command"] = ["sh", "-c", "exec sleep 3600"]
+    container["env"] = [{"name": "HOLDER", "value": ns}]
+    cp.create(pod, ns)
+    wait_until(f"{ns}/holder running", lambda: get_pod(cp, ns, "holder").get(
+        "status", {}).get("phase") == "Running", 120)  # fmt: skip
+    wait_until(f"{ns}/holder seen", lambda: _inside(ns), 30)
+    claims = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
+    (claim,) = claims
+    return str(claim["metadata"]["uid"])
+
+
+_CONNECTION = re.compile(
+    r'^I(\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2}\.\d+) .*"Connection changed".*'
+    r'driverName="gpu\.nvidia\.com" endpoint="([^"]+)" connected=(true|false)'
+)
+
+
+def _connections(node: RealNode, since: float) -> list[tuple[float, str, bool]]:
+    """(time, endpoint, connected) of the kubelet's DRA connections to our driver's plugins,
+    from its log (klog: month, day and UTC time)."""
+    out = []
+    year = time.gmtime(since).tm_year
+    for line in (node.cp.root / "logs" / f"kubelet-{node.name}.log").read_text().splitlines():
+        m = _CONNECTION.match(line)
+        if m:
+            whole = time.strptime(f"{year} {m[1]} {m[2]} {m[3]} {m[4]}", "%Y %m %d %H %M")
+            at = calendar.timegm(whole) + float(m[5])
+            if at >= since:
+                out.append((at, Path(m[6]).name, m[7] == "true"))
+    return out
+
+
+def longest_gap(events: list[tuple[float, str, bool]], connected: set[str]) -> float:
+    """The longest time with no plugin connected, from ``connected`` at the start."""
+    now, gap, since = set(connected), 0.0, None
+    for at, endpoint, up in sorted(events):
+        (now.add if up else now.discard)(endpoint)
+        if not now and since is None:
+            since = at
+        elif now and since is not None:
+            gap, since = max(gap, at - since), None
+    return gap if since is None else float("inf")
+
+
+def _orphans(release: Installed) -> list[str]:
+    """Specs, reservations and claim records left on the node: none once every claim ended."""
+    plugin = release.node.kubelet_dir / "plugins" / "gpu.nvidia.com"
+    left = [p.name for p in spec_files(release.node)]
+    for sub in ("devices", "claims"):
+        # A reservation is a symlink to "<uid>:<namespace>:<name>", dangling by design.
+        left += [f"{sub}/{p.name}" for p in (plugin / sub).glob("*")
+                 if p.is_symlink() or p.is_file()]  # fmt: skip
+    return left
+
+
+async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
+    """Run ``helm`` with a prober, a holder pod and the slices watched; the figures."""
+    cp, node = release.cp, release.node
+    holder_ns = f"held-{tag.replace('.', '-')}"
+    claim_uid = await asyncio.to_thread(_start_holder, cp, holder_ns)
+    before = _inside(holder_ns)
+    (old,) = release.ready_pods()
+    prober = Prober(cp, f"probe-{tag.replace('.', '-')}")
+    await asyncio.to_thread(prober.setup)
+    worker = threading.Thread(target=prober.run, daemon=True)
+    started = time.time()
+    worker.start()
+    try:
+        await asyncio.to_thread(release.run_helm, *helm)
+
+        def rolled() -> bool:
+            pods = release.plugin_pods()
+            return len(pods) == 1 and _ready(pods[0]) and pods[0]["spec"]["containers"][0][
+                "image"].endswith(f":{tag}")  # fmt: skip
+
+        await await_until(f"the DaemonSet rolled to {tag}", rolled, 300)
+        created = prober.created
+        await await_until("three more probes", lambda: prober.succeeded >= created + 3, 120)
+    finally:
+        prober.stop.set()
+        await asyncio.to_thread(worker.join, 240)
+    (new,) = release.ready_pods()
+    after = _inside(holder_ns)  # the old plugin pod is gone now
+    cp.raw("DELETE", f"/api/v1/namespaces/{holder_ns}/pods/holder?gracePeriodSeconds=0")
+
+    def unprepared() -> bool:
+        return any(d.get("msg") == "unprepare" and d.get("claim_uid") == claim_uid
+                   and d.get("outcome") == "unprepared"
+                   for d in _json_lines(release.pod_log(new)))  # fmt: skip
+
+    await await_until("the holder's claim unprepared by the new pod", unprepared, 120)
+    await delete_namespace_claims(cp, holder_ns)
+    await delete_namespace_claims(cp, prober.ns)
+    await await_until("no spec left", lambda: not spec_files(node), 60)
+    return {
+        "old_pod": old["metadata"]["name"], "new_pod": new["metadata"]["name"],
+        "probes": prober.created, "probes_ok": prober.succeeded, "probes_failed": prober.failed,
+        "failed_prepares": prober.failed_prepares(), "slices_deleted": len(prober.vanished),
+        "fewest_devices": prober.fewest_devices, "before": before, "after": after,
+        "connections": (events := _connections(node, started)),
+        "longest_gap_s": longest_gap(events, {f"dra-{old['metadata']['uid']}.sock"}),
+        "orphans": _orphans(release),
+    }  # fmt: skip
+
+
+async def test_helm_upgrade_then_rollback_keep_claims_and_the_pool(release: Installed) -> None:
+    upgrade = await _roll(
+        release, TAGS[1], "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values",
+        "--set", f"image.tag={TAGS[1]}",
+    )  # fmt: skip
+    rollback = await _roll(release, TAGS[0], "rollback", RELEASE, "1", "-n", NAMESPACE)
+    for name, got in (("upgrade", upgrade), ("rollback", rollback)):
+        print(name, json.dumps(got, indent=1))
+        assert got["probes_failed"] == [] and got["failed_prepares"] == [], got
+        assert got["probes_ok"] >= 3
+        assert got["slices_deleted"] == 0 and got["fewest_devices"] == GPUS, got
+        assert got["before"]["uuids"].startswith("GPU-") and got["after"] == got["before"], got
+        assert got["old_pod"] != got["new_pod"]
+        # The new pod's socket connected before the old one's went: never no plugin.
+        assert got["longest_gap_s"] == 0 and len(got["connections"]) >= 2, got
+        assert got["orphans"] == [], got
+
+
+async def test_helm_uninstall_with_a_gpu_pod_running(release: Installed) -> None:
+    """What uninstall leaves, 35 s after the plugin pods are gone (the kubelet removes a
+    driver's slices 30 s after its last plugin deregistered); the README's cleanup step."""
+    cp, node = release.cp, release.node
+    claim_uid = await asyncio.to_thread(_start_holder, cp, "held-uninstall")
+    release.run_helm("uninstall", RELEASE, "-n", NAMESPACE)
+    await await_until("the plugin pods gone", lambda: not release.plugin_pods(), 120)
+    gone = time.monotonic()
+    await await_until("the kubelet wiped the slices", lambda: release.published() == 0, 60)
+    # An observation window, not a wait for a state: what is left once the kubelet's own
+    # grace period has passed.
+    await asyncio.sleep(max(0.0, 35 - (time.monotonic() - gone)))
+    classes = cp.call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+    slices = cp.call("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+    holder = get_pod(cp, "held-uninstall", "holder")
+    plugin_dir = node.kubelet_dir / "plugins" / "gpu.nvidia.com"
+    files = sorted(str(p.relative_to(plugin_dir)) for p in plugin_dir.rglob("*") if not p.is_dir())
+    left = {
+        "slices": len(slices),
+        "device_classes": [c["metadata"]["name"] for c in classes],
+        "namespace": cp.raw("GET", f"/api/v1/namespaces/{NAMESPACE}")[0] == 200,
+        "specs": [p.name for p in spec_files(node)],
+        "plugin_dir": files,
+        "holder": holder["status"]["phase"],
+        "holder_sees": _inside("held-uninstall"),
+    }
+    print("left after uninstall:", json.dumps(left, indent=1))
+    assert left["slices"] == 0 and left["device_classes"] == []
+    assert left["namespace"]  # created before install, as the README has users do
+    # The running pod keeps its devices; its claim's spec and record stay on the node until
+    # the README's cleanup (drain first, then remove them).
+    assert left["holder"] == "Running" and left["holder_sees"]["uuids"].startswith("GPU-")
+    assert any(claim_uid in name for name in left["specs"]), left
+    assert any(f.startswith("devices/") for f in files), left  # its GPU's reservation
+
+
+# -- a driver root without NVML, and none at all -----------------------------------------
+
+
+async def test_an_empty_driver_root_keeps_the_pod_unready_without_restarts(
+    release: Installed,
+) -> None:
+    """After the uninstall above: installed again over a driver root with no NVIDIA driver
+    (the AMI without its driver, or the wrong nvidiaDriverRoot). The pod stays Running and
+    unready, is not restarted (the liveness service answers), and says why in one line."""
+    empty = release.node.root / "empty-root"
+    empty.mkdir(exist_ok=True)
+    values = [v if not v.startswith("nvidiaDriverRoot=") else f"nvidiaDriverRoot={empty}"
+              for v in release.node_values()]  # fmt: skip
+    release.run_helm("install", RELEASE, str(CHART), "-n", NAMESPACE,
+                     "-f", str(CHART / "values-eks.yaml"), *values)  # fmt: skip
+
+    def said_why() -> list[dict[str, Any]]:
+        pods = release.plugin_pods()
+        if len(pods) != 1:
+            return []
+        return [d for d in _json_lines(release.pod_log(pods[0]))
+                if "not found under the driver root" in str(d.get("msg"))]  # fmt: skip
+
+    (line, *_) = await await_until("the plugin says why it is not ready", said_why, 120)
+    print("empty driver root:", json.dumps(line))
+    assert "/driver-root/usr/lib64/libnvidia-ml.so.1" in line["msg"]  # every path tried
+    (pod,) = release.plugin_pods()
+    # Three liveness periods (10 s each, the chart's default) with the pod unready: a
+    # liveness probe that failed would have restarted it by now.
+    deadline = time.monotonic() + 35
+    while time.monotonic() < deadline:
+        (pod,) = release.plugin_pods()
+        status = pod["status"]
+        assert status["phase"] == "Running" and not _ready(pod), status
+        assert status["containerStatuses"][0]["restartCount"] == 0, status
+        await asyncio.sleep(1)
+    assert len(said_why()) == 1  # one line per distinct problem, not one per retry
+
+
+async def test_a_missing_driver_root_is_the_kubelets_event(release: Installed) -> None:
+    """nvidiaDriverRoot names a directory the node lacks: the kubelet refuses the pod's
+    hostPath volume (type Directory) and says so in an event; README, troubleshooting."""
+    cp = release.cp
+    missing = release.node.root / "no-such-root"
+    release.run_helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values",
+                     "--set", f"nvidiaDriverRoot={missing}")  # fmt: skip
+
+    def event() -> str:
+        events = cp.call("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+        return next((e["message"] for e in events if e.get("reason") == "FailedMount"
+                     and str(missing) in e.get("message", "")), "")  # fmt: skip
+
+    message = await await_until("the kubelet's FailedMount event", event, 120)
+    print("missing driver root:", message)
+    assert "is not a directory" in message or "does not exist" in message, message
+    release.run_helm("uninstall", RELEASE, "-n", NAMESPACE)
+    await await_until("the plugin pods gone", lambda: not release.plugin_pods(), 120)
