@@ -141,6 +141,8 @@ _RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ResourceSlice": ("apis/resource.k8s.io/v1", "resourceslices", False),
     "Lease": ("apis/coordination.k8s.io/v1", "leases", True),
     "DaemonSet": ("apis/apps/v1", "daemonsets", True),
+    "Deployment": ("apis/apps/v1", "deployments", True),
+    "Job": ("apis/batch/v1", "jobs", True),
 }  # fmt: skip
 
 

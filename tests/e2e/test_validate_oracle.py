@@ -33,7 +33,7 @@ import pytest_asyncio
 from driver.tools.validation import Check, Problem, Severity, parse_version, validate_sources
 from tests import manifest_mutations
 from tests.e2e import build
-from tests.e2e.cluster import ControlPlane, run_root
+from tests.e2e.cluster import ControlPlane, collection_path, run_root
 from tests.e2e.kube import chart_objects
 
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
@@ -82,17 +82,6 @@ def server_fields(code: int, status: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(fields))
 
 
-# kind -> its collection in namespace default (cluster.py's table lacks the workload kinds)
-COLLECTIONS = {
-    "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
-    "ResourceClaim": "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
-    "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates",
-    "Pod": "/api/v1/namespaces/default/pods",
-    "Deployment": "/apis/apps/v1/namespaces/default/deployments",
-    "Job": "/apis/batch/v1/namespaces/default/jobs",
-}
-
-
 class Sender:
     """Dry-run creates over one kept-alive TLS connection per thread (a handshake per
     request would cost more than the request)."""
@@ -111,7 +100,7 @@ class Sender:
         return conn
 
     def send(self, doc: dict[str, Any]) -> Verdict:
-        path = COLLECTIONS[doc["kind"]] + "?dryRun=All&fieldValidation=Strict"
+        path = collection_path(doc, "default") + "?dryRun=All&fieldValidation=Strict"
         body = json.dumps(doc).encode()
         for attempt in (1, 2):
             conn = self._connection()
