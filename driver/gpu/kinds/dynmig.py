@@ -14,13 +14,19 @@ The GPU is published only as these (never as a whole GPU, nor as its static MIG
 devices); a GPU not in MIG mode stays a whole GPU, one without MIG gets none. An
 instance found on the GPU that no claim of this plugin made (created out of band) takes
 every placement it overlaps out of the published set.
+
+Which instances a claim made is read from the claims' records in the kind's state
+directory each time the devices are built, never kept in the process: during a surge
+upgrade two plugin instances share that directory, and each must count the other's
+claims' instances as the driver's. A claim's record names its placements before any
+instance is made there and goes only after the last is destroyed, so an instance of a
+claim is never seen without it.
 """
 
 import json
 import logging
 import re
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +200,10 @@ class DynamicMigKind:
 
     Prepare makes each allocated partition's MIG device at exactly its placement (with
     the ``driver.gpu.migmake.Maker`` given at attach), after the claim state wrote the claim's
-    side-effect record, and then keeps what it made (UUID, GI and CI IDs, the cap nodes' minors) in
-    ``<state dir>/<claim uid>.json``, from which the claim's CDI edits are built.
+    side-effect record. Its own record, ``<state dir>/<claim uid>.json``, names the placements
+    before the first create and then what it made (UUID, GI and CI IDs, the cap nodes'
+    minors), from which the claim's CDI edits are built; every plugin instance of the node
+    reads these records to tell its claims' instances from those made out of band.
     Unprepare removes the instances and that file; recovery after a crash before the CDI
     spec does the same (the kubelet prepares the claim again), so an instance is never
     leaked nor handed to two claims: the device's reservation is the claim's alone.
@@ -205,15 +213,12 @@ class DynamicMigKind:
     identity_keys = (PARENT_KEY, PROFILE_ID_KEY, START_KEY, SIZE_KEY)
 
     def __init__(self) -> None:
-        # Placements a claim of this plugin made (or is making) an instance at: they stay
-        # published; any other instance is out of band.
-        self._ours: frozenset[Placement] = frozenset()
         self._dir: Path | None = None
         self._boot = ""
         self._maker: Any = None  # driver.gpu.migmake.Maker, given at attach
-        self._lock = threading.Lock()
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
+        ours = self.ours() if any(g.mig_devices for g in inventory.gpus) else frozenset()
         return [
             NodeDevice(
                 kind=NAME,
@@ -222,8 +227,27 @@ class DynamicMigKind:
                 edits=edits_of(gpu),
                 identity=identity(gpu, partition),
             )
-            for gpu, partition in partition_devices(inventory, self._ours)
+            for gpu, partition in partition_devices(inventory, ours)
         ]
+
+    def ours(self) -> frozenset[Placement]:
+        """Placements a claim of the driver made, or is making, an instance at, whichever
+        plugin instance of the node prepared it: they stay published, any other instance
+        is out of band. Read from the records now (one listing and one small file per
+        dynamic-MIG claim of the node), since the sibling instance of a surge upgrade
+        writes them too. A record that cannot be read counts for nothing: its instance
+        then blocks its placements, the safe way to be wrong."""
+        if self._dir is None:
+            return frozenset()  # before attach: no claim can have been prepared through us
+        ours: set[Placement] = set()
+        for path in self._dir.glob("*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # removed since the listing (unprepared), or damaged
+            if isinstance(record, dict) and (not self._boot or record.get("boot") == self._boot):
+                ours.update(_placements_of(record.get("placements")))
+        return frozenset(ours)
 
     def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
         """A placement of its GPU, kept by the placement (an instance made there changes
@@ -264,27 +288,28 @@ class DynamicMigKind:
         ensure_dir(self._dir, PRIVATE)
         self._boot = context.boot_id
         self._maker = context.mig_maker
-        ours: set[Placement] = set()
+        if not self._boot:
+            return
         for path in self._dir.glob("*.json"):
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if self._boot and record.get("boot") != self._boot:
+            if isinstance(record, dict) and record.get("boot") != self._boot:
                 path.unlink(missing_ok=True)  # MIG devices do not outlive a reboot
-                continue
-            ours.update(tuple(p) for p in record.get("placements") or ())
-        self._ours = frozenset(ours)
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         return any(d.kind == NAME for d in claim.devices)
 
     def prepare(self, claim: PreparedClaim) -> None:
         maker = self._ready()
-        made: dict[str, dict[str, Any]] = {}
         placements = [_placement(d) for d in _mine(claim)]
-        with self._lock:
-            self._ours = self._ours | {p[:3] for p in placements}
+        # What an earlier prepare of the claim made stays recorded until it is made again
+        # (the same instance, adopted): the claim's spec of then may still name it.
+        made = dict(self._read(claim.uid))
+        # Before any instance is made: from here on every plugin instance of the node reads
+        # these placements as a claim's, never as an instance made out of band.
+        self._write(claim.uid, placements, made)
         for device, (parent, profile_id, start, size) in zip(_mine(claim), placements, strict=True):
             try:
                 mig = maker.make(parent, profile_id, start, size)
@@ -303,9 +328,7 @@ class DynamicMigKind:
                          claim_name=claim.name, device=device.device_name, mig_uuid=mig.uuid,
                          gpu_uuid=parent, gi=mig.gi_id, ci=mig.ci_id),
             )  # fmt: skip
-        record = {"boot": self._boot, "placements": [list(p[:3]) for p in placements],
-                  "devices": made}  # fmt: skip
-        write_atomic(self._path(claim.uid), json.dumps(record, sort_keys=True) + "\n")
+        self._write(claim.uid, placements, made)
 
     def unprepare(self, claim: PreparedClaim) -> None:
         maker = self._ready()
@@ -324,9 +347,8 @@ class DynamicMigKind:
                     extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
                              claim_name=claim.name, device=device.device_name, gpu_uuid=parent),
                 )  # fmt: skip
+        # Only once every instance is gone: until then they are still the claim's.
         self._path(claim.uid).unlink(missing_ok=True)
-        with self._lock:
-            self._ours = self._ours - {p[:3] for p in placements}
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)  # the kubelet prepares it again, making a new instance
@@ -344,6 +366,16 @@ class DynamicMigKind:
             raise DynamicMigError(f"claim uid {uid!r} cannot name a record")
         return self._dir / f"{uid}.json"
 
+    def _write(
+        self,
+        uid: str,
+        placements: Iterable[tuple[str, int, int, int]],
+        made: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        record = {"boot": self._boot, "placements": [list(p[:3]) for p in placements],
+                  "devices": dict(made)}  # fmt: skip
+        write_atomic(self._path(uid), json.dumps(record, sort_keys=True) + "\n")
+
     def _read(self, uid: str) -> dict[str, dict[str, Any]]:
         if self._dir is None:
             return {}
@@ -353,6 +385,21 @@ class DynamicMigKind:
             return {}
         devices = record.get("devices")
         return devices if isinstance(devices, dict) else {}
+
+
+def _placements_of(recorded: Any) -> set[Placement]:
+    """The placements a record lists, each checked for its shape (a damaged entry is left
+    out, which blocks its instance's placements rather than publishing them)."""
+    out: set[Placement] = set()
+    for entry in recorded if isinstance(recorded, list) else ():
+        if (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in entry[1:])
+        ):
+            out.add((entry[0], entry[1], entry[2]))
+    return out
 
 
 def _mine(claim: PreparedClaim) -> list[PreparedDevice]:
