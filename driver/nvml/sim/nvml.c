@@ -1545,10 +1545,13 @@ static nvmlReturn_t destroy_ci_locked(nvmlComputeInstance_t ci) {
     nvmlReturn_t r = compute_instance(ci, "nvmlComputeInstanceDestroy");
     if (r != OK) return r;
     unsigned slot = (unsigned)(ci - hw.cis);
-    remove_access(hw.gis[slot].parent, hw.gis[slot].id, (int)ci->id);
     ci->defined = 0;
     hw.migs[slot].defined = 0;
+    /* The file first, its access file after: a process killed in between leaves a stray
+     * access file (a create there writes it anew), never an instance without one, which
+     * the driver's own destroy, one ioctl, never shows either. */
     save_created();
+    remove_access(hw.gis[slot].parent, hw.gis[slot].id, (int)ci->id);
     return OK;
 }
 EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
@@ -1559,9 +1562,9 @@ static nvmlReturn_t destroy_gi_locked(nvmlGpuInstance_t gi) {
     nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceDestroy");
     if (r != OK) return r;
     if (hw.cis[slot_of_gi(gi)].defined) return IN_USE; /* its compute instance goes first */
-    remove_access(gi->parent, gi->id, -1);
     gi->defined = 0;
-    save_created();
+    save_created(); /* as a compute instance's: the file first */
+    remove_access(gi->parent, gi->id, -1);
     return OK;
 }
 EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { LOCKED_CHANGE(destroy_gi_locked(gi)); }
