@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import KindContext, PreparedClaim, PreparedDevice
+from driver.gpu.kinds import KindContext, PreparedClaim, PreparedDevice, dynmig
 from driver.gpu.kinds.dynmig import NAME, DynamicMigKind
 from driver.gpu.migmake import MadeMig, Maker
 from driver.nvml.simulated import SimulatedNode
@@ -133,3 +135,39 @@ def test_an_instance_no_claim_made_stays_out_of_both(tmp_path: Path) -> None:
     inventory = _inventory(node)
     assert DEVICE not in _published(old, inventory)
     assert _published(old, inventory) == _published(new, inventory)
+
+
+def test_an_instance_unprepared_after_discovery_listed_it_is_not_taken_for_out_of_band(
+    tmp_path: Path,
+) -> None:
+    """The old instance's discovery lists the claim's instance; the new instance unprepares
+    the claim (instance and record gone) before the old one builds its devices from what it
+    listed. The tombstone of the record still names the instance as a claim's."""
+    node = _node(tmp_path)
+    state_dir = tmp_path / "plugin" / "kinds" / NAME
+    old = _attached(node, state_dir)
+    new = _attached(node, state_dir)
+    everything = _published(old, _inventory(node))
+    claim = _claim(new, _inventory(node), DEVICE)
+    new.prepare(claim)
+    listed = _inventory(node)  # the old instance's discovery, under way
+    new.unprepare(claim)
+    assert _inventory(node).gpus[0].mig_devices == ()
+    assert _published(old, listed) == everything
+    assert [p.name for p in state_dir.iterdir()] == [f"{UID}.gone"]
+
+
+def test_a_tombstone_goes_once_no_discovery_can_have_listed_its_instances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = _node(tmp_path)
+    state_dir = tmp_path / "plugin" / "kinds" / NAME
+    kind = _attached(node, state_dir)
+    claim = _claim(kind, _inventory(node), DEVICE)
+    kind.prepare(claim)
+    kind.unprepare(claim)
+    kind.ours()
+    assert [p.name for p in state_dir.iterdir()] == [f"{UID}.gone"]  # within the minute
+    monkeypatch.setattr(dynmig, "TOMBSTONE_S", -1.0)
+    assert kind.ours() == dynmig.Claimed()
+    assert list(state_dir.iterdir()) == []

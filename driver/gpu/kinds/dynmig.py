@@ -18,15 +18,20 @@ every placement it overlaps out of the published set.
 Which instances a claim made is read from the claims' records in the kind's state
 directory each time the devices are built, never kept in the process: during a surge
 upgrade two plugin instances share that directory, and each must count the other's
-claims' instances as the driver's. A claim's record names its placements before any
-instance is made there and goes only after the last is destroyed, so an instance of a
-claim is never seen without it.
+claims' instances as the driver's. A claim's record (``<uid>.json``) names its placements
+before any instance is made there and, once the last is destroyed, becomes its tombstone
+(``<uid>.gone``, one rename) naming the instances destroyed: a discovery that listed one
+of them before it went, this instance's or the sibling's, still knows it for a claim's.
+Tombstones go after a minute, far longer than a discovery takes.
 """
 
+import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +41,7 @@ from driver.common.errors import PermanentError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.limits import is_uid
 from driver.common.logs import kv
-from driver.gpu.inventory import Gpu, Inventory, MigPartition
+from driver.gpu.inventory import Gpu, Inventory, MigDevice, MigPartition
 from driver.gpu.kinds.base import (
     HealthTarget,
     KindContext,
@@ -140,18 +145,36 @@ def build_device(gpu: Gpu, partition: MigPartition, inventory: Inventory) -> dic
 
 
 Placement = tuple[str, int, int]  # (parent GPU UUID, GPU instance profile ID, start)
+RECORD_SUFFIX = ".json"
+TOMBSTONE_SUFFIX = ".gone"
+# How long a tombstone is kept: a discovery that listed its instances has long ended.
+TOMBSTONE_S = 60.0
 
 
-def blocked_slices(gpu: Gpu, ours: frozenset[Placement]) -> set[int]:
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What the driver's claims hold on the node, as their records say."""
+
+    placements: frozenset[Placement] = frozenset()  # made, or being made
+    destroyed: frozenset[str] = frozenset()  # MIG UUIDs of instances unprepared lately
+
+    def made(self, gpu: Gpu, mig: MigDevice) -> bool:
+        """Whether a claim made ``mig`` (one that an unprepare destroyed since it was
+        discovered included)."""
+        placement = (gpu.uuid, mig.profile_id, mig.placement_start)
+        return placement in self.placements or mig.uuid in self.destroyed
+
+
+def blocked_slices(gpu: Gpu, ours: Claimed) -> set[int]:
     """Memory slices of the GPU's instances that no claim of this plugin made."""
     out: set[int] = set()
     for mig in gpu.mig_devices:
-        if (gpu.uuid, mig.profile_id, mig.placement_start) not in ours:
+        if not ours.made(gpu, mig):
             out.update(range(mig.placement_start, mig.placement_start + mig.placement_size))
     return out
 
 
-def published_partitions(gpu: Gpu, ours: frozenset[Placement]) -> list[MigPartition]:
+def published_partitions(gpu: Gpu, ours: Claimed) -> list[MigPartition]:
     blocked = blocked_slices(gpu, ours)
     return [p for p in gpu.mig_partitions if blocked.isdisjoint(_slices(p))]
 
@@ -180,9 +203,7 @@ def identity(gpu: Gpu, partition: MigPartition) -> dict[str, str]:
     }
 
 
-def partition_devices(
-    inventory: Inventory, ours: frozenset[Placement]
-) -> Sequence[tuple[Gpu, MigPartition]]:
+def partition_devices(inventory: Inventory, ours: Claimed) -> Sequence[tuple[Gpu, MigPartition]]:
     return [
         (gpu, partition)
         for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
@@ -218,7 +239,7 @@ class DynamicMigKind:
         self._maker: Any = None  # driver.gpu.migmake.Maker, given at attach
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
-        ours = self.ours() if any(g.mig_devices for g in inventory.gpus) else frozenset()
+        ours = self.ours() if any(g.mig_devices for g in inventory.gpus) else Claimed()
         return [
             NodeDevice(
                 kind=NAME,
@@ -230,24 +251,45 @@ class DynamicMigKind:
             for gpu, partition in partition_devices(inventory, ours)
         ]
 
-    def ours(self) -> frozenset[Placement]:
-        """Placements a claim of the driver made, or is making, an instance at, whichever
-        plugin instance of the node prepared it: they stay published, any other instance
-        is out of band. Read from the records now (one listing and one small file per
-        dynamic-MIG claim of the node), since the sibling instance of a surge upgrade
-        writes them too. A record that cannot be read counts for nothing: its instance
-        then blocks its placements, the safe way to be wrong."""
+    def ours(self) -> Claimed:
+        """What the driver's claims made, or are making, an instance at, whichever plugin
+        instance of the node prepared them: those stay published, any other instance is
+        out of band. Read from the records now (one listing and one small file per
+        dynamic-MIG claim of the node, and per tombstone), since the sibling instance of a
+        surge upgrade writes them too. A record that cannot be read counts for nothing: its
+        instance then blocks its placements, the safe way to be wrong."""
         if self._dir is None:
-            return frozenset()  # before attach: no claim can have been prepared through us
-        ours: set[Placement] = set()
-        for path in self._dir.glob("*.json"):
+            return Claimed()  # before attach: no claim can have been prepared through us
+        placements: set[Placement] = set()
+        destroyed: set[str] = set()
+        try:
+            paths = list(self._dir.iterdir())
+        except FileNotFoundError:
+            paths = []  # removed under us: no record, every instance out of band
+        for path in paths:
+            if path.name.startswith(".") or not path.name.endswith(
+                (RECORD_SUFFIX, TOMBSTONE_SUFFIX)
+            ):
+                continue  # a temp file: the record it will be is not there yet
             try:
+                if path.name.endswith(TOMBSTONE_SUFFIX) and self._expired(path):
+                    path.unlink(missing_ok=True)
+                    continue
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
-                continue  # removed since the listing (unprepared), or damaged
-            if isinstance(record, dict) and (not self._boot or record.get("boot") == self._boot):
-                ours.update(_placements_of(record.get("placements")))
-        return frozenset(ours)
+                continue  # renamed or removed since the listing, or damaged
+            if not isinstance(record, dict) or (self._boot and record.get("boot") != self._boot):
+                continue
+            if path.name.endswith(RECORD_SUFFIX):
+                placements.update(_placements_of(record.get("placements")))
+            else:
+                destroyed.update(_uuids_of(record.get("devices")))
+        return Claimed(frozenset(placements), frozenset(destroyed))
+
+    @staticmethod
+    def _expired(tombstone: Path) -> bool:
+        # The rename that made it a tombstone set its ctime (its mtime is the record's).
+        return time.time() - tombstone.stat().st_ctime > TOMBSTONE_S
 
     def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
         """A placement of its GPU, kept by the placement (an instance made there changes
@@ -290,7 +332,7 @@ class DynamicMigKind:
         self._maker = context.mig_maker
         if not self._boot:
             return
-        for path in self._dir.glob("*.json"):
+        for path in [*self._dir.glob(f"*{RECORD_SUFFIX}"), *self._dir.glob(f"*{TOMBSTONE_SUFFIX}")]:
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -347,8 +389,11 @@ class DynamicMigKind:
                     extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
                              claim_name=claim.name, device=device.device_name, gpu_uuid=parent),
                 )  # fmt: skip
-        # Only once every instance is gone: until then they are still the claim's.
-        self._path(claim.uid).unlink(missing_ok=True)
+        # Only once every instance is gone: until then they are still the claim's. The
+        # record becomes the tombstone of what it made, in one rename.
+        path = self._path(claim.uid)
+        with contextlib.suppress(FileNotFoundError):  # never prepared, or unprepared already
+            path.replace(path.with_suffix(TOMBSTONE_SUFFIX))
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)  # the kubelet prepares it again, making a new instance
@@ -400,6 +445,17 @@ def _placements_of(recorded: Any) -> set[Placement]:
         ):
             out.add((entry[0], entry[1], entry[2]))
     return out
+
+
+def _uuids_of(devices: Any) -> set[str]:
+    """The MIG UUIDs of what a record says it made."""
+    if not isinstance(devices, dict):
+        return set()
+    return {
+        made["uuid"]
+        for made in devices.values()
+        if isinstance(made, dict) and isinstance(made.get("uuid"), str)
+    }
 
 
 def _mine(claim: PreparedClaim) -> list[PreparedDevice]:
