@@ -171,3 +171,87 @@ def test_a_tombstone_goes_once_no_discovery_can_have_listed_its_instances(
     monkeypatch.setattr(dynmig, "TOMBSTONE_S", -1.0)
     assert kind.ours() == dynmig.Claimed()
     assert list(state_dir.iterdir()) == []
+
+
+class _OtherGoes:
+    """The node's NVML, where another claim's instance at slice 0 of GPU 0 is destroyed
+    (its unprepare, in another thread or the sibling instance) right after ``call``
+    first answers."""
+
+    def __init__(self, node: SimulatedNode, call: str) -> None:
+        self._node, self._call = node, call
+        self.gone = False
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._node.nvml, name)
+        if name != self._call:
+            return real
+
+        def hooked(*args: Any) -> Any:
+            from driver.gpu import migmake
+
+            answer = real(*args)
+            if not self.gone:
+                self.gone = True
+                assert migmake.unmake(self._node.nvml, _uuid(self._node), 9, 0)
+            return answer
+
+        return hooked
+
+
+def test_an_instance_of_another_claim_destroyed_meanwhile_fails_no_make_or_unmake(
+    tmp_path: Path,
+) -> None:
+    """Two claims' instances side by side on one GPU: one claim's make or unmake walks the
+    GPU's instances while the other claim's unprepare destroys its own."""
+    from driver.gpu import migmake
+
+    node = _node(tmp_path)
+    uuid = _uuid(node)
+    node.nvml.nvmlInit()
+    try:
+        # Unmake: the listing of the profile's GPU instances holds the other's, gone next.
+        migmake.make(node.nvml, uuid, 9, 0, 4, node.sysfs_root)
+        migmake.make(node.nvml, uuid, 9, 4, 4, node.sysfs_root)
+        nvml = _OtherGoes(node, "nvmlDeviceGetGpuInstances")
+        assert migmake.unmake(nvml, uuid, 9, 4) and nvml.gone
+        # Make: the walk of the GPU's MIG devices meets the other's first, gone next.
+        migmake.make(node.nvml, uuid, 9, 0, 4, node.sysfs_root)
+        nvml = _OtherGoes(node, "nvmlDeviceGetMigDeviceHandleByIndex")
+        made = migmake.make(nvml, uuid, 9, 4, 4, node.sysfs_root)
+        assert nvml.gone and made.uuid.startswith("MIG-")
+        assert migmake.unmake(node.nvml, uuid, 9, 4)
+    finally:
+        node.nvml.nvmlShutdown()
+
+
+def test_two_claims_made_and_destroyed_side_by_side_on_one_gpu(tmp_path: Path) -> None:
+    """Bounded, with a discovery beside them: no make, unmake or read of the GPU fails."""
+    import threading
+
+    node = _node(tmp_path)
+    maker = Maker(node.nvml, node.sysfs_root)
+    failures: list[BaseException] = []
+
+    def churn(start: int) -> None:
+        try:
+            for _ in range(40):
+                maker.make(_uuid(node), 9, start, 4)
+                assert maker.unmake(_uuid(node), 9, start)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            failures.append(exc)
+
+    def read() -> None:
+        try:
+            for _ in range(10):
+                assert _inventory(node).skipped == ()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(s,)) for s in (0, 4)]
+    threads.append(threading.Thread(target=read))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
