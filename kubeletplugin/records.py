@@ -20,6 +20,8 @@ Layout (``plugin_dir`` is ``<plugins-dir>/<driver>``):
   records: the per-device symlinks keep two claims apart, this keeps two instances
   apart on one claim. Its file is removed by the last holder once the claim has no
   record left (see :meth:`Records.try_lock_claim` for why that cannot race).
+- ``plugin_dir/kinds/<kind>/``: a device kind's own state (dynamic MIG's per-claim record
+  of the instances it made, the time-slice and MPS holders); a kind keeps it.
 - ``plugin_dir/boot_id``: the boot these records belong to, written once per boot at
   startup. ``plugin_dir/checkpoint.json``: release 0.1.0's node checkpoint, which
   startup migrates, replaced by a marker that 0.1.0 reads as "rebuild from the CDI
@@ -70,6 +72,7 @@ CLAIMS_DIR = "claims"
 BOOT_FILE = "boot_id"
 STARTUP_LOCK = "startup.lock"
 LOCKS_DIR = "locks"
+KINDS_DIR = "kinds"
 LOCK_SUFFIX = ".lock"
 LOCK_MODE = 0o600
 CLAIM_RECORD_KIND = "GpuDraClaimRecord"
@@ -79,6 +82,8 @@ CLAIM_RECORD_VERSION = 1
 _DEVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 # devices/<device>#<share ID>: one share of a device with allowMultipleAllocations.
 SHARE_SEPARATOR = "#"
+# The claim uid in the name of a temp file of write_atomic: ".<...uid>.json.<hex>.tmp".
+_TEMP_UID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.json\.")
 
 
 class RecordError(PermanentError):
@@ -450,23 +455,55 @@ class Records:
         )
 
     def sweep_temp_files(self) -> int:
-        """Temp files a killed write left behind (ours only); returns how many."""
+        """Temp files a killed write left behind (ours only); returns how many.
+
+        Besides the records', each kind's state directory (``kinds/<kind>/``, top level:
+        dynamic MIG's per-claim records). A temp file of a claim whose lock another plugin
+        instance holds is that instance's write in flight (a surge upgrade): left to it,
+        as removing it would fail its rename and so its prepare."""
         swept = 0
+        kind_dirs = sorted(p for p in self._kinds_dir().glob("*") if p.is_dir())
         for directory, prefix in (
             (self.cdi_root, f".{cdi.FILE_PREFIX}"),
             (self.claims_dir, "."),
             (self.plugin_dir, "."),
+            *((d, ".") for d in kind_dirs),
         ):
             try:
                 entries = list(os.scandir(directory))
             except FileNotFoundError:
                 continue
             for entry in entries:
-                if entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX):
-                    with contextlib.suppress(FileNotFoundError):
-                        Path(entry.path).unlink()
-                        swept += 1
+                if not (entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)):
+                    continue
+                if entry.is_dir(follow_symlinks=False) or self._written_by_another(entry.name):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    Path(entry.path).unlink()
+                    swept += 1
         return swept
+
+    def kind_dir(self, kind: str) -> Path:
+        """A device kind's own state directory."""
+        return self._kinds_dir() / kind
+
+    def _kinds_dir(self) -> Path:
+        return self.plugin_dir / KINDS_DIR
+
+    def _written_by_another(self, temp_name: str) -> bool:
+        """Whether the claim a temp file is of (``.<name with its uid>.json.<hex>.tmp``) is
+        locked by another instance; False for a temp file of no claim."""
+        found = _TEMP_UID.search(temp_name)
+        if found is None or not valid_uid(found.group(1)):
+            return False
+        try:
+            fd = self.try_lock_claim(found.group(1))
+        except (RecordError, OSError):
+            return True  # a lock that cannot be taken (planted, unwritable): leave it be
+        if fd is None:
+            return True
+        self.unlock_claim(found.group(1), fd)
+        return False
 
     # -- the boot these records belong to --
 

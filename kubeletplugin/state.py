@@ -158,7 +158,7 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
 
 def _attach_kinds(config: StateConfig, records: Records) -> None:
     for kind in by_name().values():
-        state_dir = records.plugin_dir / "kinds" / kind.name
+        state_dir = records.kind_dir(kind.name)
         ensure_dir(state_dir, dirs.PRIVATE, ours=True)
         kind.attach(
             KindContext(

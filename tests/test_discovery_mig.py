@@ -162,3 +162,60 @@ def test_no_code_of_ours_changes_mig_mode_and_only_dynamic_mig_creates_instances
             if path not in makers:
                 assert not any(call in text for call in creates), path
     assert all(call in (REPO / "driver" / "gpu" / "migmake.py").read_text() for call in creates)
+
+
+class _DestroyedMidRead:
+    """The node's NVML, with another process's unprepare (a sibling plugin instance during a
+    surge upgrade) destroying GPU 0's instance once, at ``call``: ``before`` it answers (its
+    handle then stale) or ``after`` (its access files then gone)."""
+
+    def __init__(self, node: SimulatedNode, call: str, when: str) -> None:
+        self._node, self._call, self._when = node, call, when
+        self.destroyed = False
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._node.nvml, name)
+        if name != self._call:
+            return real
+
+        def hooked(*args: Any) -> Any:
+            from driver.gpu import migmake
+
+            if self._when == "before" and not self.destroyed:
+                self._destroy(migmake)
+            answer = real(*args)
+            if self._when == "after" and not self.destroyed:
+                self._destroy(migmake)
+            return answer
+
+        return hooked
+
+    def _destroy(self, migmake: Any) -> None:
+        self.destroyed = True
+        assert migmake.unmake(self._node.nvml, self._node.nvml.gpus[0].uuid, 9, 4)
+
+
+@pytest.mark.parametrize(
+    ("call", "when"),
+    [("nvmlDeviceGetGpuInstanceId", "before"), ("nvmlDeviceGetMemoryInfo", "after")],
+    ids=["stale-handle", "access-file-gone"],
+)
+def test_an_instance_destroyed_while_its_gpu_is_read_never_skips_the_gpu(
+    tmp_path: Path, call: str, when: str
+) -> None:
+    from driver.gpu import migmake
+
+    profile = tmp_path / "mig.yaml"
+    profile.write_text("extends: p5.48xlarge\nmig: {enabled: [0]}\n")
+    node = SimulatedNode(profile, "node-a", tmp_path / "root")
+    node.nvml.nvmlInit()
+    try:
+        migmake.make(node.nvml, node.nvml.gpus[0].uuid, 9, 4, 4, node.sysfs_root)
+    finally:
+        node.nvml.nvmlShutdown()
+    nvml = _DestroyedMidRead(node, call, when)
+    inventory = discover(nvml, sysfs_root=node.sysfs_root, dynamic_mig=True)
+    assert nvml.destroyed
+    assert inventory.skipped == ()  # read again, as it is now: no instance left
+    assert inventory.gpus[0].mig_devices == ()
+    assert len(inventory.gpus[0].mig_partitions) == 25

@@ -307,3 +307,108 @@ def test_a_mig_device_is_found_by_its_uuid_with_its_share_of_the_gpu(tmp_path: P
             pynvml.nvmlDeviceGetHandleByUUID("MIG-00000000-0000-0000-0000-000000000000")
     finally:
         pynvml.nvmlShutdown()
+
+
+# A second process of the same simulated node (a sibling plugin instance during a surge
+# upgrade): it opens the library of the root, runs the ops, prints what each returned.
+_SIBLING = """
+import ctypes, json, sys
+from pathlib import Path
+import pynvml
+from driver.nvml.simulated import SimulatedNode
+
+profile, root, ops = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+node = SimulatedNode(profile, "n", root)
+node.nvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+out = []
+for op, *args in ops:
+    if op == "create":
+        profile_id, start, size, ci_profile = args
+        placement = pynvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+            gpu, profile_id, ctypes.byref(placement))
+        pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
+        out.append(pynvml.nvmlGpuInstanceGetInfo(gi).id)
+    elif op == "destroy":
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(gpu, args[0])
+        cis, count = (pynvml.c_nvmlComputeInstance_t * 1)(), ctypes.c_uint(0)
+        pynvml.nvmlGpuInstanceGetComputeInstances(gi, args[1], cis, ctypes.byref(count))
+        pynvml.nvmlComputeInstanceDestroy(cis[0])
+        pynvml.nvmlGpuInstanceDestroy(gi)
+        out.append(None)
+pynvml.nvmlShutdown()
+print(json.dumps(out))
+"""
+
+
+def _sibling(node: SimulatedNode, profile: Path, *ops: tuple[Any, ...]) -> list[Any]:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SIBLING, str(profile), str(node.root), json.dumps(ops)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    result: list[Any] = json.loads(done.stdout)
+    return result
+
+
+def _mig_layout(gpu: Any) -> list[tuple[int, int, int]]:
+    """(GPU instance ID, placement start, size) of every MIG device of ``gpu``, as NVML
+    answers now."""
+    found = []
+    for index in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, index)
+        except pynvml.NVMLError_NotFound:
+            continue
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(gpu, pynvml.nvmlDeviceGetGpuInstanceId(mig))
+        info = pynvml.nvmlGpuInstanceGetInfo(gi)
+        found.append((int(info.id), int(info.placement.start), int(info.placement.size)))
+    return sorted(found, key=lambda f: f[1])
+
+
+def test_instances_are_one_state_for_every_process_of_the_node(tmp_path: Path) -> None:
+    """As the driver's are: what one process makes or destroys, another sees at its next
+    call, without a re-init, and never makes twice (two plugin instances of one node)."""
+    node = _mig_on(tmp_path)
+    profile = tmp_path / "mig-on.yaml"
+    three_slice = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
+    node.nvml.nvmlInit()
+    try:
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, _placement(4, 4))
+        pynvml.nvmlGpuInstanceCreateComputeInstance(gi, three_slice)
+        mine = int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
+        # The sibling makes another at slices 0-3 while this process stays initialized.
+        (theirs,) = _sibling(node, profile, ("create", 9, 0, 4, three_slice))
+        assert theirs != mine  # GPU instance IDs are the GPU's, not a process's
+        assert _mig_layout(gpu) == [(theirs, 0, 4), (mine, 4, 4)]
+        with pytest.raises(pynvml.NVMLError_InsufficientResources):  # its slices are taken
+            pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, _placement(0, 4))
+        # The sibling destroys this process's instance: gone here too, its handle stale.
+        _sibling(node, profile, ("destroy", mine, three_slice))
+        assert _mig_layout(gpu) == [(theirs, 0, 4)]
+        assert not (node.root / f"proc/driver/nvidia/capabilities/gpu0/mig/gi{mine}").exists()
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlGpuInstanceGetInfo(gi)
+        # What this process writes next never brings the destroyed one back.
+        small = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 19, _placement(4, 1))
+        pynvml.nvmlGpuInstanceCreateComputeInstance(
+            small, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE
+        )
+        small_id = int(pynvml.nvmlGpuInstanceGetInfo(small).id)
+        assert _mig_layout(gpu) == [(theirs, 0, 4), (small_id, 4, 1)]
+        pynvml.nvmlShutdown()
+        node.nvml.nvmlInit()  # and a re-init reads the same
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert _mig_layout(gpu) == [(theirs, 0, 4), (small_id, 4, 1)]
+    finally:
+        pynvml.nvmlShutdown()

@@ -7,6 +7,13 @@ real kubelet does; then the invariants must hold:
 - no spec and no reservation for a claim that is not prepared;
 - no GPU reserved for two claims;
 - no temporary file left once the successor has recovered.
+
+The second test does it to two instances of one node at once (a surge upgrade), with
+claims whose prepare has side effects: MPS daemons, time-slice settings and dynamic-MIG
+instances (the simulated driver's instances are the node's, shared by both processes).
+Besides the above, each run ends with no side effect without a prepared claim (no daemon,
+holder, claim record, MIG instance or half-made instance left over) and no prepared claim
+without its side effects (its MIG instance at its placement, the very one its spec names).
 """
 
 import asyncio
@@ -14,12 +21,15 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from driver.gpu.kinds.mig import VISIBLE_UUIDS_ENV
+from driver.nvml import SIM_ROOT_ENV
 from kubeletplugin.state import ClaimRef
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
@@ -135,24 +145,52 @@ async def test_random_sigkills_lose_nothing_and_grant_nothing_twice(
 SURGE_NODE = "node-u"
 SURGE_KILLS = 12
 PODS = ("old-pod", "new-pod")
-# name -> (device, the kind of side effect it has). No dynamic-MIG claim yet: the simulated
-# library's MIG state is not safe to read from one process while another changes it (a
-# discovery meanwhile skips the GPU, a create fails on a missing cap file), and each
-# instance takes the MIG instances its sibling made for out of band; both need fixing first.
+# name -> (device, the kind of side effect it has). GPUs 6 and 7 are in MIG mode and
+# published for dynamic MIG: two claims' instances side by side on GPU 6, so each instance
+# of the plugin sees there an instance its sibling made.
 SURGE_CLAIMS: dict[str, tuple[str, str]] = {
     "mps-a": ("gpu-1", "mps"),
     "mps-b": ("gpu-2", "mps"),
     "sliced-a": ("gpu-3", "timeslicing"),
     "sliced-b": ("gpu-4", "timeslicing"),
     "plain": ("gpu-5", "none"),
+    "mig-a": ("gpu-6-mig-3g40gb-9-0", "dynamic-mig"),
+    "mig-b": ("gpu-6-mig-3g40gb-9-4", "dynamic-mig"),
+    "mig-c": ("gpu-7-mig-4g40gb-5-0", "dynamic-mig"),
 }
+SURGE_PROFILE = "extends: p5.48xlarge\nmig: {enabled: [6, 7]}\n"
+_PLACEMENT = re.compile(r"^gpu-(\d+)-mig-.+-(\d+)-(\d+)$")  # minor, profile ID, start
+
+
+def _mig_instances(sim_root: Path) -> dict[tuple[int, int], str]:
+    """(GPU minor, placement start) -> MIG device UUID of every instance the simulated
+    library has made and not destroyed; "-" for a GPU instance without its compute
+    instance (half made)."""
+    path = sim_root / "run" / "gpu-dra-sim" / "created"
+    rows = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+    return {(int(minor), int(start)): uuid for minor, _, _, start, _, uuid in rows}
+
+
+def _spec_mig_uuids(dirs: NodeDirs) -> dict[str, str]:
+    """claim uid -> the MIG device UUIDs its CDI spec gives the container."""
+    found = {}
+    for path in dirs.cdi.glob("*.json") if dirs.cdi.exists() else ():
+        spec = json.loads(path.read_text())
+        edits = [spec.get("containerEdits") or {}] + [d["containerEdits"] for d in spec["devices"]]
+        for env in (e for edit in edits for e in edit.get("env") or ()):
+            if env.startswith(f"{VISIBLE_UUIDS_ENV}="):
+                found[spec["annotations"]["gpu-dra.io/claim-uid"]] = env.partition("=")[2]
+    return found
 
 
 def _side_effects(dirs: NodeDirs) -> dict[str, Any]:
     from tests.test_mps import daemon_pids
 
     holders = dirs.plugin_data / "kinds" / "gpu" / "timeslice"
+    migs = dirs.plugin_data / "kinds" / "dynamic-mig"
     return {
+        "mig instances": sorted(_mig_instances(dirs.root / "sim")),
+        "mig records": sorted(p.stem for p in migs.glob("*.json")),
         "mps daemons": len(daemon_pids(dirs.root)),
         # <gpu uuid>/<claim uid>; each GPU's lock file beside them is no holder
         "time-slice holders": sorted(p.name for p in holders.glob("*/*") if p.is_file())
@@ -162,8 +200,14 @@ def _side_effects(dirs: NodeDirs) -> dict[str, Any]:
     }
 
 
-def _expected_side_effects(prepared: set[str], kind_of: dict[str, str]) -> dict[str, Any]:
+def _expected_side_effects(
+    prepared: set[str], kind_of: dict[str, str], gpu_of: dict[str, str]
+) -> dict[str, Any]:
+    mig = sorted(uid for uid in prepared if kind_of[uid] == "dynamic-mig")
+    placements = [_PLACEMENT.fullmatch(gpu_of[uid]) for uid in mig]
     return {
+        "mig instances": sorted((int(m[1]), int(m[3])) for m in placements if m),
+        "mig records": mig,
         "mps daemons": sum(kind_of[uid] == "mps" for uid in prepared),
         "time-slice holders": sorted(uid for uid in prepared if kind_of[uid] == "timeslicing"),
         "claim records": sorted(uid for uid in prepared if kind_of[uid] != "none"),
@@ -190,7 +234,11 @@ async def test_random_sigkills_of_two_instances_at_once_lose_nothing_and_leak_no
     env = {
         "GPU_DRA_NVIDIA_SMI": str(Smi(dirs.root / "smi").path),
         "GPU_DRA_MPS_CONTROL": str(Control(dirs.root / "mps").path),
+        # One simulated node for both instances: its driver's MIG instances are shared.
+        SIM_ROOT_ENV: str(dirs.root / "sim"),
     }
+    profile = dirs.root / "surge.yaml"
+    profile.write_text(SURGE_PROFILE)
     configs = {"mps": [mps()], "timeslicing": [timeslicing("Medium")]}
     claims: list[ClaimRef] = []
     gpu_of: dict[str, str] = {}
@@ -209,15 +257,24 @@ async def test_random_sigkills_of_two_instances_at_once_lose_nothing_and_leak_no
             dirs,
             kubeconfig=kubeconfig,
             node_name=SURGE_NODE,
+            profile=str(profile),
             pod_uid=pod,
             extra_env=env,
+            extra_args=("--dynamic-mig=true",),
         )
         started.append(proc)
         return proc
 
     def check() -> None:
         _check(dirs, prepared, gpu_of)
-        assert _side_effects(dirs) == _expected_side_effects(prepared, kind_of)
+        assert _side_effects(dirs) == _expected_side_effects(prepared, kind_of, gpu_of)
+        # Each prepared MIG claim's container gets the very instance at its placement.
+        instances = _mig_instances(dirs.root / "sim")
+        assert _spec_mig_uuids(dirs) == {
+            uid: instances[int(m[1]), int(m[3])]
+            for uid in prepared
+            if (m := _PLACEMENT.fullmatch(gpu_of[uid]))
+        }
 
     kills = cut = most = churn = 0
     try:

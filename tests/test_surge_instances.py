@@ -186,3 +186,41 @@ async def test_a_symlink_in_place_of_a_lock_file_is_refused(
     assert "is a symlink, not a claim lock: refused" in error
     assert victim.read_text() == "not ours to lock, truncate or chmod\n"
     assert stat.S_IMODE(victim.stat().st_mode) == 0o644
+
+
+async def test_start_up_sweeps_what_killed_writes_left_but_not_the_other_instances_in_flight(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """The temp files of a write a kill cut off go at the next start, in a kind's state
+    directory too (dynamic MIG's per-claim records); the other instance's, of a claim whose
+    lock it holds, are its write in flight and stay."""
+    config = _config(tmp_path)
+    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    await DeviceState.open(config, api_client, devices)  # the directories, as a first start
+    killed, in_flight = (
+        "1e2d3c4b-0000-4000-8000-00000000000a",
+        "1e2d3c4b-0000-4000-8000-00000000000b",
+    )
+    kind_dir = config.plugin_dir / "kinds" / "dynamic-mig"
+    left = [
+        kind_dir / f".{killed}.json.0badf00d.tmp",
+        config.plugin_dir / "claims" / f".{killed}.json.0badf00d.tmp",
+        cdi.spec_path(config.cdi_root, killed).with_name(f".{cdi.spec_name(killed)}.0badf00d.tmp"),
+    ]
+    writing = [
+        kind_dir / f".{in_flight}.json.5ca1ab1e.tmp",
+        config.plugin_dir / "claims" / f".{in_flight}.json.5ca1ab1e.tmp",
+    ]
+    for path in left + writing:
+        path.write_text("{")
+    other = Records(config.plugin_dir, config.cdi_root, boot_id="boot-1")
+    held = other.try_lock_claim(in_flight)  # the other instance, mid-prepare of that claim
+    assert held is not None
+    try:
+        await DeviceState.open(config, api_client, devices)
+        assert [p.exists() for p in left] == [False, False, False]
+        assert [p.exists() for p in writing] == [True, True]
+    finally:
+        other.unlock_claim(in_flight, held)
+    await DeviceState.open(config, api_client, devices)  # its writer died: now they are void
+    assert [p.exists() for p in writing] == [False, False]

@@ -31,6 +31,18 @@ class MigStateError(PermanentError):
     driver's capability files missing for an instance."""
 
 
+class AccessFileGoneError(MigStateError):
+    """An instance's capability file is not there: its instance was destroyed since it was
+    listed, or the host's /proc/driver/nvidia is not visible."""
+
+
+# An instance destroyed between its listing and its queries (NVML answers its stale handles
+# NOT_FOUND or INVALID_ARGUMENT, the driver removes its access files) makes the read of the
+# GPU start over, up to this many reads in all.
+_LAYOUT_READS = 3
+_LAYOUT_CHANGED = (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument, AccessFileGoneError)
+
+
 def mig_mode(nvml: Nvml, handle: Any) -> tuple[bool, bool]:
     """(current, pending) MIG mode; both False on a GPU without MIG."""
     try:
@@ -51,7 +63,26 @@ def check_not_pending(current: bool, pending: bool) -> None:
 
 
 def read_mig_devices(nvml: Nvml, handle: Any, minor: int, proc_root: Path) -> tuple[MigDevice, ...]:
-    """Every MIG device of the GPU ``handle`` (MIG mode on), ordered by placement."""
+    """Every MIG device of the GPU ``handle`` (MIG mode on), ordered by placement.
+
+    Instances come and go while the GPU is read: dynamic MIG's prepares and unprepares,
+    this process's or, during a surge upgrade, the sibling plugin instance's. A read that
+    an instance vanished under is done again (a few times, then its error stands): a GPU
+    skipped for it would take every device on it away from the claims until the next
+    rediscovery."""
+    reads = 1
+    while True:
+        try:
+            return _read_mig_devices(nvml, handle, minor, proc_root)
+        except _LAYOUT_CHANGED:
+            if reads == _LAYOUT_READS:
+                raise
+            reads += 1
+
+
+def _read_mig_devices(
+    nvml: Nvml, handle: Any, minor: int, proc_root: Path
+) -> tuple[MigDevice, ...]:
     profiles = gi_profiles(nvml, handle)
     devices = []
     for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
@@ -185,7 +216,8 @@ def access_minor(path: Path) -> int:
     try:
         found = _MINOR.search(path.read_text())
     except OSError as exc:
-        raise MigStateError(
+        error = AccessFileGoneError if isinstance(exc, FileNotFoundError) else MigStateError
+        raise error(
             f"cannot read {path} ({exc.strerror}): the driver keeps one per MIG instance; "
             "is the host's /proc/driver/nvidia visible to the plugin?"
         ) from exc

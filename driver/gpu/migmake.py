@@ -120,12 +120,24 @@ def _gi_profile(nvml: Nvml, handle: Any, profile_id: int) -> Any:
     return profile
 
 
+# What NVML answers for the handle of an instance destroyed since it was listed: another
+# claim's, on the same GPU, that its unprepare (in another thread, or in the sibling plugin
+# instance during a surge upgrade) destroyed meanwhile. Passed over: this claim's own
+# instance cannot go meanwhile (its placement is reserved to it, its calls serialized).
+_DESTROYED_MEANWHILE = (pynvml.NVMLError_InvalidArgument, pynvml.NVMLError_NotFound)
+_MIG_UUID_WALKS = 3
+
+
 def _gi_at(nvml: Nvml, handle: Any, profile_id: int, start: int) -> Any | None:
     count = ctypes.c_uint(0)
     array = (pynvml.c_nvmlGpuInstance_t * 8)()
     nvml.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
     for gi in array[: count.value]:
-        if int(nvml.nvmlGpuInstanceGetInfo(gi).placement.start) == start:
+        try:
+            placed = int(nvml.nvmlGpuInstanceGetInfo(gi).placement.start)
+        except _DESTROYED_MEANWHILE:
+            continue
+        if placed == start:
             return gi
     return None
 
@@ -145,15 +157,19 @@ def _compute_instances(nvml: Nvml, gi: Any, profile_id: int) -> list[Any]:
 
 
 def _mig_uuid(nvml: Nvml, handle: Any, gi_id: int, ci_id: int) -> str:
-    for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-        except pynvml.NVMLError_NotFound:
-            continue
-        if (
-            int(nvml.nvmlDeviceGetGpuInstanceId(mig)) == gi_id
-            and int(nvml.nvmlDeviceGetComputeInstanceId(mig)) == ci_id
-        ):
-            uuid = nvml.nvmlDeviceGetUUID(mig)
-            return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    # Another instance's destroy during the walk may shift the indices (the simulated
+    # library numbers MIG devices in order): the walk is taken again, a few times.
+    for _ in range(_MIG_UUID_WALKS):
+        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+                ids = (
+                    int(nvml.nvmlDeviceGetGpuInstanceId(mig)),
+                    int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
+                )
+            except _DESTROYED_MEANWHILE:  # NOT_FOUND also for an index no device has
+                continue
+            if ids == (gi_id, ci_id):
+                uuid = nvml.nvmlDeviceGetUUID(mig)
+                return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
     raise MigStateError(f"no MIG device handle for GPU instance {gi_id}, compute instance {ci_id}")

@@ -29,7 +29,7 @@ from driver.nvml.faults import Faults, read_state_file
 from driver.nvml.profile import Profile, SimGpu, load_profile
 from driver.nvml.sim.build import library as built_library
 from driver.nvml.sim.hardware import hardware_text
-from driver.nvml.sysfs import write_sysfs
+from driver.nvml.sysfs import write_if_changed, write_sysfs
 
 STATE_FILE_ENV = "GPU_DRA_SIM_STATE"
 HARDWARE_ENV = "GPU_DRA_SIM_NVML"
@@ -145,7 +145,7 @@ def write_mig_capabilities(root: Path, gpus: tuple[SimGpu, ...]) -> None:
                 (ci_dir, mig_minor(gpu.minor, mig.gi_id, mig.ci_id)),
             ):
                 access = f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
-                (directory / "access").write_text(access)
+                write_if_changed(directory / "access", access)
                 (root / "dev" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
                 _device_node(
                     root / "dev" / "nvidia-caps" / f"nvidia-cap{minor}", _CAPS_MAJOR, minor

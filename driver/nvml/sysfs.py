@@ -23,17 +23,37 @@ def device_dir(root: Path, gpu: SimGpu) -> Path:
 
 
 def write_sysfs(root: Path, gpus: Iterable[SimGpu]) -> None:
-    """Create (or refresh) the PCI device directories and bus symlinks of ``gpus``."""
+    """Create (or refresh) the PCI device directories and bus symlinks of ``gpus``.
+
+    Another process may be reading the tree (a second plugin instance of one simulated
+    node, which shares its root): what is already right is left alone, and what changes
+    is replaced by a rename, so a reader never sees a file or link half written or gone."""
     bus_dir = root / "sys" / "bus" / "pci" / "devices"
     bus_dir.mkdir(parents=True, exist_ok=True)
     for gpu in gpus:
         target = device_dir(root, gpu)
         target.mkdir(parents=True, exist_ok=True)
-        (target / "numa_node").write_text(f"{gpu.numa_node}\n")
-        (target / "vendor").write_text("0x10de\n")
-        (target / "class").write_text("0x030200\n")
+        write_if_changed(target / "numa_node", f"{gpu.numa_node}\n")
+        write_if_changed(target / "vendor", "0x10de\n")
+        write_if_changed(target / "class", "0x030200\n")
         link = bus_dir / gpu.pci_bus_id
-        if link.is_symlink() or link.exists():
-            link.unlink()
         # Relative, like the kernel's: ../../../devices/pci0000:44/.../0000:53:00.0
-        link.symlink_to(os.path.relpath(target, bus_dir))
+        relative = os.path.relpath(target, bus_dir)
+        if link.is_symlink() and str(link.readlink()) == relative:
+            continue
+        tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(relative)
+        tmp.replace(link)
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """``text`` into ``path`` by a rename, unless it holds that already."""
+    try:
+        if path.read_text() == text:
+            return
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

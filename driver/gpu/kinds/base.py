@@ -107,8 +107,9 @@ class DeviceKind(Protocol):
     - pure, functions of their arguments and of what :meth:`attach` gave the kind:
       ``name``, ``identity_keys``, ``health_target``, ``has_side_effects``, and ``devices``
       and ``claim_edits`` for every kind but dynamic MIG, whose ``devices`` depends on which
-      instances it made (state it keeps: an instance it did not make blocks the placements
-      it overlaps) and whose ``claim_edits`` reads the claim's record of what it made;
+      instances the driver's claims made (read from its records, which every plugin
+      instance of the node shares: an instance no claim made blocks the placements it
+      overlaps) and whose ``claim_edits`` reads the claim's record of what it made;
     - I/O: ``attach`` (its state directory and the records in it), ``prepare``,
       ``unprepare`` and ``recover`` (they block: call them from a worker thread), and
       ``watch`` (restarts what a prepared claim lost, such as an MPS daemon).

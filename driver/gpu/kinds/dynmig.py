@@ -14,13 +14,24 @@ The GPU is published only as these (never as a whole GPU, nor as its static MIG
 devices); a GPU not in MIG mode stays a whole GPU, one without MIG gets none. An
 instance found on the GPU that no claim of this plugin made (created out of band) takes
 every placement it overlaps out of the published set.
+
+Which instances a claim made is read from the claims' records in the kind's state
+directory each time the devices are built, never kept in the process: during a surge
+upgrade two plugin instances share that directory, and each must count the other's
+claims' instances as the driver's. A claim's record (``<uid>.json``) names its placements
+before any instance is made there and, once the last is destroyed, becomes its tombstone
+(``<uid>.gone``, one rename) naming the instances destroyed: a discovery that listed one
+of them before it went, this instance's or the sibling's, still knows it for a claim's.
+Tombstones go after a minute, far longer than a discovery takes.
 """
 
+import contextlib
 import json
 import logging
 import re
-import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +41,7 @@ from driver.common.errors import PermanentError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.limits import is_uid
 from driver.common.logs import kv
-from driver.gpu.inventory import Gpu, Inventory, MigPartition
+from driver.gpu.inventory import Gpu, Inventory, MigDevice, MigPartition
 from driver.gpu.kinds.base import (
     HealthTarget,
     KindContext,
@@ -134,18 +145,36 @@ def build_device(gpu: Gpu, partition: MigPartition, inventory: Inventory) -> dic
 
 
 Placement = tuple[str, int, int]  # (parent GPU UUID, GPU instance profile ID, start)
+RECORD_SUFFIX = ".json"
+TOMBSTONE_SUFFIX = ".gone"
+# How long a tombstone is kept: a discovery that listed its instances has long ended.
+TOMBSTONE_S = 60.0
 
 
-def blocked_slices(gpu: Gpu, ours: frozenset[Placement]) -> set[int]:
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What the driver's claims hold on the node, as their records say."""
+
+    placements: frozenset[Placement] = frozenset()  # made, or being made
+    destroyed: frozenset[str] = frozenset()  # MIG UUIDs of instances unprepared lately
+
+    def made(self, gpu: Gpu, mig: MigDevice) -> bool:
+        """Whether a claim made ``mig`` (one that an unprepare destroyed since it was
+        discovered included)."""
+        placement = (gpu.uuid, mig.profile_id, mig.placement_start)
+        return placement in self.placements or mig.uuid in self.destroyed
+
+
+def blocked_slices(gpu: Gpu, ours: Claimed) -> set[int]:
     """Memory slices of the GPU's instances that no claim of this plugin made."""
     out: set[int] = set()
     for mig in gpu.mig_devices:
-        if (gpu.uuid, mig.profile_id, mig.placement_start) not in ours:
+        if not ours.made(gpu, mig):
             out.update(range(mig.placement_start, mig.placement_start + mig.placement_size))
     return out
 
 
-def published_partitions(gpu: Gpu, ours: frozenset[Placement]) -> list[MigPartition]:
+def published_partitions(gpu: Gpu, ours: Claimed) -> list[MigPartition]:
     blocked = blocked_slices(gpu, ours)
     return [p for p in gpu.mig_partitions if blocked.isdisjoint(_slices(p))]
 
@@ -174,9 +203,7 @@ def identity(gpu: Gpu, partition: MigPartition) -> dict[str, str]:
     }
 
 
-def partition_devices(
-    inventory: Inventory, ours: frozenset[Placement]
-) -> Sequence[tuple[Gpu, MigPartition]]:
+def partition_devices(inventory: Inventory, ours: Claimed) -> Sequence[tuple[Gpu, MigPartition]]:
     return [
         (gpu, partition)
         for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
@@ -194,8 +221,10 @@ class DynamicMigKind:
 
     Prepare makes each allocated partition's MIG device at exactly its placement (with
     the ``driver.gpu.migmake.Maker`` given at attach), after the claim state wrote the claim's
-    side-effect record, and then keeps what it made (UUID, GI and CI IDs, the cap nodes' minors) in
-    ``<state dir>/<claim uid>.json``, from which the claim's CDI edits are built.
+    side-effect record. Its own record, ``<state dir>/<claim uid>.json``, names the placements
+    before the first create and then what it made (UUID, GI and CI IDs, the cap nodes'
+    minors), from which the claim's CDI edits are built; every plugin instance of the node
+    reads these records to tell its claims' instances from those made out of band.
     Unprepare removes the instances and that file; recovery after a crash before the CDI
     spec does the same (the kubelet prepares the claim again), so an instance is never
     leaked nor handed to two claims: the device's reservation is the claim's alone.
@@ -205,15 +234,12 @@ class DynamicMigKind:
     identity_keys = (PARENT_KEY, PROFILE_ID_KEY, START_KEY, SIZE_KEY)
 
     def __init__(self) -> None:
-        # Placements a claim of this plugin made (or is making) an instance at: they stay
-        # published; any other instance is out of band.
-        self._ours: frozenset[Placement] = frozenset()
         self._dir: Path | None = None
         self._boot = ""
         self._maker: Any = None  # driver.gpu.migmake.Maker, given at attach
-        self._lock = threading.Lock()
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
+        ours = self.ours() if any(g.mig_devices for g in inventory.gpus) else Claimed()
         return [
             NodeDevice(
                 kind=NAME,
@@ -222,8 +248,48 @@ class DynamicMigKind:
                 edits=edits_of(gpu),
                 identity=identity(gpu, partition),
             )
-            for gpu, partition in partition_devices(inventory, self._ours)
+            for gpu, partition in partition_devices(inventory, ours)
         ]
+
+    def ours(self) -> Claimed:
+        """What the driver's claims made, or are making, an instance at, whichever plugin
+        instance of the node prepared them: those stay published, any other instance is
+        out of band. Read from the records now (one listing and one small file per
+        dynamic-MIG claim of the node, and per tombstone), since the sibling instance of a
+        surge upgrade writes them too. A record that cannot be read counts for nothing: its
+        instance then blocks its placements, the safe way to be wrong."""
+        if self._dir is None:
+            return Claimed()  # before attach: no claim can have been prepared through us
+        placements: set[Placement] = set()
+        destroyed: set[str] = set()
+        try:
+            paths = list(self._dir.iterdir())
+        except FileNotFoundError:
+            paths = []  # removed under us: no record, every instance out of band
+        for path in paths:
+            if path.name.startswith(".") or not path.name.endswith(
+                (RECORD_SUFFIX, TOMBSTONE_SUFFIX)
+            ):
+                continue  # a temp file: the record it will be is not there yet
+            try:
+                if path.name.endswith(TOMBSTONE_SUFFIX) and self._expired(path):
+                    path.unlink(missing_ok=True)
+                    continue
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # renamed or removed since the listing, or damaged
+            if not isinstance(record, dict) or (self._boot and record.get("boot") != self._boot):
+                continue
+            if path.name.endswith(RECORD_SUFFIX):
+                placements.update(_placements_of(record.get("placements")))
+            else:
+                destroyed.update(_uuids_of(record.get("devices")))
+        return Claimed(frozenset(placements), frozenset(destroyed))
+
+    @staticmethod
+    def _expired(tombstone: Path) -> bool:
+        # The rename that made it a tombstone set its ctime (its mtime is the record's).
+        return time.time() - tombstone.stat().st_ctime > TOMBSTONE_S
 
     def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
         """A placement of its GPU, kept by the placement (an instance made there changes
@@ -264,27 +330,28 @@ class DynamicMigKind:
         ensure_dir(self._dir, PRIVATE)
         self._boot = context.boot_id
         self._maker = context.mig_maker
-        ours: set[Placement] = set()
-        for path in self._dir.glob("*.json"):
+        if not self._boot:
+            return
+        for path in [*self._dir.glob(f"*{RECORD_SUFFIX}"), *self._dir.glob(f"*{TOMBSTONE_SUFFIX}")]:
             try:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if self._boot and record.get("boot") != self._boot:
+            if isinstance(record, dict) and record.get("boot") != self._boot:
                 path.unlink(missing_ok=True)  # MIG devices do not outlive a reboot
-                continue
-            ours.update(tuple(p) for p in record.get("placements") or ())
-        self._ours = frozenset(ours)
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         return any(d.kind == NAME for d in claim.devices)
 
     def prepare(self, claim: PreparedClaim) -> None:
         maker = self._ready()
-        made: dict[str, dict[str, Any]] = {}
         placements = [_placement(d) for d in _mine(claim)]
-        with self._lock:
-            self._ours = self._ours | {p[:3] for p in placements}
+        # What an earlier prepare of the claim made stays recorded until it is made again
+        # (the same instance, adopted): the claim's spec of then may still name it.
+        made = dict(self._read(claim.uid))
+        # Before any instance is made: from here on every plugin instance of the node reads
+        # these placements as a claim's, never as an instance made out of band.
+        self._write(claim.uid, placements, made)
         for device, (parent, profile_id, start, size) in zip(_mine(claim), placements, strict=True):
             try:
                 mig = maker.make(parent, profile_id, start, size)
@@ -303,9 +370,7 @@ class DynamicMigKind:
                          claim_name=claim.name, device=device.device_name, mig_uuid=mig.uuid,
                          gpu_uuid=parent, gi=mig.gi_id, ci=mig.ci_id),
             )  # fmt: skip
-        record = {"boot": self._boot, "placements": [list(p[:3]) for p in placements],
-                  "devices": made}  # fmt: skip
-        write_atomic(self._path(claim.uid), json.dumps(record, sort_keys=True) + "\n")
+        self._write(claim.uid, placements, made)
 
     def unprepare(self, claim: PreparedClaim) -> None:
         maker = self._ready()
@@ -324,9 +389,11 @@ class DynamicMigKind:
                     extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
                              claim_name=claim.name, device=device.device_name, gpu_uuid=parent),
                 )  # fmt: skip
-        self._path(claim.uid).unlink(missing_ok=True)
-        with self._lock:
-            self._ours = self._ours - {p[:3] for p in placements}
+        # Only once every instance is gone: until then they are still the claim's. The
+        # record becomes the tombstone of what it made, in one rename.
+        path = self._path(claim.uid)
+        with contextlib.suppress(FileNotFoundError):  # never prepared, or unprepared already
+            path.replace(path.with_suffix(TOMBSTONE_SUFFIX))
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)  # the kubelet prepares it again, making a new instance
@@ -344,6 +411,16 @@ class DynamicMigKind:
             raise DynamicMigError(f"claim uid {uid!r} cannot name a record")
         return self._dir / f"{uid}.json"
 
+    def _write(
+        self,
+        uid: str,
+        placements: Iterable[tuple[str, int, int, int]],
+        made: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        record = {"boot": self._boot, "placements": [list(p[:3]) for p in placements],
+                  "devices": dict(made)}  # fmt: skip
+        write_atomic(self._path(uid), json.dumps(record, sort_keys=True) + "\n")
+
     def _read(self, uid: str) -> dict[str, dict[str, Any]]:
         if self._dir is None:
             return {}
@@ -353,6 +430,32 @@ class DynamicMigKind:
             return {}
         devices = record.get("devices")
         return devices if isinstance(devices, dict) else {}
+
+
+def _placements_of(recorded: Any) -> set[Placement]:
+    """The placements a record lists, each checked for its shape (a damaged entry is left
+    out, which blocks its instance's placements rather than publishing them)."""
+    out: set[Placement] = set()
+    for entry in recorded if isinstance(recorded, list) else ():
+        if (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in entry[1:])
+        ):
+            out.add((entry[0], entry[1], entry[2]))
+    return out
+
+
+def _uuids_of(devices: Any) -> set[str]:
+    """The MIG UUIDs of what a record says it made."""
+    if not isinstance(devices, dict):
+        return set()
+    return {
+        made["uuid"]
+        for made in devices.values()
+        if isinstance(made, dict) and isinstance(made.get("uuid"), str)
+    }
 
 
 def _mine(claim: PreparedClaim) -> list[PreparedDevice]:

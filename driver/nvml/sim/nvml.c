@@ -31,9 +31,11 @@
  *   root <path>                        the fake driver root, where instances created at run
  *                                  time get their capability access files
  *
- * GPU and compute instances created through NVML live in this process (as the driver's
- * would, they survive a re-init while their GPU stays in MIG mode) and get their access
- * files under the root; destroying them removes those.
+ * GPU and compute instances created through NVML are the node's, as the driver's are: kept
+ * in a file of the root that every process of the node reads at each call and changes under
+ * an flock (see "instances created at run time" below); they survive a re-init while their
+ * GPU stays in MIG mode and get their access files under the root; destroying them removes
+ * those.
  *   fail <minor> <pynvml function name> <nvmlReturn_t>
  *   xid <minor> <xid> [<gi> <ci>]      an XID event, delivered to each event set once; on a
  *                                  MIG-mode GPU the GPU and compute instance IDs it names
@@ -46,12 +48,14 @@
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <time.h>
@@ -502,7 +506,18 @@ static nvmlReturn_t any_device(nvmlDevice_t handle, const char *call) {
     return device(handle, call);
 }
 
-#define LOCKED(expr) do { pthread_mutex_lock(&mu); nvmlReturn_t r_ = (expr); \
+static void sync_created(void);
+static int lock_created(void);
+static void unlock_created(int fd);
+
+/* Every call sees the node's run-time instances as they are now (another process of the
+ * node may have made or destroyed one since this one's last call), as the driver answers. */
+#define LOCKED(expr) do { pthread_mutex_lock(&mu); sync_created(); nvmlReturn_t r_ = (expr); \
+    pthread_mutex_unlock(&mu); return r_; } while (0)
+/* A create or destroy: read, checked and written back under the node's lock, so that two
+ * processes never both take one memory slice or one GPU instance ID. */
+#define LOCKED_CHANGE(expr) do { pthread_mutex_lock(&mu); int fd_ = lock_created(); \
+    sync_created(); nvmlReturn_t r_ = (expr); unlock_created(fd_); \
     pthread_mutex_unlock(&mu); return r_; } while (0)
 
 static nvmlReturn_t put_text(char *dst, unsigned size, const char *src) {
@@ -528,13 +543,34 @@ static void fill_pci(nvmlPciInfo_t *info, unsigned d, unsigned b, unsigned dev, 
 
 /* ---- instances created at run time, kept in the root as the driver keeps them -------- */
 
-/* The driver keeps instances across processes; so does this library, in a file of the root
- * ("<root>/run/gpu-dra-sim/created": "<minor> <GI id> <profile index> <start> <CI id or -1>
- * <MIG UUID>" a line), rewritten after every create and destroy, read back at nvmlInit. */
+/* The driver keeps instances for every process of the node; so does this library, in a file
+ * of the root ("<root>/run/gpu-dra-sim/created": "<minor> <GI id> <profile index> <start>
+ * <CI id or -1> <MIG UUID>" a line). The file is the truth: each call first makes this
+ * process's table what it says (sync_created), and a create or destroy holds an flock on
+ * "created.lock" from that read to its rename of the new file (LOCKED_CHANGE), so that
+ * what it checks is what it changes. A process killed meanwhile loses its lock with it;
+ * what it renamed in is whole. Without a root (no "root" line) instances stay in the
+ * process, as before. */
 static void make_dirs(char *path);
 
-static void created_path(const struct hardware *h, char *out, size_t size) {
-    snprintf(out, size, "%s/run/gpu-dra-sim/created", h->root);
+static void created_path(const struct hardware *h, char *out, size_t size, const char *suffix) {
+    snprintf(out, size, "%s/run/gpu-dra-sim/created%s", h->root, suffix);
+}
+
+static int lock_created(void) {
+    char dir[480], path[500];
+    if (!hw.root[0]) return -1;
+    snprintf(dir, sizeof dir, "%s/run/gpu-dra-sim", hw.root);
+    make_dirs(dir);
+    created_path(&hw, path, sizeof path, ".lock");
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    while (flock(fd, LOCK_EX) && errno == EINTR) {}
+    return fd;
+}
+
+static void unlock_created(int fd) {
+    if (fd >= 0) close(fd); /* the lock goes with its last descriptor */
 }
 
 static void fill_mig(struct hardware *h, unsigned slot, const char *uuid) {
@@ -551,13 +587,13 @@ static void fill_mig(struct hardware *h, unsigned slot, const char *uuid) {
 }
 
 static void save_created(void) {
-    char path[480], tmp[500];
+    char path[500], tmp[520];
     if (!hw.root[0]) return;
-    created_path(&hw, path, sizeof path);
+    created_path(&hw, path, sizeof path, "");
     char dir[480];
     snprintf(dir, sizeof dir, "%s/run/gpu-dra-sim", hw.root);
     make_dirs(dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return;
     for (unsigned s = DYNAMIC_BASE; s < MAX_MIG; s++) {
@@ -571,36 +607,103 @@ static void save_created(void) {
     rename(tmp, path);
 }
 
-/* Instances another process created, into free run-time slots of *h. */
-static void load_created(struct hardware *h) {
-    char path[480], line[256], uuid[96];
-    if (!h->root[0]) return;
-    created_path(h, path, sizeof path);
-    FILE *f = fopen(path, "r");
-    if (!f) return;
+/* Make h's run-time instances exactly those of the file `f` (NULL: none made yet). An
+ * instance this process already has keeps its slot, so a handle to it stays valid; one
+ * destroyed elsewhere goes, and a handle to it is then stale (INVALID_ARGUMENT), as the
+ * driver's would be; one made elsewhere gets a free slot. */
+static void load_created_from(struct hardware *h, FILE *f) {
+    char line[256], uuid[96];
+    unsigned char seen[MAX_MIG] = {0};
     unsigned minor, id, profile, start;
     int ci;
-    while (fgets(line, sizeof line, f)) {
+    while (f && fgets(line, sizeof line, f)) {
         if (sscanf(line, "%u %u %u %u %d %95s", &minor, &id, &profile, &start, &ci, uuid) != 6)
             continue;
         if (minor >= MAX_GPUS || profile >= GI_PROFILE_COUNT) continue;
         const struct nvmlDevice_st *g = &h->gpus[minor];
         if (!g->defined || !g->present || !g->mig_enabled || !h->profiles[profile].defined)
             continue;
-        int known = 0;
-        unsigned slot = MAX_MIG;
-        for (unsigned s = 0; s < MAX_MIG; s++) {
-            if (h->gis[s].defined && h->gis[s].parent == minor && h->gis[s].id == id) known = 1;
-            if (s >= DYNAMIC_BASE && !h->gis[s].defined && slot == MAX_MIG) slot = s;
+        unsigned slot = MAX_MIG, free_slot = MAX_MIG;
+        for (unsigned s = DYNAMIC_BASE; s < MAX_MIG; s++) {
+            const struct nvmlGpuInstance_st *o = &h->gis[s];
+            if (o->defined && o->created && o->parent == minor && o->id == id &&
+                o->profile == profile && o->start == start) {
+                slot = s;
+                break;
+            }
+            if (!o->defined && !seen[s] && free_slot == MAX_MIG) free_slot = s;
         }
-        if (known || slot == MAX_MIG) continue;
-        h->gis[slot] = (struct nvmlGpuInstance_st){1, minor, id, profile, start, 1};
-        if (ci >= 0) {
+        if (slot == MAX_MIG) {
+            if (free_slot == MAX_MIG) continue;
+            slot = free_slot;
+            h->gis[slot] = (struct nvmlGpuInstance_st){1, minor, id, profile, start, 1};
+            h->cis[slot].defined = 0;
+            h->migs[slot].defined = 0;
+        }
+        seen[slot] = 1;
+        if (ci < 0) {
+            h->cis[slot].defined = 0;
+            h->migs[slot].defined = 0;
+        } else if (!h->cis[slot].defined || h->cis[slot].id != (unsigned)ci ||
+                   !h->migs[slot].defined || strcmp(h->migs[slot].uuid, uuid)) {
             h->cis[slot] = (struct nvmlComputeInstance_st){1, (unsigned)ci};
             fill_mig(h, slot, uuid);
         }
     }
+    for (unsigned s = DYNAMIC_BASE; s < MAX_MIG; s++)
+        if (h->gis[s].defined && h->gis[s].created && !seen[s])
+            h->gis[s].defined = h->cis[s].defined = h->migs[s].defined = 0;
+}
+
+/* The file last loaded, held open: a writer always renames a new file in, never writes in
+ * place, so while the name still leads to this inode (which cannot be reused while it is
+ * open) nothing changed, and a call costs one stat instead of a read. */
+static int loaded_fd = -1;
+static char loaded_root[sizeof hw.root];
+
+static void forget_loaded(void) {
+    if (loaded_fd >= 0) close(loaded_fd);
+    loaded_fd = -1;
+}
+
+/* h's run-time instances as the file says now; `force`: read it even if unchanged (a new
+ * table). */
+static void load_created(struct hardware *h, int force) {
+    char path[500];
+    struct stat now, held;
+    if (!h->root[0]) return;
+    created_path(h, path, sizeof path, "");
+    if (stat(path, &now)) {
+        forget_loaded();
+        load_created_from(h, NULL);
+        return;
+    }
+    if (!force && loaded_fd >= 0 && !strcmp(loaded_root, h->root) && !fstat(loaded_fd, &held) &&
+        held.st_dev == now.st_dev && held.st_ino == now.st_ino)
+        return;
+    forget_loaded();
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        load_created_from(h, NULL);
+        return;
+    }
+    int mine = dup(fd); /* fclose closes the stream's; this one stays held */
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        if (mine >= 0) close(mine);
+        return;
+    }
+    load_created_from(h, f);
     fclose(f);
+    if (mine >= 0) {
+        loaded_fd = mine;
+        copy_text(loaded_root, sizeof loaded_root, h->root);
+    }
+}
+
+static void sync_created(void) {
+    if (refcount) load_created(&hw, 0);
 }
 
 static nvmlReturn_t init_locked(void) {
@@ -622,8 +725,11 @@ static nvmlReturn_t init_locked(void) {
         free(next);
         return r;
     }
-    /* Instances made through NVML stay while their GPU is still in MIG mode. */
-    for (unsigned s = DYNAMIC_BASE; s < MAX_MIG; s++) {
+    /* Instances made through NVML stay while their GPU is still in MIG mode, in their slots
+     * (a handle kept across the re-init stays valid); the file then says which are left.
+     * Another root is another node: nothing of this one's is kept. */
+    int same_root = !strcmp(hw.root, next->root);
+    for (unsigned s = DYNAMIC_BASE; s < MAX_MIG && same_root; s++) {
         const struct nvmlDevice_st *g = &next->gpus[hw.gis[s].parent];
         if (hw.gis[s].defined && hw.gis[s].created && g->defined && g->present &&
             g->mig_enabled && next->profiles[hw.gis[s].profile].defined) {
@@ -632,7 +738,7 @@ static nvmlReturn_t init_locked(void) {
             next->migs[s] = hw.migs[s];
         }
     }
-    load_created(next);
+    load_created(next, 1);
     /* Copied over the table in place, so that handles stay where they point. */
     memcpy(&hw, next, sizeof hw);
     free(next);
@@ -1467,7 +1573,7 @@ static nvmlReturn_t create_gi_locked(nvmlDevice_t g, unsigned id,
 EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
     nvmlDevice_t g, unsigned id, const nvmlGpuInstancePlacement_t *placement,
     nvmlGpuInstance_t *out) {
-    LOCKED(create_gi_locked(g, id, placement, out));
+    LOCKED_CHANGE(create_gi_locked(g, id, placement, out));
 }
 
 static unsigned uuid_serial;
@@ -1500,33 +1606,36 @@ static nvmlReturn_t create_ci_locked(nvmlGpuInstance_t gi, unsigned ci_profile,
 }
 EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned p,
                                                          nvmlComputeInstance_t *out) {
-    LOCKED(create_ci_locked(gi, p, out));
+    LOCKED_CHANGE(create_ci_locked(gi, p, out));
 }
 
 static nvmlReturn_t destroy_ci_locked(nvmlComputeInstance_t ci) {
     nvmlReturn_t r = compute_instance(ci, "nvmlComputeInstanceDestroy");
     if (r != OK) return r;
     unsigned slot = (unsigned)(ci - hw.cis);
-    remove_access(hw.gis[slot].parent, hw.gis[slot].id, (int)ci->id);
     ci->defined = 0;
     hw.migs[slot].defined = 0;
+    /* The file first, its access file after: a process killed in between leaves a stray
+     * access file (a create there writes it anew), never an instance without one, which
+     * the driver's own destroy, one ioctl, never shows either. */
     save_created();
+    remove_access(hw.gis[slot].parent, hw.gis[slot].id, (int)ci->id);
     return OK;
 }
 EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
-    LOCKED(destroy_ci_locked(ci));
+    LOCKED_CHANGE(destroy_ci_locked(ci));
 }
 
 static nvmlReturn_t destroy_gi_locked(nvmlGpuInstance_t gi) {
     nvmlReturn_t r = gpu_instance(gi, "nvmlGpuInstanceDestroy");
     if (r != OK) return r;
     if (hw.cis[slot_of_gi(gi)].defined) return IN_USE; /* its compute instance goes first */
-    remove_access(gi->parent, gi->id, -1);
     gi->defined = 0;
-    save_created();
+    save_created(); /* as a compute instance's: the file first */
+    remove_access(gi->parent, gi->id, -1);
     return OK;
 }
-EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { LOCKED(destroy_gi_locked(gi)); }
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { LOCKED_CHANGE(destroy_gi_locked(gi)); }
 
 /* MIG mode is never changed by the plugin; creating without a placement is not simulated. */
 #pragma GCC diagnostic ignored "-Wunused-parameter"
