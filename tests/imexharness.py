@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,18 @@ def loopback_block(count: int) -> list[str]:
     raise RuntimeError("no free block of loopback addresses")
 
 
+async def eventually(
+    condition: Callable[[], Awaitable[bool]], what: str, wait_s: float = 30.0
+) -> float:
+    """As :func:`wait_for`, for a condition that must be awaited (a probe run)."""
+    start = time.monotonic()
+    while not await condition():
+        if time.monotonic() - start > wait_s:
+            raise TimeoutError(f"timed out after {wait_s:g}s waiting for {what}")
+        await asyncio.sleep(_POLL)
+    return time.monotonic() - start
+
+
 async def wait_for(condition: Callable[[], bool], what: str, wait_s: float = 20.0) -> float:
     """Seconds it took for ``condition`` to hold; TimeoutError after ``wait_s``."""
     start = time.monotonic()
@@ -70,16 +82,31 @@ def count(path: Path, event: str) -> int:
     return sum(1 for e in events(path) if e["event"] == event)
 
 
-def clique(daemons: Iterable[tuple[str, str, int]], clique_id: str = CLIQUE) -> str:
-    """A ComputeDomainClique object of (node, ip, index) daemons, as JSON."""
+def clique(
+    daemons: Iterable[tuple[str, str, int]],
+    *,
+    clique_id: str = CLIQUE,
+    status: str | None = None,
+    others: Iterable[tuple[str, str, int, str]] = (),
+) -> str:
+    """A ComputeDomainClique object of (node, ip, index) daemons, as JSON; ``others`` are
+    (node, ip, index, clique) daemons of other cliques, as a status written by hand may hold."""
+    entries: list[dict[str, Any]] = [
+        {"nodeName": node, "ipAddress": ip, "cliqueID": clique_id, "index": index}
+        for node, ip, index in daemons
+    ]
+    if status is not None:
+        for entry in entries:
+            entry["status"] = status
+    entries += [
+        {"nodeName": node, "ipAddress": ip, "cliqueID": other, "index": index}
+        for node, ip, index, other in others
+    ]
     return json.dumps(
         {
             "apiVersion": "resource.nvidia.com/v1beta1",
             "kind": "ComputeDomainClique",
-            "daemons": [
-                {"nodeName": node, "ipAddress": ip, "cliqueID": clique_id, "index": index}
-                for node, ip, index in daemons
-            ],
+            "daemons": entries,
         }
     )
 
@@ -154,12 +181,17 @@ class Daemon:
                 "simulated",
                 "--profile",
                 "p6e-gb200.36xlarge",
+                "--log-level",
+                "DEBUG",
                 *extra,
                 env=self.env(),
                 stdout=log,
                 stderr=log,
                 cwd=ROOT,
             )
+
+    async def ready(self) -> bool:
+        return (await self.check())[0] == 0
 
     async def check(self) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
