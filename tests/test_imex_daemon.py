@@ -221,3 +221,11 @@ def test_a_config_without_room_for_names_or_an_address_is_refused(node: Node) ->
         ImexDaemon(node.config(max_nodes=0), MemorySource())
     with pytest.raises(PermanentError, match="no pod IP"):
         ImexDaemon(node.config(pod_ip=""), MemorySource())
+
+
+async def test_a_config_directory_it_cannot_write_is_permanent(node: Node) -> None:
+    blocker = node.tmp / "not-a-directory"
+    blocker.write_text("")
+    daemon = ImexDaemon(node.config(config_dir=blocker / "imexd"), MemorySource())
+    with pytest.raises(PermanentError, match="cannot write the IMEX config"):
+        await asyncio.wait_for(daemon.run(), 10)

@@ -99,14 +99,20 @@ class ImexDaemon:
 
     def _write_config(self) -> None:
         config = self.config
-        fsutil.ensure_dir(config.config_dir, 0o755)
-        fsutil.write_atomic(
-            config.config_path,
-            imexconfig.render_config(
-                cmd_bind_ip=config.pod_ip, nodes_config_path=str(config.nodes_path)
-            ),
-        )
-        fsutil.write_atomic(config.nodes_path, imexconfig.render_nodes(config.max_nodes))
+        try:
+            fsutil.ensure_dir(config.config_dir, 0o755)
+            fsutil.write_atomic(
+                config.config_path,
+                imexconfig.render_config(
+                    cmd_bind_ip=config.pod_ip, nodes_config_path=str(config.nodes_path)
+                ),
+            )
+            fsutil.write_atomic(config.nodes_path, imexconfig.render_nodes(config.max_nodes))
+        except OSError as exc:
+            # The domain's directory is the daemon claim's mount: without it nothing can run.
+            raise PermanentError(
+                f"{config.config_dir}: cannot write the IMEX config: {exc.strerror}"
+            ) from exc
         log.info(
             "IMEX config written",
             extra=kv(
