@@ -208,6 +208,70 @@ FLAGS: tuple[Flag, ...] = (
         default="51515",
         metavar="PORT",
     ),
+    # The IMEX daemon of a ComputeDomain (compute-domain-daemon); the variables after ours are
+    # those NVIDIA's DaemonSet and the node driver's CDI edits set.
+    Flag(
+        "--clique-id",
+        "NVLink clique of this node's GPUs, <cluster UUID>.<clique ID>; empty: no clique "
+        "(IMEX is not started, the check succeeds)",
+        also_env="CLIQUE_ID",
+        metavar="ID",
+    ),
+    Flag(
+        "--compute-domain-uuid",
+        "UID of the ComputeDomain this daemon serves (set by the daemon claim's CDI edits; "
+        "required by run)",
+        also_env="COMPUTE_DOMAIN_UUID",
+        metavar="UID",
+    ),
+    Flag(
+        "--pod-ip",
+        "this pod's IP address (downward API, status.podIP): where IMEX's command service listens",
+        also_env="POD_IP",
+        metavar="IP",
+    ),
+    Flag(
+        "--max-nodes-per-imex-domain",
+        "most daemons one clique can hold: the names compute-domain-daemon-0000 and up "
+        "written to nodes.cfg",
+        type=flagvalues.max_nodes,
+        default="18",
+        also_env="MAX_NODES_PER_IMEX_DOMAIN",
+        metavar="N",
+    ),
+    Flag(
+        "--imex-config-dir",
+        "directory of the IMEX config (imexd.cfg) and nodes.cfg: the domain's directory the "
+        "daemon claim mounts",
+        default="/imexd",
+        metavar="DIR",
+    ),
+    Flag(
+        "--hosts-file",
+        "hosts file that maps the peers' addresses to their names (one block of it is ours; "
+        "every other line is kept)",
+        default="/etc/hosts",
+        metavar="FILE",
+    ),
+    Flag(
+        "--nvidia-imex",
+        "nvidia-imex binary, run as <this> -c <imex-config-dir>/imexd.cfg; a bare name is "
+        "looked up on PATH",
+        default="nvidia-imex",
+        metavar="FILE",
+    ),
+    Flag(
+        "--nvidia-imex-ctl",
+        "nvidia-imex-ctl binary, which the check runs with -q; a bare name is looked up on PATH",
+        default="nvidia-imex-ctl",
+        metavar="FILE",
+    ),
+    Flag(
+        "--peers-file",
+        "a ComputeDomainClique object (YAML or JSON) to take the domain's daemons from, "
+        "re-read when it changes, instead of the API server",
+        metavar="FILE",
+    ),
     # The one-shot and standalone commands' own.
     Flag(
         "--list-profiles",

@@ -57,6 +57,16 @@ def seconds(text: str) -> float:
     return value
 
 
+def max_nodes(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = 0
+    if not 0 < value < 10_000:  # the daemons' names have four digits
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of nodes from 1 to 9999")
+    return value
+
+
 def boolean(text: str) -> bool:
     if text.lower() in ("true", "1"):
         return True

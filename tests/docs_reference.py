@@ -31,11 +31,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+# The commands that run as a pod's container and read their flags from its environment too.
+DAEMONS = frozenset(("kubelet-plugin", "compute-domain-daemon"))
+
+
 def flags() -> str:
-    from cli import controller, discover, plugin
+    from cli import computedomaindaemon, controller, discover, plugin
     from cli.flagtable import FLAGS, GLOBAL
 
-    commands = {m.COMMAND: set(m.FLAG_NAMES) for m in (plugin, discover, controller)}
+    commands = {
+        m.COMMAND: set(m.FLAG_NAMES) for m in (plugin, discover, controller, computedomaindaemon)
+    }
     rows = []
     for flag in FLAGS:
         used = [c for c, names in commands.items() if flag.name in names or flag.name in GLOBAL]
@@ -46,8 +52,8 @@ def flags() -> str:
             default = "; ".join(f"{c}: {_code(d)}" for c, d in defaults.items())
         name = f"`{flag.short}`, `{flag.name}`" if flag.short else f"`{flag.name}`"
         env = f"`{flag.env}`" + (f" or `{flag.also_env}`" if flag.also_env else "")
-        if flag.name not in GLOBAL and "kubelet-plugin" not in used:
-            env = "-"  # only the daemon (and the global options) read the environment
+        if flag.name not in GLOBAL and not DAEMONS & set(used):
+            env = "-"  # only the daemons (and the global options) read the environment
         where = "all" if flag.name in GLOBAL else ", ".join(used)
         rows.append((name, where, env, default, flag.help))
     return _table(("flag", "commands", "environment", "default", "meaning"), rows)

@@ -3,6 +3,7 @@ the environment, and one line (never a traceback) with the right exit status for
 mistake a user makes."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,8 +22,16 @@ EXAMPLE = str(Path(__file__).parent.parent / "charts" / "examples" / "single-gpu
 
 def test_help_lists_every_built_command() -> None:
     text = build_parser().format_help()
-    for command in ("discover", "controller", "explain", "validate", "kubelet-plugin", "demo"):
-        assert f"\n    {command} " in text, command
+    for command in (
+        "discover",
+        "controller",
+        "explain",
+        "validate",
+        "kubelet-plugin",
+        "compute-domain-daemon",
+        "demo",
+    ):
+        assert re.search(rf"\n    {command}\s", text), command
 
 
 def test_console_entry_runs() -> None:
@@ -80,7 +89,7 @@ def test_every_help_names_its_environment_and_never_a_source_file() -> None:
     texts = [parser.format_help()]
     for action in parser._subparsers._group_actions if parser._subparsers else []:
         texts += [sub.format_help() for sub in getattr(action, "choices", {}).values()]
-    assert len(texts) == 7
+    assert len(texts) == 8
     for text in texts:
         assert ".py" not in text and "driver/" not in text, text
         assert "--log-level" in text
@@ -103,6 +112,10 @@ def test_every_help_names_its_environment_and_never_a_source_file() -> None:
         "GPU_DRA_LOG_FORMAT",
     ):
         assert env in flat, env
+    daemon_help = next(t for t in texts if "compute-domain-daemon" in t.splitlines()[0])
+    flat = " ".join(daemon_help.split())
+    for env in ("CLIQUE_ID", "COMPUTE_DOMAIN_UUID", "POD_IP", "MAX_NODES_PER_IMEX_DOMAIN"):
+        assert f"GPU_DRA_{env} or {env}" in flat, env
 
 
 def test_every_flag_the_daemonset_sets_has_an_environment_variable(

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cli import build_parser, controller, discover, flagtable, plugin
+from cli import build_parser, computedomaindaemon, controller, discover, flagtable, plugin
 from kubeletplugin.gpu.node import NodeConfig
 
-COMMANDS = {m.COMMAND: m.FLAG_NAMES for m in (plugin, discover, controller)}
+COMMANDS = {m.COMMAND: m.FLAG_NAMES for m in (plugin, discover, controller, computedomaindaemon)}
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:
@@ -34,7 +34,15 @@ def _options(command: str) -> dict[str, argparse.Action]:
 @pytest.fixture(autouse=True)
 def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
-        if name.startswith("GPU_DRA_") or name in ("NODE_NAME", "POD_UID", "KUBECONFIG"):
+        if name.startswith("GPU_DRA_") or name in (
+            "NODE_NAME",
+            "POD_UID",
+            "KUBECONFIG",
+            "CLIQUE_ID",
+            "COMPUTE_DOMAIN_UUID",
+            "POD_IP",
+            "MAX_NODES_PER_IMEX_DOMAIN",
+        ):
             monkeypatch.delenv(name)
 
 
@@ -61,7 +69,14 @@ def test_only_the_container_driver_root_differs_by_subcommand() -> None:
     defaults = {
         command: build_parser().parse_args([command]).container_driver_root for command in COMMANDS
     }
-    assert defaults == {"kubelet-plugin": "/driver-root", "discover": "/", "controller": "/"}
+    # The IMEX daemon's container gets the driver's libraries from its claim's CDI edits, at
+    # the usual paths: it has no driver root mount.
+    assert defaults == {
+        "kubelet-plugin": "/driver-root",
+        "discover": "/",
+        "controller": "/",
+        "compute-domain-daemon": "/",
+    }
 
 
 def test_the_plugins_driver_root_is_where_the_chart_mounts_the_host_driver() -> None:

@@ -1,0 +1,148 @@
+"""``gpu-dra compute-domain-daemon [run|check]``: a ComputeDomain's IMEX daemon on one node.
+
+``run`` (the default) is the DaemonSet's container; ``check`` is its probes, as NVIDIA's daemon
+has the two. The driver version is read here, through NVML, and handed to the cluster code as
+text: the daemon itself imports no node code.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cli import _nvmlargs as nvml_args
+from cli import flags, flagtable
+
+if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
+    from cluster.imexdaemon.peers import PeerSource
+
+COMMAND = "compute-domain-daemon"
+FLAG_NAMES = (
+    "--node-name",
+    "--clique-id",
+    "--compute-domain-uuid",
+    "--pod-ip",
+    "--max-nodes-per-imex-domain",
+    "--imex-config-dir",
+    "--hosts-file",
+    "--nvidia-imex",
+    "--nvidia-imex-ctl",
+    "--peers-file",
+    *nvml_args.FLAG_NAMES,
+)
+EXIT_FAILURE = 1
+# NVIDIA's words: the variable comes only from the daemon claim's CDI edits.
+NO_CDI = "CDI container edits did not apply -- is CDI enabled in your container runtime?"
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser(
+        COMMAND,
+        help="run a ComputeDomain's IMEX daemon on this node, or check that it is ready",
+        description=(
+            "run: write the IMEX config and a static nodes.cfg of compute-domain-daemon-NNNN "
+            "names, map the domain's peers (this clique's daemons) to those names in the hosts "
+            "file, start and supervise nvidia-imex (restarted with backoff when it exits), and "
+            "send it SIGUSR1 when the mapping changes. On a node without a clique it starts "
+            "nothing and waits. Refuses to start on an NVIDIA driver older than 570.158.01. "
+            "SIGTERM stops IMEX and exits 0. check: exit 0 when IMEX answers READY to "
+            "nvidia-imex-ctl -q (or the node has no clique), else print why and exit 1. Every "
+            "flag can also be set through the environment variables named in its help."
+        ),
+    )
+    parser.add_argument(
+        "action", nargs="?", choices=("run", "check"), default="run", help="default: run"
+    )
+    flags.add(parser, COMMAND, flagtable.pick(*FLAG_NAMES), environment=True)
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    import asyncio
+
+    if args.action == "check":
+        return asyncio.run(_check(args))
+    if not args.compute_domain_uuid:
+        print(f"gpu-dra {COMMAND}: {NO_CDI}", file=sys.stderr)
+        return EXIT_FAILURE
+    _require_driver(args)
+    return asyncio.run(_run(args))
+
+
+def _require_driver(args: argparse.Namespace) -> None:
+    """NVIDIA's floor for IMEX with DNS names, from NVML's driver version."""
+    import pynvml
+
+    from driver.common.driverversion import require_floor
+    from driver.common.errors import PermanentError
+
+    with nvml_args.open_backend(args, nvml_args.node_name(args)) as (nvml, _):
+        try:
+            nvml.nvmlInit()
+            try:
+                found = nvml.nvmlSystemGetDriverVersion()
+            finally:
+                nvml.nvmlShutdown()
+        except pynvml.NVMLError as exc:
+            raise PermanentError(f"cannot read the NVIDIA driver version (NVML: {exc})") from exc
+    require_floor(found)
+
+
+def _source(args: argparse.Namespace) -> "PeerSource":
+    from cluster.imexdaemon.sources import FileSource
+    from driver.common.errors import PermanentError
+
+    if args.peers_file:
+        return FileSource(Path(args.peers_file))
+    raise PermanentError(
+        "no peer source: the ComputeDomainClique watch is not built yet; give --peers-file"
+    )
+
+
+async def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from cluster.imexdaemon.daemon import DaemonConfig, ImexDaemon
+    from cluster.imexdaemon.peers import has_clique
+    from cluster.imexdaemon.sources import MemorySource
+
+    config = DaemonConfig(
+        clique_id=args.clique_id or "",
+        pod_ip=args.pod_ip or "",
+        node_name=nvml_args.node_name(args),
+        max_nodes=args.max_nodes_per_imex_domain,
+        config_dir=Path(args.imex_config_dir),
+        hosts_file=Path(args.hosts_file),
+        imex=args.nvidia_imex,
+    )
+    # A node without a clique follows no peers.
+    source = _source(args) if has_clique(config.clique_id) else MemorySource()
+    daemon = ImexDaemon(config, source)
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(daemon.run(), name="compute-domain-daemon")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # we were cancelled ourselves, not by a signal
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+async def _check(args: argparse.Namespace) -> int:
+    from cluster.imexdaemon.check import check
+    from cluster.imexdaemon.imexconfig import CONFIG_NAME
+
+    result = await check(
+        clique_id=args.clique_id or "",
+        ctl=args.nvidia_imex_ctl,
+        config=Path(args.imex_config_dir) / CONFIG_NAME,
+    )
+    print(result.line, file=sys.stdout if result.ready else sys.stderr)
+    return 0 if result.ready else EXIT_FAILURE
