@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -38,7 +39,7 @@ from tests import chart_render
 from tests.chart_render import NAMESPACE
 from tests.e2e import build, netns
 from tests.e2e.cluster import ControlPlane, run_root
-from tests.e2e.kube import await_until, wait_until
+from tests.e2e.kube import as_pod, await_until, wait_until
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
 from tests.e2e.workloads import (
     delete_namespace_claims,
@@ -50,6 +51,8 @@ from tests.e2e.workloads import (
     spec_files,
 )
 from tests.simroot import fake_root, install_driver_files
+from tests.standin import StandIn
+from tests.test_timeslicing import sliced
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -76,11 +79,43 @@ TAGS = build.IMAGE_TAGS  # the second: the same build, another tag and version l
 SELECTOR = "app.kubernetes.io/component%3Dkubelet-plugin"
 
 
+# The image has no shell (a real nvidia-smi is an ELF binary): level 2's stand-ins, in the
+# image's Python. Each call is one line of {log}; the MPS daemon runs until SIGTERM.
+SMI = """#!/usr/bin/python3
+import sys
+with open("{log}", "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+"""
+MPS_CONTROL = """#!/usr/bin/python3
+import os, signal, sys, time
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
+if sys.argv[1:] == ["-f"]:
+    with open("{log}", "a") as log:
+        log.write("-f CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "") + "\\n")
+    with open(os.path.join(pipe, "daemon.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    open(os.path.join(pipe, "control"), "w").close()
+    def stop(*_):
+        os.unlink(os.path.join(pipe, "control"))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    while True:
+        time.sleep(0.05)
+command = sys.stdin.readline().strip()
+with open("{log}", "a") as log:
+    log.write(command + "\\n")
+if command == "quit":
+    os.kill(int(open(os.path.join(pipe, "daemon.pid")).read()), signal.SIGTERM)
+"""
+
+
 @dataclass
 class Installed:
     node: RealNode
     helm: Path
     driver_root: Path
+    smi: StandIn
+    mps_control: StandIn
     log: list[str] = field(default_factory=list)
 
     @property
@@ -186,7 +221,14 @@ async def installed() -> AsyncIterator[Installed]:
         # As on the AL2023 NVIDIA AMI: the driver's libraries and binaries, and nvidia-ctk in
         # usr/bin, which the plugin runs for every spec's driver mounts (NVML "system").
         install_driver_files(driver_root, sim.profile.driver_version, build.build_nvidia_ctk())
-        yield Installed(node, build.build_helm(), driver_root)
+        # nvidia-smi and nvidia-cuda-mps-control stand-ins where the driver installs them;
+        # their calls go to a directory the plugin pod sees at the host's path.
+        logs = node.kubelet_dir / "plugins" / "e2e-stand-ins"
+        smi = StandIn(logs / "smi", "nvidia-smi", SMI)
+        control = StandIn(logs / "mps", "nvidia-cuda-mps-control", MPS_CONTROL)
+        for tool in (smi, control):
+            shutil.copy2(tool.path, driver_root / "usr" / "bin" / tool.path.name)
+        yield Installed(node, build.build_helm(), driver_root, smi, control)
     finally:
         await cp.stop()
         unmount_under(cp.root)
@@ -370,30 +412,54 @@ def _inside(marker: str) -> dict[str, Any]:
                 continue
             devices = sorted(p.name for p in (entry / "root" / "dev").iterdir()
                              if p.name.startswith("nvidia"))  # fmt: skip
-            return {"uuids": env.get("GPU_DRA_VISIBLE_GPU_UUIDS", ""), "devices": devices}
+            return {"uuids": env.get("GPU_DRA_VISIBLE_GPU_UUIDS", ""), "devices": devices,
+                    "mps_pipe": env.get("CUDA_MPS_PIPE_DIRECTORY", "")}  # fmt: skip
     return {}
 
 
-def _start_holder(cp: ControlPlane, ns: str) -> str:
-    """A pod that keeps its one-GPU claim while it runs; its claim's UID."""
+def _start_holder(cp: ControlPlane, ns: str, example: str = "single-gpu.yaml") -> str:
+    """A pod of ``example`` that keeps its claim while it runs; the claim's UID."""
     cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     wait_until(f"default SA in {ns}", lambda: cp.raw(
         "GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200)  # fmt: skip
-    docs = example_docs("single-gpu.yaml")
-    (template,) = [d for d in docs if d["kind"] != "Pod"]
-    (pod,) = [runnable(d, host_network=False) for d in docs if d["kind"] == "Pod"]
-    cp.create(template, ns)
-    pod["metadata"]["name"] = "holder"
-    (container,) = pod["spec"]["containers"]
+    docs = example_docs(example)
+    claims = [d for d in docs if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")]
+    workload = next(d for d in docs if d["kind"] not in ("ResourceClaim", "ResourceClaimTemplate"))
+    for claim in claims:
+        cp.create(claim, ns)
+    pod = runnable(as_pod(workload), host_network=False)
+    pod["metadata"] = {"name": "holder"}
+    (container, *_) = pod["spec"]["containers"]
     container["command"] = ["sh", "-c", "exec sleep 3600"]
-    container["env"] = [{"name": "HOLDER", "value": ns}]
+    container["env"] = [*container.get("env", []), {"name": "HOLDER", "value": ns}]
     cp.create(pod, ns)
-    wait_until(f"{ns}/holder running", lambda: get_pod(cp, ns, "holder").get(
-        "status", {}).get("phase") == "Running", 120)  # fmt: skip
+    try:
+        wait_until(f"{ns}/holder running", lambda: get_pod(cp, ns, "holder").get(
+            "status", {}).get("phase") == "Running", 120)  # fmt: skip
+    except TimeoutError as exc:
+        events = cp.call("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+        said = [f"{e.get('reason')}: {e.get('message')}" for e in events]
+        status = get_pod(cp, ns, "holder").get("status")
+        raise TimeoutError(f"{exc}: {json.dumps(status)[:1500]}; events {said}") from exc
     wait_until(f"{ns}/holder seen", lambda: _inside(ns), 30)
-    claims = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
-    (claim,) = claims
+    (claim,) = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
     return str(claim["metadata"]["uid"])
+
+
+def mps_daemons() -> dict[str, int]:
+    """GPU UUID -> host PID of its MPS control daemon (the stand-in, run by a plugin pod),
+    read from the host's /proc: a daemon's own pid file names its pod's PID namespace."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(a.endswith(b"/nvidia-cuda-mps-control") for a in argv) or b"-f" not in argv:
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            for kv in (entry / "environ").read_bytes().split(b"\0"):
+                if kv.startswith(b"CUDA_VISIBLE_DEVICES=") and state != "Z":
+                    found[kv.split(b"=", 1)[1].decode()] = int(entry.name)
+    return found
 
 
 _CONNECTION = re.compile(
@@ -446,6 +512,13 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
     holder_ns = f"held-{tag.replace('.', '-')}"
     claim_uid = await asyncio.to_thread(_start_holder, cp, holder_ns)
     before = _inside(holder_ns)
+    # Claims with side effects: an MPS daemon, a GPU's time slice (nvidia-smi's calls).
+    mps_ns, sliced_ns = f"{holder_ns}-mps", f"{holder_ns}-sliced"
+    await asyncio.to_thread(_start_holder, cp, mps_ns, "mps-memory-limit.yaml")
+    await asyncio.to_thread(_start_holder, cp, sliced_ns, "time-sliced-gpu-two-pods.yaml")
+    mps_gpu, sliced_gpu = _inside(mps_ns)["uuids"], _inside(sliced_ns)["uuids"]
+    release.smi.calls()
+    mps_before = mps_daemons()
     (old,) = release.ready_pods()
     prober = Prober(cp, f"probe-{tag.replace('.', '-')}")
     await asyncio.to_thread(prober.setup)
@@ -468,6 +541,10 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
         await asyncio.to_thread(worker.join, 240)
     (new,) = release.ready_pods()
     after = _inside(holder_ns)  # the old plugin pod is gone now
+    mps_after = mps_daemons()
+    smi_during = [c for c in release.smi.calls() if sliced_gpu in c]
+    for ns in (mps_ns, sliced_ns):
+        await delete_namespace_claims(cp, ns)
     cp.raw("DELETE", f"/api/v1/namespaces/{holder_ns}/pods/holder?gracePeriodSeconds=0")
 
     def unprepared() -> bool:
@@ -487,15 +564,25 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
         "connections": (events := _connections(node, started)),
         "longest_gap_s": longest_gap(events, {f"dra-{old['metadata']['uid']}.sock"}),
         "orphans": _orphans(release),
+        "mps_daemon": {"gpu": mps_gpu, "before": mps_before.get(mps_gpu),
+                       "after_old_pod_gone": mps_after.get(mps_gpu)},
+        "before_sliced": sliced_gpu,
+        "time_slice_calls_during": smi_during,
+        "time_slice_reset_after": [c for c in release.smi.calls() if sliced_gpu in c],
     }  # fmt: skip
 
 
+ROLLS: dict[str, dict[str, Any]] = {}  # the figures of the upgrade and the rollback
+
+
 async def test_helm_upgrade_then_rollback_keep_claims_and_the_pool(release: Installed) -> None:
-    upgrade = await _roll(
+    ROLLS["upgrade"] = upgrade = await _roll(
         release, TAGS[1], "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values",
         "--set", f"image.tag={TAGS[1]}",
     )  # fmt: skip
-    rollback = await _roll(release, TAGS[0], "rollback", RELEASE, "1", "-n", NAMESPACE)
+    ROLLS["rollback"] = rollback = await _roll(
+        release, TAGS[0], "rollback", RELEASE, "1", "-n", NAMESPACE
+    )
     for name, got in (("upgrade", upgrade), ("rollback", rollback)):
         print(name, json.dumps(got, indent=1))
         assert got["probes_failed"] == [] and got["failed_prepares"] == [], got
@@ -506,6 +593,26 @@ async def test_helm_upgrade_then_rollback_keep_claims_and_the_pool(release: Inst
         # The new pod's socket connected before the old one's went: never no plugin.
         assert got["longest_gap_s"] == 0 and len(got["connections"]) >= 2, got
         assert got["orphans"] == [], got
+        # The time slice set at prepare is kept through the upgrade, reset at unprepare.
+        assert got["time_slice_calls_during"] == [], got
+        assert got["time_slice_reset_after"] == sliced(got["before_sliced"], 0), got
+        # The MPS claim keeps a daemon: the new pod starts one where the old pod's died.
+        assert got["mps_daemon"]["before"] and got["mps_daemon"]["after_old_pod_gone"], got
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect found here: the MPS control daemon is a process of the plugin's container, "
+    "so it dies with the old plugin pod (its PID namespace ends) and the new pod starts another; "
+    "CUDA clients of the first lose their server. It must run outside the plugin's pod (NVIDIA "
+    "runs one Deployment per daemon)",
+)
+async def test_an_mps_daemon_outlives_the_plugin_pod_that_started_it() -> None:
+    if not ROLLS:
+        pytest.skip("needs the figures of test_helm_upgrade_then_rollback_keep_claims_and_the_pool")
+    for name, got in ROLLS.items():
+        daemon = got["mps_daemon"]
+        assert daemon["after_old_pod_gone"] == daemon["before"], (name, daemon)  # the same PID
 
 
 async def test_helm_uninstall_with_a_gpu_pod_running(release: Installed) -> None:
