@@ -16,6 +16,7 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 
 from driver import DEFAULT_DRIVER_NAME
+from driver.computedomain import names as computedomain
 from driver.gpu.resourceslice import (
     DRIVER_ATTRIBUTES,
     DRIVER_CAPACITIES,
@@ -44,7 +45,15 @@ PUBLISHED = rules.Published(
 
 # The DeviceClasses the chart installs (every switch on): known to exist without a file
 # (tests/test_validate_server_rules.py holds this equal to the chart's render).
-CHART_CLASSES = frozenset({"gpu.nvidia.com", "mig.nvidia.com", "shared.gpu.nvidia.com"})
+CHART_CLASSES = frozenset(
+    {
+        "gpu.nvidia.com",
+        "mig.nvidia.com",
+        "shared.gpu.nvidia.com",
+        computedomain.DAEMON_CLASS,
+        computedomain.DEFAULT_CHANNEL_CLASS,
+    }
+)
 
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
