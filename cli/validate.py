@@ -1,4 +1,5 @@
-"""``gpu-dra validate``: check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests."""
+"""``gpu-dra validate``: check DeviceClass, ResourceClaim, ResourceClaimTemplate and
+ComputeDomain manifests."""
 
 import argparse
 import sys
@@ -18,6 +19,15 @@ what is checked:
     and config; opaque GpuConfig parameters, parsed as the kubelet plugin parses them;
     deviceClassName against the chart's DeviceClasses and those given (files, --cluster),
     with the closest name.
+  ComputeDomain, ComputeDomainClique (resource.nvidia.com/v1beta1): the chart's CRD schema
+    as the API server applies it (unknown fields, types, required fields, numNodes >= 0,
+    allocationMode All or Single), the metadata, and what NVIDIA's controller needs beyond
+    it (a spec, a channel template name it can create); its channel template counts as a
+    template the files define. Not checkable offline: spec is immutable, which only an
+    update against the stored object can break.
+  Opaque ComputeDomainChannelConfig and ComputeDomainDaemonConfig parameters (driver
+    compute-domain.nvidia.com), parsed as the node driver parses them; requests of the
+    ComputeDomain classes against the config kind their device takes.
   Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet: each container's
     resources.claims against the pod's resourceClaims, and those against the claims and
     templates given (in the files, or read with --cluster; when any is known).
@@ -39,7 +49,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "validate",
         help="check DRA manifests and the pods that use them, offline",
         description=(
-            "Check DeviceClass, ResourceClaim and ResourceClaimTemplate manifests, and the "
+            "Check DeviceClass, ResourceClaim, ResourceClaimTemplate and ComputeDomain "
+            "manifests, and the "
             "workloads that name them, before applying them (multi-document YAML; '-' reads "
             "stdin)."
         ),

@@ -43,6 +43,7 @@ EVERYTHING_ON = (
     "kubeletPlugin.extraArgs[0]=--cdi-root=/etc/cdi",
     "health.additionalXidsToIgnore={94,95}",
     "health.autoRecover.probes=3",
+    "computeDomains.enabled=true",
 )
 
 

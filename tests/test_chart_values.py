@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from driver.computedomain.names import DAEMON_CLASS_SELECTOR, DEFAULT_CHANNEL_CLASS_SELECTOR
 from tests import chart_render
 from tests.chart_render import EKS_VALUES, render
 
@@ -293,6 +294,17 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
             "--consumable-capacity=true" in args(o)
             and {"cel": {"expression": "device.allowMultipleAllocations"}}
             in classes(o)["shared.gpu.nvidia.com"]["selectors"]
+        ),
+    ),
+    "computeDomains.enabled": (
+        ("computeDomains.enabled=true",),
+        lambda o: (
+            classes(o)["compute-domain-daemon.nvidia.com"]["selectors"][0]["cel"]["expression"]
+            == DAEMON_CLASS_SELECTOR
+            and classes(o)["compute-domain-default-channel.nvidia.com"]["selectors"][0]["cel"][
+                "expression"
+            ]
+            == DEFAULT_CHANNEL_CLASS_SELECTOR
         ),
     ),
     "mig.dynamic.enabled": (

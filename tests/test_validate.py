@@ -405,6 +405,7 @@ def test_the_chart_classes_are_the_ones_validate_knows() -> None:
     every = [
         "consumableCapacity.enabled=true",
         "deviceClasses.gpu.extendedResourceName.enabled=true",
+        "computeDomains.enabled=true",
     ]
     rendered = {o["metadata"]["name"] for o in render((), every) if o["kind"] == "DeviceClass"}
     assert rendered == CHART_CLASSES

@@ -143,6 +143,10 @@ _RESOURCES: dict[str, tuple[str, str, bool]] = {
     "DaemonSet": ("apis/apps/v1", "daemonsets", True),
     "Deployment": ("apis/apps/v1", "deployments", True),
     "Job": ("apis/batch/v1", "jobs", True),
+    "CustomResourceDefinition": (
+        "apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
+    "ComputeDomain": ("apis/resource.nvidia.com/v1beta1", "computedomains", True),
+    "ComputeDomainClique": ("apis/resource.nvidia.com/v1beta1", "computedomaincliques", True),
 }  # fmt: skip
 
 

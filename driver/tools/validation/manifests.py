@@ -16,6 +16,7 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 
 from driver import DEFAULT_DRIVER_NAME
+from driver.computedomain import names as computedomain
 from driver.gpu.resourceslice import (
     DRIVER_ATTRIBUTES,
     DRIVER_CAPACITIES,
@@ -31,7 +32,7 @@ from driver.tools.cel import (
     lint_selector,
     suggest,
 )
-from driver.tools.validation import gates, rules, workloads
+from driver.tools.validation import computedomains, gates, rules, workloads
 from driver.tools.validation.problems import Check, Finding, Problem, Severity
 
 # What this driver publishes (driver/gpu/resourceslice.py), the one source for names and types.
@@ -44,7 +45,15 @@ PUBLISHED = rules.Published(
 
 # The DeviceClasses the chart installs (every switch on): known to exist without a file
 # (tests/test_validate_server_rules.py holds this equal to the chart's render).
-CHART_CLASSES = frozenset({"gpu.nvidia.com", "mig.nvidia.com", "shared.gpu.nvidia.com"})
+CHART_CLASSES = frozenset(
+    {
+        "gpu.nvidia.com",
+        "mig.nvidia.com",
+        "shared.gpu.nvidia.com",
+        computedomain.DAEMON_CLASS,
+        computedomain.DEFAULT_CHANNEL_CLASS,
+    }
+)
 
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
@@ -200,11 +209,30 @@ def _class_names(docs: Sequence[Any]) -> frozenset[str]:
 def _object_findings(
     doc: Mapping[str, Any], ctx: rules.Context, claims: workloads.Claims
 ) -> Iterator[Finding]:
+    if computedomains.is_ours(doc):
+        yield from _compute_domain_findings(doc)
+        return
     schema = _schema(doc, ctx.version)
     yield from schema
     # A field the schema already refused (a missing or null one) gets no second line.
     refused = {f.path for f in schema}
     for finding in _rule_findings(doc, ctx, claims):
+        if finding.path not in refused:
+            yield finding
+
+
+def _compute_domain_findings(doc: Mapping[str, Any]) -> Iterator[Finding]:
+    """The CRDs' schema (no kubernetes-validate schema knows them), then the name and labels,
+    then what the controller needs."""
+    schema = list(computedomains.check_schema(doc))
+    yield from schema
+    if any(f.path in ("apiVersion", "kind") for f in schema):
+        return
+    refused = {f.path for f in schema}
+    for finding in (
+        *rules.check_metadata(doc.get("metadata"), str(doc.get("kind"))),
+        *computedomains.check_controller(doc),
+    ):
         if finding.path not in refused:
             yield finding
 

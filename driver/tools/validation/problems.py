@@ -23,6 +23,9 @@ class Check(Enum):
     # Our opaque config: the plugin refuses it at prepare (and the chart's admission policy
     # on create, when it is installed).
     PLUGIN = "plugin"
+    # A ComputeDomain NVIDIA's controller cannot act on: accepted, and it never gets its
+    # channel template (so its workload pods stay pending).
+    CONTROLLER = "controller"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from driver.common.limits import (
     label_key_error,
     label_value_error,
 )
+from driver.computedomain import names as computedomain
 from driver.tools.validation import gates
 from driver.tools.validation.problems import Check, Finding, Severity
 
@@ -208,6 +209,96 @@ def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Fin
                 continue
         if ctx.published is not None and driver == ctx.published.driver:
             yield from _gpu_config(f"{path}[{i}].opaque.parameters", opaque.get("parameters"))
+        if driver == computedomain.DRIVER_NAME and opaque.get("parameters") is not None:
+            yield from _compute_domain_config(
+                f"{path}[{i}].opaque.parameters", opaque["parameters"]
+            )
+
+
+def _compute_domain_config(path: str, parameters: Any) -> Iterator[Finding]:
+    """A ComputeDomainChannelConfig or ComputeDomainDaemonConfig through the node driver's
+    own decoder and validation."""
+    from api.computedomain import KINDS, parse_compute_domain_config
+    from api.config import ConfigError
+
+    kind = _map(parameters).get("kind")
+    try:
+        parse_compute_domain_config(parameters, source=kind if kind in KINDS else "parameters")
+    except ConfigError as exc:
+        yield Finding(
+            path,
+            f"the {computedomain.DRIVER_NAME} node driver would reject it at prepare: {exc}",
+            check=Check.PLUGIN,
+        )
+
+
+# The chart's ComputeDomain classes (they carry no config) -> the config kind their device takes.
+_COMPUTE_DOMAIN_CLASSES = {
+    computedomain.DAEMON_CLASS: computedomain.DAEMON_CONFIG_KIND,
+    computedomain.DEFAULT_CHANNEL_CLASS: computedomain.CHANNEL_CONFIG_KIND,
+}
+
+
+def _compute_domain_requests(path: str, devices: Mapping[str, Any]) -> Iterator[Finding]:
+    """Requests of a ComputeDomain class against the configs that apply to them: the node
+    driver takes only its own kind on each device, and a device with none has no domain."""
+    wanted: dict[str, tuple[str, str]] = {}  # request (or request/sub) -> (its path, kind)
+    for i, raw in enumerate(_list(devices.get("requests"))):
+        request = _map(raw)
+        name = _str(request.get("name"))
+        if name is None:
+            continue
+        exactly = _map(request.get("exactly"))
+        kind = _COMPUTE_DOMAIN_CLASSES.get(_str(exactly.get("deviceClassName")) or "")
+        if kind is not None:
+            wanted[name] = (f"{path}.requests[{i}].exactly.deviceClassName", kind)
+        for j, sub in enumerate(_list(request.get("firstAvailable"))):
+            kind = _COMPUTE_DOMAIN_CLASSES.get(_str(_map(sub).get("deviceClassName")) or "")
+            subname = _str(_map(sub).get("name"))
+            if kind is not None and subname is not None:
+                wanted[f"{name}/{subname}"] = (
+                    f"{path}.requests[{i}].firstAvailable[{j}].deviceClassName",
+                    kind,
+                )
+    if not wanted:
+        return
+    configured: set[str] = set()
+    for i, raw in enumerate(_list(devices.get("config"))):
+        opaque = _map(_map(raw).get("opaque"))
+        if opaque.get("driver") != computedomain.DRIVER_NAME:
+            continue
+        kind = _map(opaque.get("parameters")).get("kind")
+        refs = [r for r in _list(_map(raw).get("requests")) if isinstance(r, str)]
+        # No requests: the config applies to every request; a request name covers its subs.
+        targets = [t for t in wanted if not refs or t in refs or t.partition("/")[0] in refs]
+        for target in targets:
+            configured.add(target)
+            expected = wanted[target][1]
+            if isinstance(kind, str) and kind in _COMPUTE_DOMAIN_KINDS and kind != expected:
+                yield Finding(
+                    f"{path}.config[{i}].opaque.parameters.kind",
+                    f"cannot apply {kind} to request: {target} (the node driver's error at "
+                    f"prepare): a device of class "
+                    f"{_class_of(expected)} takes a {expected}",
+                    check=Check.PLUGIN,
+                )
+    for target, (where, kind) in wanted.items():
+        if target not in configured:
+            yield Finding(
+                where,
+                f"no {kind} applies to request {target!r}, so the node driver refuses it at "
+                'prepare ("domainID cannot be empty"): a workload names the '
+                "ResourceClaimTemplate its ComputeDomain creates "
+                "(spec.channel.resourceClaimTemplate.name) instead of a claim of its own",
+                check=Check.PLUGIN,
+            )
+
+
+_COMPUTE_DOMAIN_KINDS = frozenset(_COMPUTE_DOMAIN_CLASSES.values())
+
+
+def _class_of(kind: str) -> str:
+    return next(c for c, k in _COMPUTE_DOMAIN_CLASSES.items() if k == kind)
 
 
 def check_metadata(metadata: Any, kind: str) -> Iterator[Finding]:
@@ -538,6 +629,7 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
             yield from _gated(f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx)
     configs = _list(devices.get("config"))
     yield from _opaque_configs(f"{dpath}.config", configs, ctx)
+    yield from _compute_domain_requests(dpath, devices)
     for i, raw in enumerate(configs):
         refs = _list(_map(raw).get("requests"))
         yield from _references(f"{dpath}.config[{i}].requests", refs, names)

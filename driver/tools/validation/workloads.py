@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.common.limits import is_dns_label, is_dns_subdomain
+from driver.computedomain.names import CHANNEL_REQUEST
 from driver.tools.cel import suggest
+from driver.tools.validation.computedomains import channel_template
 from driver.tools.validation.problems import Check, Finding, Severity
 
 # kind -> path from the object to its PodSpec
@@ -80,6 +82,10 @@ def collect_claims(docs: Sequence[Any]) -> Claims:
             spec = _map(spec).get(key)
         target = claims if doc["kind"] == "ResourceClaim" else templates
         target[(_namespace(doc), name)] = _request_names(spec)
+    # A ComputeDomain's controller creates its channel template in the domain's namespace.
+    for doc in docs:
+        if isinstance(doc, Mapping) and (template := channel_template(doc)) is not None:
+            templates.setdefault((_namespace(doc), template), frozenset({CHANNEL_REQUEST}))
     return Claims(claims, templates)
 
 
