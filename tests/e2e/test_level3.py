@@ -630,6 +630,7 @@ async def test_helm_uninstall_with_a_gpu_pod_running(release: Installed) -> None
     classes = cp.call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
     slices = cp.call("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
     holder = get_pod(cp, "held-uninstall", "holder")
+    crds = cp.call("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")["items"]
     plugin_dir = node.kubelet_dir / "plugins" / "gpu.nvidia.com"
     files = sorted(str(p.relative_to(plugin_dir)) for p in plugin_dir.rglob("*") if not p.is_dir())
     left = {
@@ -638,12 +639,16 @@ async def test_helm_uninstall_with_a_gpu_pod_running(release: Installed) -> None
         "namespace": cp.raw("GET", f"/api/v1/namespaces/{NAMESPACE}")[0] == 200,
         "specs": [p.name for p in spec_files(node)],
         "plugin_dir": files,
+        "crds": sorted(c["metadata"]["name"] for c in crds),
         "holder": holder["status"]["phase"],
         "holder_sees": _inside("held-uninstall"),
     }
     print("left after uninstall:", json.dumps(left, indent=1))
     assert left["slices"] == 0 and left["device_classes"] == []
     assert left["namespace"]  # created before install, as the README has users do
+    # Helm installs crds/ once and never deletes them: the README's step removes them.
+    assert left["crds"] == ["computedomaincliques.resource.nvidia.com",
+                            "computedomains.resource.nvidia.com"], left  # fmt: skip
     # The running pod keeps its devices; its claim's spec and record stay on the node until
     # the README's cleanup (drain first, then remove them).
     assert left["holder"] == "Running" and left["holder_sees"]["uuids"].startswith("GPU-")
