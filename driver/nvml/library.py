@@ -199,8 +199,7 @@ def _load(driver_root: Path) -> Path:
         raise LibraryError(f"loaded {found}, but this process maps {mapped or 'no NVML'}")
     _loaded_digest = _digest(found)
     _check_symbols(found)
-    # Which copy serves this node is the first thing to know when discovery looks wrong.
-    log.info("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
+    log.debug("NVML library loaded", extra=kv(path=str(found), driver_root=str(driver_root)))
     return found
 
 

@@ -291,6 +291,13 @@ class _Node:
                     sysfs_root=cfg.sysfs_root,
                 )
             )
+            if cfg.nvml == "system":
+                from driver.nvml import library
+
+                # Which copy serves this node: the first thing to know when discovery looks
+                # wrong (load is idempotent: the path of the copy already loaded).
+                path = library.load(cfg.container_driver_root)
+                log.info("NVML library loaded", extra=kv(node=cfg.node_name, path=str(path)))
         return self._backend
 
     async def _serve(self, state: DeviceState) -> None:
