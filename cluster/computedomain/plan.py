@@ -104,7 +104,7 @@ def _live(uid: str, domain: Obj, observed: Observed, settings: DaemonSettings) -
             )
         )
     daemon_templates = [t for t in observed.templates if _target(t) == names.TARGET_DAEMON]
-    workload_templates = [t for t in observed.templates if _target(t) == names.TARGET_WORKLOAD]
+    workload_templates = [t for t in observed.templates if _target(t) != names.TARGET_DAEMON]
     writes += _converge(
         TEMPLATES, objects.daemon_template(domain, settings), daemon_templates, "daemon template"
     )
@@ -161,8 +161,8 @@ def _converge(resource: str, desired: Obj, found: Iterable[Obj], what: str) -> l
 
 
 def _immutable_fits(resource: str, current: Obj, desired: Obj) -> bool:
-    if resource == DAEMON_SETS:
-        return covers((current.get("spec") or {}).get("selector"), desired["spec"]["selector"])
+    if resource == DAEMON_SETS:  # the server adds nothing to a selector: equal, not covered
+        return bool((current.get("spec") or {}).get("selector") == desired["spec"]["selector"])
     return covers(current.get("spec"), desired["spec"])  # a template's spec is immutable
 
 
