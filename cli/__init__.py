@@ -16,11 +16,21 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from cli import controller, demo, discover, explain, flags, flagtable, plugin, validate
+from cli import (
+    computedomaincontroller,
+    controller,
+    demo,
+    discover,
+    explain,
+    flags,
+    flagtable,
+    plugin,
+    validate,
+)
 from cli._usererrors import one_line
 
 # Order is the order in --help.
-_COMMANDS = (discover, controller, explain, validate, plugin, demo)
+_COMMANDS = (discover, controller, explain, validate, plugin, computedomaincontroller, demo)
 
 _GLOBAL = flagtable.pick(*flagtable.GLOBAL)
 

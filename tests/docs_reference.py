@@ -4,8 +4,8 @@
 ``tests/test_docs_reference.py`` fails when the file differs from what this writes. Each
 table is read from the one place its facts live: the flag table (:mod:`cli.flagtable`), the
 chart's values schema and values file, the attribute tables the device kinds are tested
-against (:mod:`driver.gpu.resourceslice`), and the metrics registry
-(:mod:`kubeletplugin.metrics`).
+against (:mod:`driver.gpu.resourceslice`), and the metrics registries
+(:mod:`kubeletplugin.metrics`, :mod:`cluster.computedomain.metrics`).
 """
 
 import json
@@ -32,10 +32,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def flags() -> str:
-    from cli import controller, discover, plugin
+    from cli import computedomaincontroller, controller, discover, plugin
     from cli.flagtable import FLAGS, GLOBAL
 
-    commands = {m.COMMAND: set(m.FLAG_NAMES) for m in (plugin, discover, controller)}
+    modules = (plugin, discover, controller, computedomaincontroller)
+    commands = {m.COMMAND: set(m.FLAG_NAMES) for m in modules}
+    # The daemons, configured by their pods' environment, read it; the one-shot commands not.
+    from_environment = {plugin.COMMAND, computedomaincontroller.COMMAND}
     rows = []
     for flag in FLAGS:
         used = [c for c, names in commands.items() if flag.name in names or flag.name in GLOBAL]
@@ -46,8 +49,8 @@ def flags() -> str:
             default = "; ".join(f"{c}: {_code(d)}" for c, d in defaults.items())
         name = f"`{flag.short}`, `{flag.name}`" if flag.short else f"`{flag.name}`"
         env = f"`{flag.env}`" + (f" or `{flag.also_env}`" if flag.also_env else "")
-        if flag.name not in GLOBAL and "kubelet-plugin" not in used:
-            env = "-"  # only the daemon (and the global options) read the environment
+        if flag.name not in GLOBAL and not from_environment & set(used):
+            env = "-"
         where = "all" if flag.name in GLOBAL else ", ".join(used)
         rows.append((name, where, env, default, flag.help))
     return _table(("flag", "commands", "environment", "default", "meaning"), rows)
@@ -154,11 +157,20 @@ def _natural(name: str) -> tuple[str, int]:
 
 
 def metrics() -> str:
-    from prometheus_client.metrics import MetricWrapperBase
-
     from kubeletplugin.metrics import Metrics
 
-    registry = Metrics().registry
+    return _metrics_table(Metrics().registry)
+
+
+def compute_domain_metrics() -> str:
+    from cluster.computedomain.metrics import ControllerMetrics
+
+    return _metrics_table(ControllerMetrics().registry)
+
+
+def _metrics_table(registry: Any) -> str:
+    from prometheus_client.metrics import MetricWrapperBase
+
     rows = []
     # The registry lists its collectors only privately; a labelled family with no series yet
     # keeps its label names on the collector, not in what collect() yields.
@@ -184,6 +196,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "chart-values": chart_values,
     "attributes": attributes,
     "metrics": metrics,
+    "compute-domain-metrics": compute_domain_metrics,
 }
 
 
