@@ -119,7 +119,7 @@ class ComputeDomainController:
         self._backoffs: dict[str, Backoff] = {}
         self._wake = asyncio.Event()
         self._reported: set[str] = set()
-        self._idle = asyncio.Event()
+        self._passes = asyncio.Condition()
 
     # -- public ---------------------------------------------------------------------------
 
@@ -143,12 +143,13 @@ class ComputeDomainController:
             counts[value if value in counts else names.NOT_READY] += 1
         return counts
 
-    async def settled(self) -> None:
-        """Wait until the view has been listed and no UID is marked (for tests and logs)."""
-        await self.synced.wait()
-        while self._dirty:
-            self._idle.clear()
-            await self._idle.wait()
+    async def settled(self, check: Callable[[], bool] = lambda: True) -> None:
+        """Wait until ``check()`` holds with the view listed and no UID marked: it is looked at
+        after every pass of the reconcile loop, which every change it could concern causes."""
+        async with self._passes:
+            await self._passes.wait_for(
+                lambda: self.synced.is_set() and not self._dirty and check()
+            )
 
     # -- leading --------------------------------------------------------------------------
 
@@ -265,8 +266,8 @@ class ComputeDomainController:
             waiting = [self._not_before[u] for u in self._dirty if u in self._not_before]
             if waiting:
                 loop.call_at(min(waiting), self._wake.set)
-            if not self._dirty:
-                self._idle.set()
+            async with self._passes:
+                self._passes.notify_all()
 
     async def _sync(self, uid: str) -> None:
         for _ in range(MAX_ROUNDS):

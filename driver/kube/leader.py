@@ -25,8 +25,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
 from datetime import UTC, datetime
+from typing import Any
 
 from driver.common.errors import DriverError
 from driver.common.logs import kv
@@ -75,6 +75,7 @@ class LeaderElection:
         self._held_by_other = False
         self.leading = False
         self.transitions = 0  # times this process became the leader
+        self.lost = asyncio.Event()  # set when leadership was lost, until it is won again
         self._reported = ""
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -85,6 +86,7 @@ class LeaderElection:
             while True:
                 await self._acquire()
                 self.leading = True
+                self.lost.clear()
                 self.transitions += 1
                 log.info("became the leader", extra=kv(lease=self.name, identity=self.identity))
                 work = asyncio.create_task(lead(), name="leader-work")
@@ -96,6 +98,7 @@ class LeaderElection:
                         task.cancel()
                     await asyncio.wait([work, renewing])
                 self.leading = False
+                self.lost.set()
                 if work.done() and not work.cancelled():
                     work.result()  # lead() returned or raised by itself: so do we
                     return
