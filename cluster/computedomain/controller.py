@@ -39,7 +39,7 @@ from driver.common.errors import RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj
 from driver.kube.backoff import Backoff
-from driver.kube.informer import Informer, Key, key_of
+from driver.kube.informer import Informer, Key, key_of, version_of
 from driver.kube.leader import LeaderElection
 from driver.kube.rest import MERGE_PATCH, ApiError, Client, ForbiddenError, NotFoundError
 
@@ -120,6 +120,7 @@ class ComputeDomainController:
         self._wake = asyncio.Event()
         self._reported: set[str] = set()
         self._passes = asyncio.Condition()
+        self._pods_behind = 0  # the pod watch's progress when _pods_progressed last looked
 
     # -- public ---------------------------------------------------------------------------
 
@@ -172,6 +173,7 @@ class ComputeDomainController:
                 tasks.create_task(self._reconcile_loop(), name="computedomain-reconcile")
         finally:
             self.synced.clear()
+            self._pods_behind = 0
             self._informers = {}
             self._index = {}
             self._dirty.clear()
@@ -207,6 +209,7 @@ class ComputeDomainController:
                 resource=resource,
                 label_selector=labels,
                 on_change=self._changed(kind),
+                on_progress=self._pods_progressed if kind == "pods" else None,
                 backoff_cap=self._backoff_cap,
             )
             for kind, (path, resource, labels) in watched.items()
@@ -232,6 +235,14 @@ class ComputeDomainController:
                 self._mark(now)
 
         return changed
+
+    def _pods_progressed(self, seen: int) -> None:
+        """The pod watch has seen further: a clique entry it had been behind may now be found
+        dead (:func:`~cluster.computedomain.status.stale_daemons`), so plan its domain again."""
+        for uid, cliques in self._index.get(planning.CLIQUES, {}).items():
+            if any(self._pods_behind < version_of(c) <= seen for c in cliques.values()):
+                self._mark(uid)
+        self._pods_behind = seen
 
     def _mark(self, *uids: str) -> None:
         self._dirty.update(uids)

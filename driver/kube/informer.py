@@ -13,7 +13,8 @@ cache also assumes). A deleted name is tombstoned with the delete's version unti
 event for it, so the echo of a delete does not bring the object back.
 
 ``on_change(old, new)`` is called for every change (``old`` None: added; ``new`` None: gone),
-from the informer's task; it must not block.
+and ``on_progress(seen)`` whenever :attr:`Informer.seen` grows (a bookmark among them), from
+the informer's task; neither may block.
 """
 
 import asyncio
@@ -56,6 +57,7 @@ class Informer:
         *,
         resource: str,
         on_change: OnChange,
+        on_progress: Callable[[int], None] | None = None,
         label_selector: str = "",
         page_size: int = 500,
         backoff_cap: float = 30.0,
@@ -64,6 +66,7 @@ class Informer:
         self._path = path
         self.resource = resource
         self._on_change = on_change
+        self._on_progress = on_progress
         self._selector = [("labelSelector", label_selector)] if label_selector else []
         self._page = page_size
         self._backoff_cap = backoff_cap
@@ -110,7 +113,7 @@ class Informer:
                 break
         old, self.items = self.items, listed
         self._tombstones.clear()  # the list is newer than every delete before it
-        self.seen = max(self.seen, int(version) if version.isdigit() else 0)
+        self._progress(int(version) if version.isdigit() else 0)
         for key in old.keys() | listed.keys():
             before, after = old.get(key), listed.get(key)
             if before != after:
@@ -134,11 +137,17 @@ class Informer:
         ):
             obj = event.get("object") or {}
             found = version_of(obj)
-            if found >= 0:
-                self._resume = str(found)
-                self.seen = max(self.seen, found)
             if event.get("type") != "BOOKMARK":
                 self._apply(str(event.get("type")), obj)
+            if found >= 0:
+                self._resume = str(found)
+                self._progress(found)
+
+    def _progress(self, version: int) -> None:
+        if version > self.seen:
+            self.seen = version
+            if self._on_progress is not None:
+                self._on_progress(version)
 
     def _apply(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
