@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from cli import (
+    computedomaincontroller,
     computedomaindaemon,
     controller,
     demo,
@@ -30,7 +31,10 @@ from cli import (
 from cli._usererrors import one_line
 
 # Order is the order in --help.
-_COMMANDS = (discover, controller, explain, validate, plugin, computedomaindaemon, demo)
+_COMMANDS = (
+    discover, controller, explain, validate, plugin, computedomaindaemon, computedomaincontroller,
+    demo,
+)  # fmt: skip
 
 _GLOBAL = flagtable.pick(*flagtable.GLOBAL)
 

@@ -230,10 +230,47 @@ FLAGS: tuple[Flag, ...] = (
         also_env="POD_IP",
         metavar="IP",
     ),
+    # The ComputeDomain controller (compute-domain-controller); the variables after ours are
+    # those NVIDIA's controller Deployment sets.
+    Flag(
+        "--driver-namespace",
+        "namespace of the driver: the ComputeDomain DaemonSets, their claim templates and "
+        "cliques, and the controller's leader Lease (downward API, metadata.namespace)",
+        also_env="POD_NAMESPACE",
+        metavar="NAMESPACE",
+    ),
+    Flag(
+        "--pod-name",
+        "name of this controller pod (downward API): its identity in the leader Lease, with a "
+        "random suffix; default: the host name",
+        also_env="POD_NAME",
+        metavar="NAME",
+    ),
+    Flag(
+        "--image",
+        "image of the IMEX daemon pods (gpu-dra compute-domain-daemon run): the controller's own",
+        also_env="IMAGE_NAME",
+        metavar="IMAGE",
+    ),
+    Flag(
+        "--image-pull-policy",
+        "image pull policy of the IMEX daemon pods; empty: the cluster's default",
+        default="",
+        choices=("", "Always", "IfNotPresent", "Never"),
+    ),
+    Flag(
+        "--image-pull-secrets",
+        "secrets in the driver's namespace for pulling the daemon image, comma-separated",
+        type=flagvalues.names_list,
+        default="",
+        also_env="CD_DAEMON_IMAGE_PULL_SECRET_NAMES",
+        metavar="NAMES",
+    ),
+    # Both: the controller hands it to the daemons it deploys.
     Flag(
         "--max-nodes-per-imex-domain",
         "most daemons one clique can hold: the names compute-domain-daemon-0000 and up "
-        "written to nodes.cfg",
+        "written to nodes.cfg (the controller hands it to the daemons it deploys)",
         type=flagvalues.max_nodes,
         default="18",
         also_env="MAX_NODES_PER_IMEX_DOMAIN",
@@ -271,6 +308,42 @@ FLAGS: tuple[Flag, ...] = (
         "a ComputeDomainClique object (YAML or JSON) to take the domain's daemons from, "
         "re-read when it changes, instead of the API server",
         metavar="FILE",
+    ),
+    Flag(
+        "--daemon-log-level",
+        "log level of the IMEX daemon pods",
+        type=str.upper,
+        default="INFO",
+        choices=LOG_LEVELS,
+    ),
+    Flag(
+        "--leader-elect",
+        "lead by a Lease in the driver's namespace, so that one of several replicas works",
+        type=flagvalues.boolean,
+        default="true",
+        switch=True,
+    ),
+    Flag(
+        "--leader-elect-lease-duration",
+        "seconds a standby waits after the leader's last renewal before it takes over",
+        type=flagvalues.seconds,
+        default="15",
+        metavar="SECONDS",
+    ),
+    Flag(
+        "--leader-elect-renew-deadline",
+        "seconds the leader keeps working without a renewal before it stands down (less "
+        "than the lease duration)",
+        type=flagvalues.seconds,
+        default="10",
+        metavar="SECONDS",
+    ),
+    Flag(
+        "--leader-elect-retry-period",
+        "seconds between two looks at the Lease (renewals, and a standby's looks)",
+        type=flagvalues.seconds,
+        default="2",
+        metavar="SECONDS",
     ),
     # The one-shot and standalone commands' own.
     Flag(

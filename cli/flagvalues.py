@@ -73,3 +73,18 @@ def boolean(text: str) -> bool:
     if text.lower() in ("false", "0", ""):
         return False
     raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
+
+
+def names_list(text: str) -> tuple[str, ...]:
+    """``a,b,c``: object names (image pull secrets), empty items dropped."""
+    return tuple(filter(None, (part.strip() for part in text.split(","))))
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, more than 0")
+    return value

@@ -4,8 +4,8 @@
 ``tests/test_docs_reference.py`` fails when the file differs from what this writes. Each
 table is read from the one place its facts live: the flag table (:mod:`cli.flagtable`), the
 chart's values schema and values file, the attribute tables the device kinds are tested
-against (:mod:`driver.gpu.resourceslice`), and the metrics registry
-(:mod:`kubeletplugin.metrics`).
+against (:mod:`driver.gpu.resourceslice`), and the metrics registries
+(:mod:`kubeletplugin.metrics`, :mod:`cluster.computedomain.metrics`).
 """
 
 import json
@@ -32,16 +32,15 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 # The commands that run as a pod's container and read their flags from its environment too.
-DAEMONS = frozenset(("kubelet-plugin", "compute-domain-daemon"))
+DAEMONS = frozenset(("kubelet-plugin", "compute-domain-daemon", "compute-domain-controller"))
 
 
 def flags() -> str:
-    from cli import computedomaindaemon, controller, discover, plugin
+    from cli import computedomaincontroller, computedomaindaemon, controller, discover, plugin
     from cli.flagtable import FLAGS, GLOBAL
 
-    commands = {
-        m.COMMAND: set(m.FLAG_NAMES) for m in (plugin, discover, controller, computedomaindaemon)
-    }
+    modules = (plugin, discover, controller, computedomaindaemon, computedomaincontroller)
+    commands = {m.COMMAND: set(m.FLAG_NAMES) for m in modules}
     rows = []
     for flag in FLAGS:
         used = [c for c, names in commands.items() if flag.name in names or flag.name in GLOBAL]
@@ -160,11 +159,20 @@ def _natural(name: str) -> tuple[str, int]:
 
 
 def metrics() -> str:
-    from prometheus_client.metrics import MetricWrapperBase
-
     from kubeletplugin.metrics import Metrics
 
-    registry = Metrics().registry
+    return _metrics_table(Metrics().registry)
+
+
+def compute_domain_metrics() -> str:
+    from cluster.computedomain.metrics import ControllerMetrics
+
+    return _metrics_table(ControllerMetrics().registry)
+
+
+def _metrics_table(registry: Any) -> str:
+    from prometheus_client.metrics import MetricWrapperBase
+
     rows = []
     # The registry lists its collectors only privately; a labelled family with no series yet
     # keeps its label names on the collector, not in what collect() yields.
@@ -190,6 +198,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "chart-values": chart_values,
     "attributes": attributes,
     "metrics": metrics,
+    "compute-domain-metrics": compute_domain_metrics,
 }
 
 

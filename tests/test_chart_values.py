@@ -43,6 +43,17 @@ def args(objects: Objects) -> list[str]:
     return found
 
 
+def cd_controller(objects: Objects) -> dict[str, Any]:
+    return kind(objects, "Deployment")[0]  # IndexError where it is not rendered
+
+
+def cd_args(objects: Objects) -> list[str]:
+    return list(cd_controller(objects)["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+_CD = "computeDomains.enabled=true"
+
+
 def classes(objects: Objects) -> dict[str, dict[str, Any]]:
     return {c["metadata"]["name"]: c["spec"] for c in kind(objects, "DeviceClass")}
 
@@ -59,6 +70,60 @@ AFFINITY = {
 
 # value -> (--set expressions, what the render must show)
 CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
+    "computeDomains.enabled": (
+        (_CD,),
+        lambda o: (
+            cd_controller(o)["spec"]["replicas"] == 2
+            and "--leader-elect=true" in cd_args(o)
+            and classes(o)["compute-domain-daemon.nvidia.com"]["selectors"][0]["cel"]["expression"]
+            == DAEMON_CLASS_SELECTOR
+            and classes(o)["compute-domain-default-channel.nvidia.com"]["selectors"][0]["cel"][
+                "expression"
+            ]
+            == DEFAULT_CHANNEL_CLASS_SELECTOR
+        ),
+    ),
+    "computeDomains.controller.replicas": (
+        (_CD, "computeDomains.controller.replicas=3"),
+        lambda o: cd_controller(o)["spec"]["replicas"] == 3,
+    ),
+    "computeDomains.controller.logLevel": (
+        (_CD, "computeDomains.controller.logLevel=DEBUG"),
+        lambda o: "--log-level=DEBUG" in cd_args(o),
+    ),
+    "computeDomains.controller.daemonLogLevel": (
+        (_CD, "computeDomains.controller.daemonLogLevel=WARNING"),
+        lambda o: "--daemon-log-level=WARNING" in cd_args(o),
+    ),
+    "computeDomains.controller.maxNodesPerImexDomain": (
+        (_CD, "computeDomains.controller.maxNodesPerImexDomain=9"),
+        lambda o: "--max-nodes-per-imex-domain=9" in cd_args(o),
+    ),
+    "computeDomains.controller.metricsPort": (
+        (_CD, "metrics.enabled=true", "computeDomains.controller.metricsPort=9101"),
+        lambda o: "--metrics-port=9101" in cd_args(o),
+    ),
+    "computeDomains.controller.nodeSelector": (
+        (_CD, "computeDomains.controller.nodeSelector.role=system"),
+        lambda o: (
+            cd_controller(o)["spec"]["template"]["spec"]["nodeSelector"] == {"role": "system"}
+        ),
+    ),
+    "computeDomains.controller.tolerations": (
+        (_CD, "computeDomains.controller.tolerations[0].operator=Exists"),
+        lambda o: (
+            cd_controller(o)["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]
+        ),
+    ),
+    "computeDomains.controller.resources": (
+        (_CD, "computeDomains.controller.resources.limits.memory=1Gi"),
+        lambda o: (
+            cd_controller(o)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+                "memory"
+            ]
+            == "1Gi"
+        ),
+    ),
     "driverName": (
         ("driverName=gpu.example.com",),
         lambda o: (
@@ -294,17 +359,6 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
             "--consumable-capacity=true" in args(o)
             and {"cel": {"expression": "device.allowMultipleAllocations"}}
             in classes(o)["shared.gpu.nvidia.com"]["selectors"]
-        ),
-    ),
-    "computeDomains.enabled": (
-        ("computeDomains.enabled=true",),
-        lambda o: (
-            classes(o)["compute-domain-daemon.nvidia.com"]["selectors"][0]["cel"]["expression"]
-            == DAEMON_CLASS_SELECTOR
-            and classes(o)["compute-domain-default-channel.nvidia.com"]["selectors"][0]["cel"][
-                "expression"
-            ]
-            == DEFAULT_CHANNEL_CLASS_SELECTOR
         ),
     ),
     "mig.dynamic.enabled": (

@@ -7,10 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from cli import build_parser, computedomaindaemon, controller, discover, flagtable, plugin
+from cli import (
+    build_parser,
+    computedomaincontroller,
+    computedomaindaemon,
+    controller,
+    discover,
+    flagtable,
+    plugin,
+)
 from kubeletplugin.gpu.node import NodeConfig
 
-COMMANDS = {m.COMMAND: m.FLAG_NAMES for m in (plugin, discover, controller, computedomaindaemon)}
+COMMANDS = {
+    m.COMMAND: m.FLAG_NAMES
+    for m in (plugin, discover, controller, computedomaindaemon, computedomaincontroller)
+}
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:
@@ -67,7 +78,9 @@ def test_only_the_container_driver_root_differs_by_subcommand() -> None:
     }
     assert differing == {"--container-driver-root": {"kubelet-plugin": "/driver-root"}}
     defaults = {
-        command: build_parser().parse_args([command]).container_driver_root for command in COMMANDS
+        command: build_parser().parse_args([command]).container_driver_root
+        for command, names in COMMANDS.items()
+        if "--container-driver-root" in names
     }
     # The IMEX daemon's container gets the driver's libraries from its claim's CDI edits, at
     # the usual paths: it has no driver root mount.

@@ -49,6 +49,7 @@ from driver.common.wire import Obj
 
 _Query = Sequence[tuple[str, str]]
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
+MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: a null removes a field
 # client-go's reflector asks for a server-side watch timeout between 5 and 10 minutes.
 WATCH_TIMEOUT_SECONDS = 300
 _DEFAULT_POOL = 100  # kubernetes.aio's default connection_pool_maxsize
@@ -118,6 +119,10 @@ class RejectedError(ApiError, PermanentError):
     """400/422 and other 4xx: the request itself is wrong (or the server cannot take it)."""
 
     slow = True
+
+
+# The classes above by name: a fixed set, for metrics that report each (0 until it happens).
+ERROR_CLASSES = tuple(sorted(c.__name__ for c in ApiError.__subclasses__()))
 
 
 def error_for(
@@ -220,21 +225,30 @@ class Client:
         resource: str,
         query: _Query = (),
         body: Obj | None = None,
+        content_type: str = "application/json",
     ) -> Obj:
+        """One call; ``content_type`` names a PATCH body's kind (``MERGE_PATCH``)."""
         try:
-            return await self._request(method, path, verb, resource, query, body)
+            return await self._request(method, path, verb, resource, query, body, content_type)
         except ApiError as exc:
             self._errors[type(exc).__name__] += 1
             raise
 
     async def _request(
-        self, method: str, path: str, verb: str, resource: str, query: _Query, body: Obj | None
+        self,
+        method: str,
+        path: str,
+        verb: str,
+        resource: str,
+        query: _Query,
+        body: Obj | None,
+        content_type: str,
     ) -> Obj:
         params = await self._api.param_serialize(
             method=method,
             resource_path=path,
             query_params=list(query),
-            header_params=dict(_JSON_HEADERS),
+            header_params={**_JSON_HEADERS, "Content-Type": content_type},
             body=body,
             auth_settings=["BearerToken"],
         )

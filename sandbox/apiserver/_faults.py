@@ -4,6 +4,14 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+# API groups whose name has no dot: only these tell a group from a core resource in a path.
+_DOTLESS_GROUPS = frozenset({"apps"})
+
+
+def _is_group(head: str) -> bool:
+    return "." in head or head in _DOTLESS_GROUPS
+
+
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
@@ -72,7 +80,7 @@ class RequestLog:
             if r.resource.startswith("/"):
                 continue
             head, _, rest = r.resource.partition("/")
-            group, resource = (head, rest) if "." in head else ("", r.resource)
+            group, resource = (head, rest) if _is_group(head) else ("", r.resource)
             used.add((group, resource, r.verb))
         return used
 
@@ -82,7 +90,7 @@ def _resource_matches(actual: str, wanted: str) -> bool:
     if wanted in ("*", actual):
         return True
     head, _, rest = actual.partition("/")
-    return "." in head and wanted == rest
+    return _is_group(head) and wanted == rest
 
 
 def _matches(r: RequestRecord, verb: str | None, resource: str | None, name: str | None) -> bool:

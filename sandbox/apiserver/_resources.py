@@ -40,6 +40,7 @@ class ResourceType:
 
 
 RESOURCE_GROUP = "resource.k8s.io"
+NVIDIA_GROUP = "resource.nvidia.com"
 
 RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
@@ -92,6 +93,11 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(RESOURCE_GROUP, "v1", "resourceclaims", "ResourceClaim", True, ("status",)),
     ResourceType(RESOURCE_GROUP, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
     ResourceType(RESOURCE_GROUP, "v1", "deviceclasses", "DeviceClass", False),
+    # What the ComputeDomain controller makes and watches. The custom resources are served
+    # without their CRD's schema (the local server validates only built-in kinds).
+    ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("status",), short_names=("ds",)),
+    ResourceType(NVIDIA_GROUP, "v1beta1", "computedomains", "ComputeDomain", True, ("status",)),
+    ResourceType(NVIDIA_GROUP, "v1beta1", "computedomaincliques", "ComputeDomainClique", True),
 )
 
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {
