@@ -2,7 +2,6 @@
 Deployment (two replicas, one leading by a Lease)."""
 
 import argparse
-import sys
 
 from cli import flags, flagtable
 
@@ -48,24 +47,17 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
+    from cli._running import run_main
 
-    from driver.common.errors import PermanentError
-
-    try:
-        return asyncio.run(_main(args))
-    except PermanentError as exc:
-        print(f"gpu-dra {COMMAND}: {exc}", file=sys.stderr)
-        return EXIT_PERMANENT
+    return run_main(COMMAND, lambda: _main(args))
 
 
 async def _main(args: argparse.Namespace) -> int:
-    import asyncio
     import os
-    import signal
     import socket
     import uuid
 
+    from cli._running import until_stopped
     from cluster.computedomain.controller import ComputeDomainController
     from cluster.computedomain.metrics import ControllerMetrics
     from cluster.computedomain.objects import DaemonSettings
@@ -117,16 +109,8 @@ async def _main(args: argparse.Namespace) -> int:
             )
             server = MetricsServer(metrics, port=args.metrics_port, host=args.metrics_address)
             await server.start()
-        loop = asyncio.get_running_loop()
-        task = asyncio.create_task(controller.run(), name=COMMAND)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
         try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # cancelled ourselves, not by a signal
+            await until_stopped(controller.run(), COMMAND)
         finally:
             if server is not None:
                 await server.stop()

@@ -100,9 +100,7 @@ def _source(args: argparse.Namespace) -> "PeerSource":
 
 
 async def _run(args: argparse.Namespace) -> int:
-    import asyncio
-    import signal
-
+    from cli._running import until_stopped
     from cluster.imexdaemon.daemon import DaemonConfig, ImexDaemon
     from cluster.imexdaemon.peers import has_clique
     from cluster.imexdaemon.sources import MemorySource
@@ -119,19 +117,7 @@ async def _run(args: argparse.Namespace) -> int:
     # A node without a clique follows no peers.
     source = _source(args) if has_clique(config.clique_id) else MemorySource()
     daemon = ImexDaemon(config, source)
-    loop = asyncio.get_running_loop()
-    task = asyncio.create_task(daemon.run(), name="compute-domain-daemon")
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise  # we were cancelled ourselves, not by a signal
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    await until_stopped(daemon.run(), COMMAND)
     return 0
 
 

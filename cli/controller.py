@@ -6,7 +6,6 @@ nodes (or tests) that want publishing without the kubelet plugin.
 
 import argparse
 import os
-import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, cast
 
@@ -53,15 +52,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
+    from cli._running import run_main
 
-    from driver.common.errors import PermanentError
-
-    try:
-        return asyncio.run(_main(args))
-    except PermanentError as exc:
-        print(f"gpu-dra controller: {exc}", file=sys.stderr)
-        return EXIT_PERMANENT
+    return run_main(COMMAND, lambda: _main(args))
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -107,20 +100,8 @@ async def _main(args: argparse.Namespace) -> int:
 
 async def _run_until_signal(controller: "SliceController") -> None:
     """SIGHUP rediscovers and relists; SIGTERM and SIGINT stop, leaving the slices in place."""
-    import asyncio
-    import signal
+    from cli._running import until_stopped
 
-    loop = asyncio.get_running_loop()
-    task = asyncio.create_task(controller.run(), name="slice-controller")
-    loop.add_signal_handler(signal.SIGHUP, lambda: controller.trigger(relist=True))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise  # we were cancelled ourselves, not by a signal
-    finally:
-        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    await until_stopped(
+        controller.run(), "slice-controller", hup=lambda: controller.trigger(relist=True)
+    )
