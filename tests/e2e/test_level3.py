@@ -682,7 +682,9 @@ async def test_an_empty_driver_root_keeps_the_pod_unready_without_restarts(
     (line, *_) = await await_until("the plugin says why it is not ready", said_why, 120)
     print("empty driver root:", json.dumps(line))
     assert "/driver-root/usr/lib64/libnvidia-ml.so.1" in line["msg"]  # every path tried
-    (pod,) = release.plugin_pods()
+    # Its log can come before the kubelet's status update says Running.
+    await await_until("the pod Running", lambda: release.plugin_pods()[0]["status"].get(
+        "phase") == "Running", 60)  # fmt: skip
     # Three liveness periods (10 s each, the chart's default) with the pod unready: a
     # liveness probe that failed would have restarted it by now.
     deadline = time.monotonic() + 35
