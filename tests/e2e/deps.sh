@@ -10,6 +10,10 @@ need=()
 command -v openssl >/dev/null || need+=(openssl)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # make image
 command -v skopeo >/dev/null || need+=(skopeo)          # reads the image as a registry would
+# Level 3's network namespace: its links and addresses, a sysctl, kube-proxy's rules.
+command -v ip >/dev/null || need+=(iproute2)
+command -v sysctl >/dev/null || need+=(procps)
+command -v iptables-save >/dev/null || need+=(iptables)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "e2e: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
