@@ -125,72 +125,9 @@ _ONLY_OLD_CODE = (
 )
 
 
-def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
-    """0.1.0's startup recovery, its own code, on this node's files."""
-    old = _release_0_1_0(tmp_path)
-    script = textwrap.dedent(
-        f"""
-        import asyncio
-        from pathlib import Path
-        from kubernetes.aio import client
-        from driver.discovery import discover
-        from driver.nvml.simulated import SimulatedNode
-        from kubeletplugin.state import DeviceState, StateConfig
-        {_ONLY_OLD_CODE}
-        async def main():
-            node = SimulatedNode("p5.48xlarge", "node-a", Path({str(tmp_path / "sysfs-0.1.0")!r}))
-            inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
-            config = StateConfig(
-                plugin_dir=Path({str(config.plugin_dir)!r}),
-                cdi_root=Path({str(config.cdi_root)!r}),
-                driver_name="gpu.nvidia.com",
-                node_name="node-a",
-                boot_id_path=Path({str(config.boot_id_path)!r}),
-                nvml_mode="simulated",
-            )
-            async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
-                await DeviceState.open(config, api, inventory)
-
-        asyncio.run(main())
-        """
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=old, capture_output=True, text=True, check=False
-    )
-    assert proc.returncode == 0, proc.stderr
-
-
-async def test_rollback_to_0_1_0_reads_the_claims_from_the_specs_and_back(
-    api_client: k8s.ApiClient, tmp_path: Path
-) -> None:
-    config = _node_of_0_1_0(tmp_path)
-    state = await _open(config, api_client, tmp_path)
-    fresh = await create_claim(api_client, "after-upgrade", ["gpu-5"])
-    assert (await state.prepare([fresh]))[fresh.uid].error == ""
-    specs = _specs(config)
-
-    _run_0_1_0(tmp_path, config)  # helm rollback
-    assert _specs(config) == specs  # 0.1.0 removed no spec of a live claim
-    rebuilt = checkpoint.decode((config.plugin_dir / checkpoint.FILE_NAME).read_bytes())
-    assert set(rebuilt.claims) == {LIVE_A, LIVE_B, fresh.uid}
-    assert {c.state for c in rebuilt.claims.values()} == {checkpoint.ClaimState.PREPARE_COMPLETED}
-
-    state = await _open(config, api_client, tmp_path)  # and forward again
-    assert _specs(config) == specs
-    assert reservations(config) == {
-        "gpu-0": LIVE_A,
-        "gpu-1": LIVE_A,
-        "gpu-2": LIVE_B,
-        "gpu-5": fresh.uid,
-    }
-    assert await state.prepare([fresh]) == await state.prepare([fresh])
-
-
-async def _prepare_with_0_1_0(
-    tmp_path: Path, config: StateConfig, api_url: str, ref: ClaimRef
-) -> None:
-    """0.1.0's own prepare of ``ref`` on this node's files (a claim it prepared before the
-    upgrade): its checkpoint, and the CDI spec in its own layout."""
+async def _with_0_1_0(tmp_path: Path, config: StateConfig, api_url: str, then: str) -> None:
+    """0.1.0's own code on this node's files: its startup (recovery, checkpoint), then
+    ``then``, a line run with its ``state`` open."""
     old = _release_0_1_0(tmp_path)
     script = textwrap.dedent(
         f"""
@@ -213,16 +150,14 @@ async def _prepare_with_0_1_0(
                 boot_id_path=Path({str(config.boot_id_path)!r}),
                 nvml_mode="simulated",
             )
-            ref = ClaimRef(uid={ref.uid!r}, namespace={ref.namespace!r}, name={ref.name!r})
             async with client.ApiClient(client.Configuration(host={api_url!r})) as api:
                 state = await DeviceState.open(config, api, inventory)
-                result = (await state.prepare([ref]))[ref.uid]
-                assert result.error == "", result.error
+                {then}
 
         asyncio.run(main())
         """
     )
-    # In a thread: the local API server it calls runs on this event loop.
+    # In a thread: a local API server it calls runs on this event loop.
     proc = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-c", script],
@@ -232,6 +167,47 @@ async def _prepare_with_0_1_0(
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+async def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
+    """0.1.0's startup recovery alone (its API server is never reached)."""
+    await _with_0_1_0(tmp_path, config, "http://127.0.0.1:9", "del state")
+
+
+async def test_rollback_to_0_1_0_reads_the_claims_from_the_specs_and_back(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    config = _node_of_0_1_0(tmp_path)
+    state = await _open(config, api_client, tmp_path)
+    fresh = await create_claim(api_client, "after-upgrade", ["gpu-5"])
+    assert (await state.prepare([fresh]))[fresh.uid].error == ""
+    specs = _specs(config)
+
+    await _run_0_1_0(tmp_path, config)  # helm rollback
+    assert _specs(config) == specs  # 0.1.0 removed no spec of a live claim
+    rebuilt = checkpoint.decode((config.plugin_dir / checkpoint.FILE_NAME).read_bytes())
+    assert set(rebuilt.claims) == {LIVE_A, LIVE_B, fresh.uid}
+    assert {c.state for c in rebuilt.claims.values()} == {checkpoint.ClaimState.PREPARE_COMPLETED}
+
+    state = await _open(config, api_client, tmp_path)  # and forward again
+    assert _specs(config) == specs
+    assert reservations(config) == {
+        "gpu-0": LIVE_A,
+        "gpu-1": LIVE_A,
+        "gpu-2": LIVE_B,
+        "gpu-5": fresh.uid,
+    }
+    assert await state.prepare([fresh]) == await state.prepare([fresh])
+
+
+async def _prepare_with_0_1_0(
+    tmp_path: Path, config: StateConfig, api_url: str, ref: ClaimRef
+) -> None:
+    """0.1.0's own prepare of ``ref`` on this node's files (a claim it prepared before the
+    upgrade): its checkpoint, and the CDI spec in its own layout."""
+    claim = f"ClaimRef(uid={ref.uid!r}, namespace={ref.namespace!r}, name={ref.name!r})"
+    then = f"assert (r := (await state.prepare([{claim}]))[{ref.uid!r}]).error == '', r.error"
+    await _with_0_1_0(tmp_path, config, api_url, then)
 
 
 async def test_a_failed_repeat_prepare_keeps_the_claim_0_1_0_prepared(

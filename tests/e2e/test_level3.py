@@ -115,8 +115,6 @@ class Installed:
     helm: Path
     driver_root: Path
     smi: StandIn
-    mps_control: StandIn
-    log: list[str] = field(default_factory=list)
 
     @property
     def cp(self) -> ControlPlane:
@@ -124,7 +122,6 @@ class Installed:
 
     def run_helm(self, *args: str) -> str:
         argv = [str(self.helm), "--kubeconfig", str(self.cp.admin_kubeconfig), *args]
-        self.log.append(" ".join(args))
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
@@ -228,7 +225,7 @@ async def installed() -> AsyncIterator[Installed]:
         control = StandIn(logs / "mps", "nvidia-cuda-mps-control", MPS_CONTROL)
         for tool in (smi, control):
             shutil.copy2(tool.path, driver_root / "usr" / "bin" / tool.path.name)
-        yield Installed(node, build.build_helm(), driver_root, smi, control)
+        yield Installed(node, build.build_helm(), driver_root, smi)
     finally:
         await cp.stop()
         unmount_under(cp.root)

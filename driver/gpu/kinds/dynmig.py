@@ -409,7 +409,7 @@ class DynamicMigKind:
     def _path(self, uid: str) -> Path:
         if self._dir is None or not is_uid(uid):
             raise DynamicMigError(f"claim uid {uid!r} cannot name a record")
-        return self._dir / f"{uid}.json"
+        return self._dir / f"{uid}{RECORD_SUFFIX}"
 
     def _write(
         self,

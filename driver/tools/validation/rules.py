@@ -93,8 +93,9 @@ def is_driver_name(name: str) -> bool:
 def _fully_qualified_name(name: str) -> str | None:
     """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None.
 
-    As validateFullyQualifiedName: a name with two slashes passes (upstream's TODO says so);
-    no attribute has one, which the caller reports as a name that matches nothing."""
+    As validateFullyQualifiedName, which lets a name with two slashes pass (the API server
+    accepts it): no attribute has one, which the caller reports as a name that matches
+    nothing."""
     parts = name.split("/")
     if len(parts) == 1:
         return "must be a fully qualified name: <domain>/<name>, e.g. gpu.nvidia.com/nvlinkDomain"
