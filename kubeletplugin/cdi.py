@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from driver.common.errors import PermanentError
-from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice, by_name
+from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice
 from driver.gpu.kinds.gpu import CONTROL_NODES, VISIBLE_UUIDS_ENV
 from kubeletplugin import names
+from kubeletplugin.flavor import GPU, Flavor
 
 __all__ = ["CONTROL_NODES", "VISIBLE_UUIDS_ENV"]
 
-VENDOR = "k8s.gpu.nvidia.com"
+# The GPU driver's names (kubeletplugin.flavor.GPU); another driver passes its flavor.
+VENDOR = GPU.cdi_vendor
 CLAIM_CLASS = "claim"
-KIND = f"{VENDOR}/{CLAIM_CLASS}"
-FILE_PREFIX = f"{VENDOR}-"
+KIND = GPU.cdi_kind
+FILE_PREFIX = GPU.file_prefix
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
 _ANNOTATION = "gpu-dra.io/"
@@ -51,20 +53,17 @@ REQUESTS = _ANNOTATION + "requests"
 ADMIN_ACCESS = _ANNOTATION + "admin-access"
 SHARE_ID = _ANNOTATION + "share-id"
 
-# Kinds whose files under our name, without our owner marker, belong to another driver.
-_FOREIGN_KINDS = (f"{VENDOR}/", "nvidia.com/gpu")
-
 
 class SpecError(PermanentError):
     """A spec under our owner marker that this release cannot read."""
 
 
-def spec_name(claim_uid: str) -> str:
-    return f"{VENDOR}-{CLAIM_CLASS}_{claim_uid}.json"
+def spec_name(claim_uid: str, flavor: Flavor = GPU) -> str:
+    return f"{flavor.cdi_vendor}-{CLAIM_CLASS}_{claim_uid}.json"
 
 
-def spec_path(cdi_root: Path, claim_uid: str) -> Path:
-    return names.within(cdi_root, cdi_root / spec_name(claim_uid))
+def spec_path(cdi_root: Path, claim_uid: str, flavor: Flavor = GPU) -> Path:
+    return names.within(cdi_root, cdi_root / spec_name(claim_uid, flavor))
 
 
 def device_name_of(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
@@ -74,9 +73,11 @@ def device_name_of(claim_uid: str, device_name: str, share_id: str | None = None
     return base if share_id is None else f"{base}-{share_id}"
 
 
-def cdi_device_id(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+def cdi_device_id(
+    claim_uid: str, device_name: str, share_id: str | None = None, flavor: Flavor = GPU
+) -> str:
     """Fully qualified CDI name, as returned to the kubelet."""
-    return f"{KIND}={device_name_of(claim_uid, device_name, share_id)}"
+    return f"{flavor.cdi_kind}={device_name_of(claim_uid, device_name, share_id)}"
 
 
 def min_version(spec: Mapping[str, Any]) -> str:
@@ -108,6 +109,7 @@ def build_claim_spec(
     *,
     boot_id: str = "",
     dev_root: str = "/",
+    flavor: Flavor = GPU,
 ) -> dict[str, Any]:
     """The claim's CDI spec. ``devices`` maps device name to the node's device for
     every device of the claim; device nodes are found under ``dev_root`` on the host
@@ -140,13 +142,13 @@ def build_claim_spec(
                 "containerEdits": dict(node_device.edits),
             }
         )
-    kinds = by_name()
+    kinds = flavor.kinds()
     kind_edits = [
         kinds[name].claim_edits(list(of_kind[name].values()), claim) for name in sorted(of_kind)
     ]
     spec: dict[str, Any] = {
         "cdiVersion": "",
-        "kind": KIND,
+        "kind": flavor.cdi_kind,
         "annotations": {
             OWNER_ANNOTATION: OWNER,
             RECORD_VERSION: str(VERSION),
@@ -195,12 +197,12 @@ def is_ours(spec: Any) -> bool:
     return isinstance(spec, dict) and (spec.get("annotations") or {}).get(OWNER_ANNOTATION) == OWNER
 
 
-def is_foreign(spec: Any) -> bool:
+def is_foreign(spec: Any, flavor: Flavor = GPU) -> bool:
     """Another DRA driver's spec under our kind and file names."""
     return (
         isinstance(spec, dict)
         and not is_ours(spec)
-        and str(spec.get("kind", "")).startswith(_FOREIGN_KINDS)
+        and str(spec.get("kind", "")).startswith(flavor.foreign_kinds or (flavor.cdi_kind,))
     )
 
 
@@ -217,7 +219,7 @@ def _text(obj: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def claim_from_spec(spec: Mapping[str, Any]) -> PreparedClaim:
+def claim_from_spec(spec: Mapping[str, Any], flavor: Flavor = GPU) -> PreparedClaim:
     """What one of our specs records. Raises SpecError when this release cannot read it
     (a newer record version, an unknown device kind, a missing or mistyped field)."""
     try:
@@ -226,7 +228,7 @@ def claim_from_spec(spec: Mapping[str, Any]) -> PreparedClaim:
         if version > VERSION:
             raise SpecError(f"record version {version} is newer than this release's ({VERSION})")
         uid = _text(annotations, CLAIM_UID)
-        kinds = by_name()
+        kinds = flavor.kinds()
         devices = []
         for device in spec["devices"]:
             a = device["annotations"]
@@ -241,7 +243,7 @@ def claim_from_spec(spec: Mapping[str, Any]) -> PreparedClaim:
                     request_names=tuple(r for r in a.get(REQUESTS, "").split(",") if r),
                     pool_name=_text(a, POOL),
                     device_name=device_name,
-                    cdi_device_ids=(cdi_device_id(uid, device_name, share or None),),
+                    cdi_device_ids=(cdi_device_id(uid, device_name, share or None, flavor),),
                     share_id=share if share else None,
                     admin_access=a.get(ADMIN_ACCESS) == "true",
                     kind=kind_name,

@@ -14,17 +14,11 @@ from urllib.parse import quote
 
 from kubernetes.aio.client import ApiClient
 
-from api.config import (
-    API_GROUP,
-    GPU_CONFIG_KIND,
-    ConfigError,
-    GpuConfig,
-    decode_gpu_config,
-    validate_gpu_config,
-)
+from api.config import API_GROUP, ConfigError
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import is_uid
 from driver.kube.rest import ApiError, Client, NotFoundError
+from kubeletplugin.flavor import GPU_CONFIGS, ConfigRules
 
 _FETCH_TIMEOUT_S = 20.0
 # A share ID as the scheduler writes it (types.UID, a UUID): it also names a file.
@@ -56,7 +50,7 @@ class PlannedDevice:
     device_name: str
     admin_access: bool
     share_id: str | None
-    config: GpuConfig
+    config: Any  # the driver's config model (ConfigRules): GpuConfig for the GPU driver
     consumed: tuple[tuple[str, str], ...] = ()  # the result's consumedCapacity
 
     @property
@@ -131,7 +125,7 @@ async def claim_is_gone(reader: ClaimReader, ref: ClaimRef) -> bool | None:
 class _Config:
     requests: tuple[str, ...]
     source: str
-    config: GpuConfig
+    config: Any
     origin: str  # "class" or "claim"
 
 
@@ -139,16 +133,22 @@ def _applies(requests: Sequence[str], request: str) -> bool:
     return not requests or request in requests or request.split("/", 1)[0] in requests
 
 
-def _is_gpu_config(parameters: Any) -> bool:
-    return (
+def _config_kind(parameters: Any, rules: ConfigRules) -> str | None:
+    """The kind of one of the driver's configs ``parameters`` is, or None."""
+    if (
         isinstance(parameters, Mapping)
         and str(parameters.get("apiVersion", "")).startswith(API_GROUP + "/")
-        and parameters.get("kind") == GPU_CONFIG_KIND
-    )
+        and parameters.get("kind") in rules.kinds
+    ):
+        return str(parameters["kind"])
+    return None
 
 
 def _configs(
-    allocation: Mapping[str, Any], driver_name: str, our_requests: Sequence[str]
+    allocation: Mapping[str, Any],
+    driver_name: str,
+    our_requests: Sequence[str],
+    rules: ConfigRules = GPU_CONFIGS,
 ) -> list[_Config]:
     """Our driver's opaque configs, class configs first, each decoded (shape checked).
 
@@ -169,27 +169,26 @@ def _configs(
         scope = f"requests {','.join(requests)}" if requests else "all requests"
         source = f"opaque config #{index} (from {origin}, {scope})"
         if opaque.get("driver") != driver_name:
-            if _is_gpu_config(opaque.get("parameters")) and any(
-                _applies(requests, r) for r in our_requests
-            ):
+            kind = _config_kind(opaque.get("parameters"), rules)
+            if kind is not None and any(_applies(requests, r) for r in our_requests):
                 raise ConfigError(
-                    f'{source}: field "opaque.driver": a {GPU_CONFIG_KIND} for driver '
+                    f'{source}: field "opaque.driver": a {kind} for driver '
                     f"{opaque.get('driver')!r}, but its requests are allocated from "
                     f"{driver_name!r}; it would be ignored"
                 )
             continue
-        config = decode_gpu_config(opaque.get("parameters"), source=source)
+        config = rules.decode(opaque.get("parameters"), source)
         out.append(_Config(requests, source, config, origin))
     return out
 
 
 @functools.cache
-def _default_config() -> GpuConfig:
+def _default_config(rules: ConfigRules) -> Any:
     # One shared instance: building it runs pydantic validation, on every device otherwise.
-    return GpuConfig.default()
+    return rules.default()
 
 
-def _config_for(request: str, configs: Sequence[_Config]) -> GpuConfig:
+def _config_for(request: str, configs: Sequence[_Config], rules: ConfigRules = GPU_CONFIGS) -> Any:
     """The last matching config wins; it is validated, the ones it overrides are not.
 
     A claim config overrides a class config, one naming the request overrides one for
@@ -211,12 +210,17 @@ def _config_for(request: str, configs: Sequence[_Config]) -> GpuConfig:
                 )
             chosen = entry
     if chosen is None:
-        return _default_config()
-    return validate_gpu_config(chosen.config, source=chosen.source)
+        return rules.validate(_default_config(rules), f"the default config of request {request}")
+    return rules.validate(chosen.config, chosen.source)
 
 
 def plan_claim(
-    claim: Mapping[str, Any], ref: ClaimRef, *, driver_name: str, pool_name: str
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    *,
+    driver_name: str,
+    pool_name: str,
+    rules: ConfigRules = GPU_CONFIGS,
 ) -> ClaimPlan:
     """Pure: what of this claim this node prepares. Raises ClaimError."""
     uid = claim.get("metadata", {}).get("uid")
@@ -231,7 +235,7 @@ def plan_claim(
     try:
         results = allocation.get("devices", {}).get("results") or []
         ours = [str(r.get("request", "")) for r in results if r.get("driver") == driver_name]
-        configs = _configs(allocation, driver_name, ours)
+        configs = _configs(allocation, driver_name, ours, rules)
         for result in results:
             if result.get("driver") != driver_name or result.get("pool") != pool_name:
                 continue
@@ -256,7 +260,7 @@ def plan_claim(
                     device_name=device_name,
                     admin_access=result.get("adminAccess") is True,
                     share_id=None if share_id is None else str(share_id),
-                    config=_config_for(request, configs),
+                    config=_config_for(request, configs, rules),
                     consumed=tuple(sorted((str(k), str(v)) for k, v in consumed.items())),
                 )
             )

@@ -66,6 +66,7 @@ from driver.common.errors import PermanentError
 from driver.common.fsutil import TEMP_SUFFIX, ensure_dir, write_atomic
 from driver.gpu.kinds import PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, dirs, names
+from kubeletplugin.flavor import GPU, Flavor
 
 DEVICES_DIR = "devices"
 CLAIMS_DIR = "claims"
@@ -75,7 +76,7 @@ LOCKS_DIR = "locks"
 KINDS_DIR = "kinds"
 LOCK_SUFFIX = ".lock"
 LOCK_MODE = 0o600
-CLAIM_RECORD_KIND = "GpuDraClaimRecord"
+CLAIM_RECORD_KIND = GPU.record_kind  # the GPU driver's; another driver's is in its flavor
 CLAIM_RECORD_VERSION = 1
 
 # A DRA device name is a DNS label: it can name a file.
@@ -136,11 +137,13 @@ def _encode_device(device: PreparedDevice) -> dict[str, Any]:
     }
 
 
-def encode_claim_record(claim: PreparedClaim, *, boot_id: str) -> bytes:
+def encode_claim_record(
+    claim: PreparedClaim, *, boot_id: str, record_kind: str = CLAIM_RECORD_KIND
+) -> bytes:
     return (
         json.dumps(
             {
-                "kind": CLAIM_RECORD_KIND,
+                "kind": record_kind,
                 "version": CLAIM_RECORD_VERSION,
                 "bootID": boot_id,
                 "uid": claim.uid,
@@ -154,11 +157,13 @@ def encode_claim_record(claim: PreparedClaim, *, boot_id: str) -> bytes:
     )
 
 
-def decode_claim_record(raw: bytes) -> tuple[str, PreparedClaim]:
+def decode_claim_record(
+    raw: bytes, record_kind: str = CLAIM_RECORD_KIND
+) -> tuple[str, PreparedClaim]:
     """(boot ID, claim); raises RecordError for anything else."""
     try:
         doc = json.loads(raw)
-        if doc["kind"] != CLAIM_RECORD_KIND or doc["version"] != CLAIM_RECORD_VERSION:
+        if doc["kind"] != record_kind or doc["version"] != CLAIM_RECORD_VERSION:
             raise RecordError(f"kind {doc['kind']!r} version {doc['version']!r} unknown")
         devices = tuple(
             PreparedDevice(
@@ -185,7 +190,10 @@ def decode_claim_record(raw: bytes) -> tuple[str, PreparedClaim]:
 class Records:
     """The record files of one node (blocking calls: worker thread or quick syscalls)."""
 
-    def __init__(self, plugin_dir: Path, cdi_root: Path, *, boot_id: str) -> None:
+    def __init__(
+        self, plugin_dir: Path, cdi_root: Path, *, boot_id: str, flavor: Flavor = GPU
+    ) -> None:
+        self.flavor = flavor
         self.plugin_dir = plugin_dir
         self.cdi_root = cdi_root
         self.devices_dir = plugin_dir / DEVICES_DIR
@@ -279,7 +287,7 @@ class Records:
     # -- the spec: the record of a prepared claim --
 
     def spec_path(self, uid: str) -> Path:
-        return cdi.spec_path(self.cdi_root, uid)
+        return cdi.spec_path(self.cdi_root, uid, self.flavor)
 
     def read_spec(self, uid: str) -> bytes | None:
         try:
@@ -418,7 +426,9 @@ class Records:
         return self.claims_dir / f"{uid}.json"
 
     def write_claim_record(self, claim: PreparedClaim) -> None:
-        content = encode_claim_record(claim, boot_id=self.boot_id)
+        content = encode_claim_record(
+            claim, boot_id=self.boot_id, record_kind=self.flavor.record_kind
+        )
         write_atomic(self.claim_record_path(claim.uid), content, fsync=self.fsync)
 
     def read_claim_record(self, uid: str) -> PreparedClaim | None:
@@ -427,7 +437,7 @@ class Records:
             raw = self.claim_record_path(uid).read_bytes()
         except FileNotFoundError:
             return None
-        return decode_claim_record(raw)[1]
+        return decode_claim_record(raw, self.flavor.record_kind)[1]
 
     def remove_claim_record(self, uid: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -450,7 +460,7 @@ class Records:
             Path(e.path)
             for e in entries
             if e.is_file()
-            and e.name.startswith(cdi.FILE_PREFIX)
+            and e.name.startswith(self.flavor.file_prefix)
             and e.name.endswith(cdi.SPEC_SUFFIXES)
         )
 
@@ -464,7 +474,7 @@ class Records:
         swept = 0
         kind_dirs = sorted(p for p in self._kinds_dir().glob("*") if p.is_dir())
         for directory, prefix in (
-            (self.cdi_root, f".{cdi.FILE_PREFIX}"),
+            (self.cdi_root, f".{self.flavor.file_prefix}"),
             (self.claims_dir, "."),
             (self.plugin_dir, "."),
             *((d, ".") for d in kind_dirs),

@@ -37,7 +37,7 @@ import yaml
 from driver.common.errors import DriverError, PermanentError
 from driver.common.fsutil import write_atomic
 from driver.common.logs import kv
-from driver.gpu.kinds import DeviceKind, PreparedClaim, PreparedDevice, by_name
+from driver.gpu.kinds import DeviceKind, PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, checkpoint
 from kubeletplugin.records import (
     Holder,
@@ -162,7 +162,7 @@ def _judge_specs(records: Records, *, fresh: bool) -> dict[str, PreparedClaim]:
         spec_boot = ""
         try:
             spec = cdi.parse(raw, path)
-            if cdi.is_foreign(spec):
+            if cdi.is_foreign(spec, records.flavor):
                 foreign.append(path)
                 continue
             if not cdi.is_ours(spec):
@@ -173,8 +173,8 @@ def _judge_specs(records: Records, *, fresh: bool) -> dict[str, PreparedClaim]:
             if boot and spec_boot and spec_boot != boot:
                 _remove(path, "the CDI spec of a claim of an earlier boot")
                 continue
-            claim = cdi.claim_from_spec(spec)
-            if path.name != cdi.spec_name(claim.uid):
+            claim = cdi.claim_from_spec(spec, records.flavor)
+            if path.name != cdi.spec_name(claim.uid, records.flavor):
                 raise cdi.SpecError(f"it names claim {claim.uid}, not the one of its file name")
         except (ValueError, yaml.YAMLError, cdi.SpecError) as exc:
             if fresh or (boot and spec_boot and spec_boot != boot):
@@ -185,7 +185,7 @@ def _judge_specs(records: Records, *, fresh: bool) -> dict[str, PreparedClaim]:
     if foreign:
         raise ForeignStateError(
             cdi.FOREIGN_MESSAGE.format(
-                kind=cdi.KIND, root=records.cdi_root, files=cdi.file_names(foreign)
+                kind=records.flavor.cdi_kind, root=records.cdi_root, files=cdi.file_names(foreign)
             )
         )
     return live
@@ -230,13 +230,13 @@ def _judge_claim_records(
     """Undo the side effects of each interrupted claim; returns those it could not undo
     now (their records stay)."""
     boot = records.boot_id
-    kinds = by_name()
+    kinds = records.flavor.kinds()
     unrecovered: dict[str, PreparedClaim] = {}
     for path in records.claim_record_files():
         if path.name.endswith(".tmp"):
             continue
         try:
-            record_boot, claim = decode_claim_record(path.read_bytes())
+            record_boot, claim = decode_claim_record(path.read_bytes(), records.flavor.record_kind)
         except FileNotFoundError:
             continue  # removed since the listing: another instance finished its unprepare
         except RecordError as exc:

@@ -40,7 +40,6 @@ from driver.gpu.kinds import (
     NodeDevices,
     PreparedClaim,
     PreparedDevice,
-    by_name,
     capacity,
 )
 from driver.gpu.migmake import Maker
@@ -55,6 +54,7 @@ from kubeletplugin.claims import (
     fetch_claim,
     plan_claim,
 )
+from kubeletplugin.flavor import GPU, Flavor
 from kubeletplugin.records import (
     DeviceTakenError,
     Holder,
@@ -71,6 +71,7 @@ __all__ = [
     "ClaimRef",
     "DeviceState",
     "ForeignStateError",
+    "PreparePendingError",
     "PrepareResult",
     "PreparedDevice",
     "RecordError",
@@ -91,6 +92,14 @@ _CLAIM_LOCK_POLL_S = (0.002, 0.05)
 
 class ClaimBusyError(RetryableError):
     """Another plugin instance of the node is preparing or unpreparing the claim."""
+
+
+class PreparePendingError(RetryableError):
+    """Raised by a kind's ``prepare`` that has done what it can and waits for the cluster
+    (a ComputeDomain's daemon to be ready on the node): what it did stays, with its record
+    and reservations, so the kubelet's retry continues from there; an unprepare, the
+    reconciler (the claim gone) or recovery undoes it. Rolling it back would undo the very
+    change that is awaited (the node label that brings the daemon)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +137,7 @@ class StateConfig:
     mps_control: Path | None = None  # nvidia-cuda-mps-control; default under the root
     nvml: Any = None  # the loaded NVML (driver.nvml.Nvml), for kinds that make MIG instances
     proc_root: Path = Path("/")  # where the driver's /proc/driver/nvidia lies
+    flavor: Flavor = GPU  # the node driver's names on disk, kinds and configs
 
 
 class RollbackError(RetryableError):
@@ -157,7 +167,7 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
 
 
 def _attach_kinds(config: StateConfig, records: Records) -> None:
-    for kind in by_name().values():
+    for kind in config.flavor.kinds().values():
         state_dir = records.kind_dir(kind.name)
         ensure_dir(state_dir, dirs.PRIVATE, ours=True)
         kind.attach(
@@ -173,8 +183,8 @@ def _attach_kinds(config: StateConfig, records: Records) -> None:
         )
 
 
-def _kinds_of(claim: PreparedClaim) -> list[DeviceKind]:
-    kinds = by_name()
+def _kinds_of(claim: PreparedClaim, flavor: Flavor) -> list[DeviceKind]:
+    kinds = flavor.kinds()
     return [kinds[name] for name in sorted({d.kind for d in claim.devices})]
 
 
@@ -224,7 +234,7 @@ class DeviceState:
             container_root=config.container_driver_root,
             host_root=config.nvidia_driver_root,
         )
-        records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id)
+        records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id, flavor=config.flavor)
         await asyncio.to_thread(records.make_dirs)
         await asyncio.to_thread(_attach_kinds, config, records)
         claims = await asyncio.to_thread(recovery.recover, records)
@@ -263,7 +273,7 @@ class DeviceState:
 
     async def watch(self) -> None:
         """One round: each kind brings back what its prepared claims lost (an MPS daemon)."""
-        for kind in by_name().values():
+        for kind in self._config.flavor.kinds().values():
             await asyncio.to_thread(kind.watch)
 
     async def reconcile(self) -> None:
@@ -381,7 +391,13 @@ class DeviceState:
         obj = await fetch_claim(self._claims, ref)
         # Plan: pure, against the node's devices as last discovered.
         devices = self._devices.current
-        plan = plan_claim(obj, ref, driver_name=self._config.driver_name, pool_name=self._pool)
+        plan = plan_claim(
+            obj,
+            ref,
+            driver_name=self._config.driver_name,
+            pool_name=self._pool,
+            rules=self._config.flavor.configs,
+        )
         claim = self._prepared_claim(plan, devices)
         spec = cdi.encode(
             cdi.build_claim_spec(
@@ -390,6 +406,7 @@ class DeviceState:
                 self._base_edits,
                 boot_id=self._records.boot_id,
                 dev_root=self._dev_root,
+                flavor=self._config.flavor,
             )
         )
         if not claim.devices:
@@ -416,11 +433,13 @@ class DeviceState:
                 ],
             )
         except DeviceTakenError as exc:
+            if self._config.flavor.device_taken_is_retryable:
+                raise ClaimBusyError(str(exc)) from exc
             raise ClaimError(str(exc)) from exc
         crashpoint("after-reserve")
         try:
             # Side effects, after a record of what to undo (full GPUs have none).
-            kinds = [k for k in _kinds_of(claim) if k.has_side_effects(claim)]
+            kinds = [k for k in _kinds_of(claim, self._config.flavor) if k.has_side_effects(claim)]
             if kinds:
                 await self._file_step(self._records.write_claim_record, claim)
                 crashpoint("after-claim-record")
@@ -435,10 +454,15 @@ class DeviceState:
                         self._base_edits,
                         boot_id=self._records.boot_id,
                         dev_root=self._dev_root,
+                        flavor=self._config.flavor,
                     )
                 )
             # CDI: the spec is the claim's record; once it is in place the claim is prepared.
             await self._file_step(self._records.write_spec, ref.uid, spec)
+        except PreparePendingError:
+            # Kept as it stands (see PreparePendingError); the kubelet retries.
+            self._held[ref.uid] = _device_names(claim)
+            raise
         except BaseException as exc:
             if existing is not None:
                 # The claim was prepared before this call, and a pod may run with it: undoing
@@ -491,7 +515,9 @@ class DeviceState:
                     pool_name=planned.pool_name,
                     device_name=planned.device_name,
                     cdi_device_ids=(
-                        cdi.cdi_device_id(ref.uid, planned.device_name, planned.share_id),
+                        cdi.cdi_device_id(
+                            ref.uid, planned.device_name, planned.share_id, self._config.flavor
+                        ),
                     ),
                     share_id=planned.share_id,
                     admin_access=planned.admin_access,
@@ -503,14 +529,16 @@ class DeviceState:
             )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(prepared))
 
-    @staticmethod
     def _check_same_devices(
-        ref: ClaimRef, existing: bytes, devices: Mapping[str, NodeDevice]
+        self, ref: ClaimRef, existing: bytes, devices: Mapping[str, NodeDevice]
     ) -> None:
         """A spec that differs from the one we would write: a swapped device is refused;
         anything else (tampered, damaged, another release's layout) is rewritten."""
         try:
-            recorded = cdi.claim_from_spec(cdi.parse(existing, Path(cdi.spec_name(ref.uid))))
+            flavor = self._config.flavor
+            recorded = cdi.claim_from_spec(
+                cdi.parse(existing, Path(cdi.spec_name(ref.uid, flavor))), flavor
+            )
         except (ValueError, cdi.SpecError):
             log.warning("CDI spec of a prepared claim was damaged; rewriting", extra=_claim_kv(ref))
             return
@@ -557,7 +585,7 @@ class DeviceState:
                 extra={**ref, "error": repr(exc)},
             )
         undone = True
-        for kind in [k for k in _kinds_of(claim) if k.has_side_effects(claim)]:
+        for kind in [k for k in _kinds_of(claim, self._config.flavor) if k.has_side_effects(claim)]:
             try:
                 await asyncio.to_thread(kind.unprepare, claim)
             except Exception as exc:  # the other kinds are still undone
@@ -615,7 +643,7 @@ class DeviceState:
         removed = self._records.remove_spec(ref.uid)
         crashpoint("after-spec-removed")
         if with_effects is not None:
-            for kind in _kinds_of(with_effects):
+            for kind in _kinds_of(with_effects, self._config.flavor):
                 await asyncio.to_thread(kind.unprepare, with_effects)
             self._records.remove_claim_record(ref.uid)
             crashpoint("after-side-effects-undone")
@@ -655,7 +683,7 @@ class DeviceState:
             try:
                 spec = cdi.parse(path.read_bytes(), path)
                 if cdi.is_ours(spec):
-                    claim = cdi.claim_from_spec(spec)
+                    claim = cdi.claim_from_spec(spec, self._config.flavor)
                     found[claim.uid] = claim
             except (OSError, ValueError, cdi.SpecError):
                 continue  # judged at the next start, not here

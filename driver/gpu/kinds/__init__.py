@@ -52,12 +52,17 @@ def by_name() -> Mapping[str, DeviceKind]:
 
 
 def node_devices(
-    inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
+    inventory: Inventory,
+    *,
+    node_name: str,
+    consumable_capacity: bool = False,
+    kinds: Sequence[DeviceKind] | None = None,
 ) -> list[NodeDevice]:
-    """Every kind's devices on the node, kind by kind in table order; with
-    ``consumable_capacity``, published for sharing (:mod:`driver.gpu.kinds.capacity`)."""
+    """Every kind's devices on the node, kind by kind in table order (``kinds``: another
+    driver's table instead of this one); with ``consumable_capacity``, published for
+    sharing (:mod:`driver.gpu.kinds.capacity`)."""
     out: list[NodeDevice] = []
-    for kind in KINDS:
+    for kind in KINDS if kinds is None else kinds:
         devices = kind.devices(inventory, node_name=node_name)
         if consumable_capacity and kind is gpu.KIND:  # a MIG device is a partition already
             devices = [
@@ -97,7 +102,11 @@ class NodeDevices:
         *,
         node_name: str,
         consumable_capacity: bool = False,
+        kinds: Sequence[DeviceKind] | None = None,
     ) -> None:
+        # None: the GPU table (and its counter sets); another driver's kinds share the one
+        # inventory and publish no counters.
+        self._kinds = kinds
         self._discover = discover
         self._node = node_name
         self._consumable = consumable_capacity
@@ -124,7 +133,7 @@ class NodeDevices:
 
     def _set(self, inventory: Inventory, devices: Sequence[NodeDevice]) -> None:
         self._inventory = inventory
-        self._counter_sets = counter_sets(inventory)
+        self._counter_sets = counter_sets(inventory) if self._kinds is None else []
         self._current = MappingProxyType({d.name: d for d in devices})
         self._published = [dict(d.published) for d in devices]
 
@@ -141,7 +150,10 @@ class NodeDevices:
         """Rediscover; raises what discovery raises and then keeps the last result."""
         inventory = await self._discover()
         devices = node_devices(
-            inventory, node_name=self._node, consumable_capacity=self._consumable
+            inventory,
+            node_name=self._node,
+            consumable_capacity=self._consumable,
+            kinds=self._kinds,
         )
         self._set(inventory, devices)
         return devices

@@ -1,0 +1,77 @@
+"""What makes one node driver itself to the shared framework: its CDI vendor, the kind of
+its side-effect records, and its table of device kinds.
+
+Records, recovery, the CDI writer and the claim state take a :class:`Flavor`; each node
+driver (``kubeletplugin/gpu/``, ``kubeletplugin/computedomain/``) passes its own, so the two
+share those modules without either naming the other. :data:`GPU` is the default wherever a
+flavor is optional: the GPU driver's names on disk are release 0.1.0's and never change
+(upgrade tests read them).
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
+from driver.gpu.kinds import DeviceKind, by_name
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRules:
+    """How a driver's opaque configs are read (``kubeletplugin.claims.plan_claim``): the
+    decoder and validator of its config models (shape, then what applies to a device), the
+    default for a device no config names, and the kinds it takes (a config of one of them
+    addressed to another driver is a typo of the driver name, refused). A config model
+    records what a prepared device keeps of it through ``sharing_settings()``."""
+
+    kinds: tuple[str, ...]
+    decode: Callable[[Mapping[str, Any] | None, str], Any]
+    validate: Callable[[Any, str], Any]
+    default: Callable[[], Any]
+
+
+def _gpu_decode(parameters: Mapping[str, Any] | None, source: str) -> GpuConfig:
+    return decode_gpu_config(parameters, source=source)
+
+
+def _gpu_validate(config: GpuConfig, source: str) -> GpuConfig:
+    return validate_gpu_config(config, source=source)
+
+
+GPU_CONFIGS = ConfigRules(
+    kinds=(GPU_CONFIG_KIND,), decode=_gpu_decode, validate=_gpu_validate, default=GpuConfig.default
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Flavor:
+    # CDI vendor: spec files ``<vendor>-claim_<uid>.json``, kind ``<vendor>/claim``.
+    cdi_vendor: str
+    # The ``kind`` of its per-claim side-effect records (``claims/<uid>.json``).
+    record_kind: str
+    # Its device kinds by name; a function, so a test that swaps the GPU table is seen.
+    kinds: Callable[[], Mapping[str, DeviceKind]]
+    # Its opaque configs.
+    configs: ConfigRules = GPU_CONFIGS
+    # A device another claim holds: permanent for the GPU driver (the scheduler never
+    # allocates it twice), retryable where the driver expects the holder to go (NVIDIA's
+    # ComputeDomain channel 0, held by the node's previous workload until its unprepare).
+    device_taken_is_retryable: bool = False
+    # Kinds of specs that, without our owner marker, are another driver's (NVIDIA's).
+    foreign_kinds: tuple[str, ...] = ()
+
+    @property
+    def cdi_kind(self) -> str:
+        return f"{self.cdi_vendor}/claim"
+
+    @property
+    def file_prefix(self) -> str:
+        return f"{self.cdi_vendor}-"
+
+
+GPU = Flavor(
+    cdi_vendor="k8s.gpu.nvidia.com",
+    record_kind="GpuDraClaimRecord",
+    kinds=by_name,
+    foreign_kinds=("k8s.gpu.nvidia.com/", "nvidia.com/gpu"),
+)
