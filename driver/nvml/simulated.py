@@ -37,6 +37,10 @@ HARDWARE_FILE = Path("run/gpu-dra-sim/nvml-hardware")
 _NVIDIA_MAJOR = 195
 _UVM_MAJOR = 510  # dynamic on a real host; any free major will do here
 _CAPS_MAJOR = 508  # nvidia-caps: dynamic too
+_IMEX_CHANNELS_MAJOR = 507  # nvidia-caps-imex-channels: dynamic too
+# The IMEX management capability, as the driver lists it (NVIDIA's fabric-imex-mgmt file).
+IMEX_MGMT_MINOR = 1
+IMEX_MGMT_MODE = 256  # decimal, as the driver writes it: 0400
 # The driver's fixed MIG minors (/proc/driver/nvidia-caps/mig-minors): config 1, monitor 2,
 # then per GPU 15 GPU instance slots of 1 GI access minor and 8 CI access minors each.
 _GI_SLOTS, _CI_SLOTS = 15, 8
@@ -123,6 +127,29 @@ def write_driver_root(root: Path, gpus: tuple[SimGpu, ...], driver_version: str)
         _device_node(dev / name, major, minor)
     write_sysfs(root, gpus)
     write_mig_capabilities(root, gpus)
+    write_proc_devices(root)
+
+
+def write_proc_devices(root: Path) -> None:
+    """The driver's entries in ``/proc/devices`` and its IMEX management capability, which
+    the ComputeDomain driver reads (majors are dynamic on a real host). ``Block devices:``
+    follows the character devices, as NVIDIA's parser requires of the file."""
+    proc = root / "proc"
+    proc.mkdir(exist_ok=True)
+    write_if_changed(
+        proc / "devices",
+        "Character devices:\n  1 mem\n  4 /dev/vc/0\n"
+        f"{_NVIDIA_MAJOR} nvidia\n{_IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels\n"
+        f"{_CAPS_MAJOR} nvidia-caps\n{_UVM_MAJOR} nvidia-uvm\n"
+        "\nBlock devices:\n  7 loop\n259 blkext\n",
+    )
+    caps = proc / "driver" / "nvidia" / "capabilities"
+    caps.mkdir(parents=True, exist_ok=True)
+    write_if_changed(
+        caps / "fabric-imex-mgmt",
+        f"DeviceFileMinor: {IMEX_MGMT_MINOR}\nDeviceFileMode: {IMEX_MGMT_MODE}\n"
+        "DeviceFileModify: 1\n",
+    )
 
 
 def mig_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
