@@ -148,6 +148,15 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--dynamic-mig", _DYNAMIC_MIG, type=flagvalues.boolean, default="false", switch=True),
     Flag(
+        "--compute-domains",
+        "also serve the ComputeDomain driver (compute-domain.nvidia.com: IMEX channels and "
+        "daemons, multi-node NVLink) from this process, on the same NVML and inventory, with "
+        "its own sockets; refused in one line on an NVIDIA driver older than 570.158.01",
+        type=flagvalues.boolean,
+        default="false",
+        switch=True,
+    ),
+    Flag(
         "--feature-gates",
         "the cluster's Kubernetes feature gates, Name=true|false,... (the chart's featureGates "
         "value); the syntax is checked and the gates are logged at start, nothing more: what "

@@ -3,8 +3,13 @@
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli import flags, flagtable
+
+if TYPE_CHECKING:
+    from kubeletplugin.cohost import Guest
+    from kubeletplugin.gpu.node import NodeConfig
 
 COMMAND = "kubelet-plugin"
 # In the order of --help; each also defaults from its variable, as the DaemonSet may set it.
@@ -22,6 +27,8 @@ FLAG_NAMES = (
     "--mps-control",
     "--consumable-capacity",
     "--dynamic-mig",
+    "--compute-domains",
+    "--driver-namespace",
     "--pod-uid",
     "--nvml",
     "--profile",
@@ -112,4 +119,26 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     node.limit_malloc_arenas()
-    return asyncio.run(node.main(config))
+    return asyncio.run(node.main(config, _guests(args, config)))
+
+
+def _guests(args: argparse.Namespace, config: "NodeConfig") -> "list[Guest]":
+    """The other drivers this process serves: the ComputeDomain driver, when asked for."""
+    if not args.compute_domains:
+        return []
+    from kubeletplugin.computedomain.node import ComputeDomainDriver, DomainConfig
+
+    return [
+        ComputeDomainDriver(
+            DomainConfig(
+                node_name=config.node_name,
+                namespace=args.driver_namespace or "default",
+                registrar_dir=config.registrar_dir,
+                plugins_dir=config.plugins_dir,
+                cdi_root=config.cdi_root,
+                nvidia_driver_root=config.nvidia_driver_root,
+                container_driver_root=config.container_driver_root,
+                pod_uid=config.pod_uid,
+            )
+        )
+    ]

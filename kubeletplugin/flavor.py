@@ -57,6 +57,9 @@ class Flavor:
     # allocates it twice), retryable where the driver expects the holder to go (NVIDIA's
     # ComputeDomain channel 0, held by the node's previous workload until its unprepare).
     device_taken_is_retryable: bool = False
+    # Every claim's spec starts from the host container toolkit's edits (the driver's
+    # libraries and hooks): a GPU's claims need them, an IMEX channel's do not.
+    toolkit_edits: bool = True
     # Kinds of specs that, without our owner marker, are another driver's (NVIDIA's).
     foreign_kinds: tuple[str, ...] = ()
 

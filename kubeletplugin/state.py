@@ -229,11 +229,13 @@ class DeviceState:
         not ready.
         """
         boot_id = await asyncio.to_thread(_read_boot_id, config.boot_id_path)
-        base_edits = await containertoolkit.base_edits(
-            config.nvml_mode,
-            container_root=config.container_driver_root,
-            host_root=config.nvidia_driver_root,
-        )
+        base_edits: Mapping[str, Any] = {}
+        if config.flavor.toolkit_edits:
+            base_edits = await containertoolkit.base_edits(
+                config.nvml_mode,
+                container_root=config.container_driver_root,
+                host_root=config.nvidia_driver_root,
+            )
         records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id, flavor=config.flavor)
         await asyncio.to_thread(records.make_dirs)
         await asyncio.to_thread(_attach_kinds, config, records)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -35,6 +35,7 @@ from driver.kube.rest import errors_of
 from driver.slices import SliceController
 from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
+from kubeletplugin.cohost import Guest, Host
 from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
 from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
@@ -96,8 +97,9 @@ class NodeConfig:
     retry_period: float = 30.0
 
 
-async def main(config: NodeConfig) -> int:
-    """Run until SIGTERM or SIGINT; SIGHUP rediscovers (and so re-reads NVML) and relists."""
+async def main(config: NodeConfig, guests: Sequence[Guest] = ()) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP rediscovers (and so re-reads NVML) and relists.
+    ``guests``: other drivers served from this process once the GPU driver serves."""
     import signal
 
     stop, hup = asyncio.Event(), asyncio.Event()
@@ -105,10 +107,16 @@ async def main(config: NodeConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hup.set)
-    return await run(config, stop, hup=hup)
+    return await run(config, stop, hup=hup, guests=guests)
 
 
-async def run(config: NodeConfig, stop: asyncio.Event, *, hup: asyncio.Event | None = None) -> int:
+async def run(
+    config: NodeConfig,
+    stop: asyncio.Event,
+    *,
+    hup: asyncio.Event | None = None,
+    guests: Sequence[Guest] = (),
+) -> int:
     try:
         paths = socket_paths(
             registrar_dir=config.registrar_dir,
@@ -132,7 +140,7 @@ async def run(config: NodeConfig, stop: asyncio.Event, *, hup: asyncio.Event | N
         log.error("cannot configure the Kubernetes client", extra=kv(error=exc))
         return 2
     try:
-        return await _Node(config, paths, probes, api_client, hup).run(stop)
+        return await _Node(config, paths, probes, api_client, hup, guests).run(stop)
     finally:
         await kubeclient.close(api_client)
         await probes.stop()
@@ -161,8 +169,11 @@ class _Node:
         probes: ProbeServer,
         api_client: client.ApiClient,
         hup: asyncio.Event | None = None,
+        guests: Sequence[Guest] = (),
     ) -> None:
         self._config = config
+        self._guests = list(guests)
+        self._serving: list[Guest] = []
         self._hup = hup
         self._paths = paths
         self._probes = probes
@@ -185,6 +196,7 @@ class _Node:
             if state is None:
                 return 0
             await self._serve(state)
+            await self._start_guests()
             self._probes.set_ready()
             _return_freed_memory()
             log.info(
@@ -388,6 +400,31 @@ class _Node:
             asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )
 
+    async def _start_guests(self) -> None:
+        """Each other driver of this process, on this one's NVML and inventory; one that
+        refuses says why in one line and the GPU driver serves on."""
+        assert self._devices is not None and self._backend is not None
+        devices = self._devices
+
+        async def rediscover() -> None:
+            await devices.refresh()
+
+        host = Host(
+            api_client=self._api,
+            inventory=lambda: devices.inventory,
+            rediscover=rediscover,
+            proc_root=self._backend[1],
+            nvml_mode=self._config.nvml,
+        )
+        for guest in self._guests:
+            try:
+                await guest.start(host)
+            except (DriverError, OSError) as exc:
+                log.error("not serving driver", extra=kv(driver=guest.name, error=str(exc)))
+                await guest.stop()
+                continue
+            self._serving.append(guest)
+
     def _recovery(self) -> Recovery | None:
         from driver.gpu.events import EventNvml, probe
 
@@ -433,6 +470,9 @@ class _Node:
         return 1
 
     async def _shutdown(self) -> None:
+        for guest in reversed(self._serving):
+            await guest.stop()
+        self._serving.clear()
         # Registration first, so the kubelet stops choosing this instance.
         for server in reversed(self._servers):
             await server.stop()

@@ -1,0 +1,36 @@
+"""One node process, more than one driver: what the GPU driver's process gives another
+driver it also serves (the ComputeDomain driver), so that both stand on one NVML load, one
+inventory and one API client, each with its own sockets, claim state and slices.
+
+The command line composes them (``cli/plugin.py``): the two drivers never import each other.
+"""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from kubernetes.aio.client import ApiClient
+
+from driver.gpu.inventory import Inventory
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    api_client: ApiClient
+    # The host driver's last discovery, and a new one (which the host's publisher also sees).
+    inventory: Callable[[], Inventory | None]
+    rediscover: Callable[[], Awaitable[None]]
+    proc_root: Path  # where the driver's proc/ lies: "/" on a node, a simulated node's root
+    nvml_mode: str  # "system" or "simulated"
+
+
+class Guest(Protocol):
+    """A second driver in the host's process. ``start`` serves it (a PermanentError: it
+    refuses, in one line, and the host serves on without it); ``stop`` ends it."""
+
+    name: str
+
+    async def start(self, host: Host) -> None: ...
+
+    async def stop(self) -> None: ...
