@@ -1,0 +1,181 @@
+"""The ComputeDomain driver in this process, on a simulated GB200 inventory: the readiness
+gate's bound (PreparePending keeps the label), the driver floor, the clique's rules and its
+periodic re-read. The node-process tests (test_computedomain_node*.py) cover the rest."""
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.common.driverversion import DriverTooOld
+from driver.computedomain import names
+from driver.gpu.discovery import discover
+from driver.gpu.inventory import Inventory
+from driver.kube.backoff import Backoff
+from driver.kube.rest import Client
+from driver.nvml import backend
+from kubeletplugin.cohost import Host
+from kubeletplugin.computedomain import clique, nvcaps
+from kubeletplugin.computedomain.domains import Domain, Domains, NotReadyError
+from kubeletplugin.computedomain.node import ComputeDomainDriver, DomainConfig
+from sandbox.apiserver import LocalApiServer
+from sandbox.kubeletsim import KubeletSim
+from tests import cdnode
+from tests.cdnode import CD_UID, NODE
+from tests.computedomains import DRIVER_NAMESPACE
+from tests.pluginharness import NodeDirs, wait_for
+
+
+@pytest.fixture(scope="module")
+def gb200() -> Iterator[tuple[Inventory, Path]]:
+    with backend("simulated", profile=cdnode.PROFILE, node_name=NODE) as (nvml, root):
+        yield discover(nvml, sysfs_root=root), root
+
+
+def _with_cluster(inventory: Inventory, cluster: str, *, gpus: int | None = None) -> Inventory:
+    changed = [
+        dataclasses.replace(g, fabric_cluster_uuid=cluster) if gpus is None or i < gpus else g
+        for i, g in enumerate(inventory.gpus)
+    ]
+    return dataclasses.replace(inventory, gpus=tuple(changed))
+
+
+class _Host:
+    def __init__(self, api: Any, inventory: Inventory, root: Path) -> None:
+        self.now = inventory
+        self.next = inventory
+        self.rounds = 0
+        self.host = Host(
+            api_client=api,
+            inventory=lambda: self.now,
+            rediscover=self._rediscover,
+            proc_root=root,
+            nvml_mode="simulated",
+        )
+
+    async def _rediscover(self) -> None:
+        self.now = self.next
+        self.rounds += 1
+
+
+@pytest.fixture
+async def driver(
+    apiserver: LocalApiServer, kube: tuple[Any, Path], dirs: NodeDirs, gb200: Any
+) -> AsyncIterator[tuple[ComputeDomainDriver, _Host]]:
+    cdnode.seed(apiserver)
+    api, _ = kube
+    inventory, root = gb200
+    host = _Host(api, inventory, root)
+    cd = ComputeDomainDriver(
+        DomainConfig(
+            node_name=NODE,
+            namespace=DRIVER_NAMESPACE,
+            registrar_dir=dirs.registry,
+            plugins_dir=dirs.plugins,
+            cdi_root=dirs.cdi,
+            container_driver_root=root,
+            gate_timeout=0.5,
+            clique_period=0.05,
+        )
+    )
+    await cd.start(host.host)
+    try:
+        yield cd, host
+    finally:
+        await cd.stop()
+
+
+def test_the_clique_is_every_gpus_or_an_error(gb200: Any) -> None:
+    inventory, _ = gb200
+    assert clique.clique_id(inventory) == cdnode.clique_id(NODE)  # the seed: the node's name
+    assert clique.clique_id(dataclasses.replace(inventory, gpus=())) == ""
+    nofabric = [dataclasses.replace(g, fabric_cluster_uuid=None) for g in inventory.gpus]
+    assert clique.clique_id(dataclasses.replace(inventory, gpus=tuple(nofabric))) == ""
+    split = _with_cluster(inventory, "00000000-0000-0000-0000-000000000009", gpus=2)
+    with pytest.raises(clique.CliqueError, match="different NVLink cliques"):
+        clique.clique_id(split)
+
+
+def test_proc_devices_is_read_as_nvidias_parser_reads_it() -> None:
+    text = "Character devices:\n195 nvidia\n507 nvidia-caps-imex-channels\n\nBlock devices:\n"
+    assert nvcaps.major(text, nvcaps.IMEX_CHANNELS) == 507
+    with pytest.raises(nvcaps.NvCapsError, match="no character device 'nvidia-caps'"):
+        nvcaps.major(text, nvcaps.CAPS)
+    # A block device of that name, or no Block devices: line, is not the character device.
+    with pytest.raises(nvcaps.NvCapsError):
+        nvcaps.major("Character devices:\n\nBlock devices:\n508 nvidia-caps\n", nvcaps.CAPS)
+    with pytest.raises(nvcaps.NvCapsError, match="Block devices"):
+        nvcaps.major("Character devices:\n508 nvidia-caps\n", nvcaps.CAPS)
+    cap = nvcaps.capability("DeviceFileMinor: 3\nDeviceFileMode: 438\nDeviceFileModify: 1\n")
+    assert (cap.minor, cap.mode) == (3, 0o666)
+    with pytest.raises(nvcaps.NvCapsError):
+        nvcaps.capability("DeviceFileMode: 438\n")
+
+
+async def test_the_wait_for_the_daemon_is_bounded(
+    apiserver: LocalApiServer, kube: tuple[Any, Path]
+) -> None:
+    cdnode.seed(apiserver)
+    api, _ = kube
+    domains = Domains(Client(api), node_name=NODE, namespace=DRIVER_NAMESPACE)
+    domain = Domain(CD_UID, "default", "cd1")
+    with pytest.raises(NotReadyError, match="not ready in ComputeDomain"):
+        await domains.wait_ready(domain, "c.0", within=0.3, backoff=Backoff(base=0.05, cap=0.1))
+    cdnode.ready(apiserver, rack=NODE)
+    assert await domains.node_ready(domain, cdnode.clique_id(NODE))
+    assert not await domains.node_ready(domain, "")  # status.nodes does not list it yet
+
+
+async def test_a_prepare_that_waits_too_long_keeps_the_label_and_finishes_on_retry(
+    apiserver: LocalApiServer,
+    driver: tuple[ComputeDomainDriver, _Host],
+    kube: tuple[Any, Path],
+    dirs: NodeDirs,
+) -> None:
+    api, _ = kube
+    claim = await cdnode.channel_claim(api)
+    async with await KubeletSim.register(cdnode.cd_paths(dirs).registration) as kubelet:
+        error = (await kubelet.prepare([claim])).claims[claim.uid].error
+        assert "not ready in ComputeDomain" in error
+        # Kept: the label (it brings the daemon), the record, the reservation; no spec.
+        assert cdnode.node_label(apiserver) == CD_UID
+        data = dirs.plugins / names.DRIVER_NAME
+        assert (data / "devices" / "channel-0").is_symlink()
+        assert (data / "claims" / f"{claim.uid}.json").exists()
+        assert not list(dirs.cdi.glob("*.json"))
+        cdnode.ready(apiserver, rack=NODE)
+        assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
+        assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
+    assert cdnode.node_label(apiserver) is None
+
+
+async def test_the_clique_is_read_again_and_a_change_is_used_by_new_prepares(
+    driver: tuple[ComputeDomainDriver, _Host], caplog: pytest.LogCaptureFixture
+) -> None:
+    cd, host = driver
+    assert cd.clique_id == cdnode.clique_id(NODE)
+    other = "00000000-0000-0000-0000-000000000042"
+    host.next = _with_cluster(host.now, other)
+    with caplog.at_level(logging.WARNING):
+        await wait_for(lambda: cd.clique_id.startswith(other), "the new clique")
+    assert any("clique changed" in r.getMessage() for r in caplog.records)
+    # A fabric read that finds none does not replace a known clique (NVIDIA's rule).
+    host.next = dataclasses.replace(host.now, gpus=())
+    seen = host.rounds
+    await wait_for(lambda: host.rounds >= seen + 3, "three more re-reads")
+    assert cd.clique_id.startswith(other)
+
+
+async def test_an_old_driver_is_refused_in_one_line(
+    apiserver: LocalApiServer, kube: tuple[Any, Path], dirs: NodeDirs, gb200: Any
+) -> None:
+    api, _ = kube
+    inventory, root = gb200
+    old = dataclasses.replace(inventory, driver_version="565.57.01")
+    cd = ComputeDomainDriver(DomainConfig(node_name=NODE, namespace=DRIVER_NAMESPACE))
+    with pytest.raises(DriverTooOld, match=r"565\.57\.01 is older than 570\.158\.01"):
+        await cd.start(_Host(api, old, root).host)
+    await cd.stop()
