@@ -81,6 +81,8 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
                 "expression"
             ]
             == DEFAULT_CHANNEL_CLASS_SELECTOR
+            # The node process serves the ComputeDomain driver too.
+            and "--compute-domains=true" in args(o)
         ),
     ),
     "computeDomains.controller.replicas": (

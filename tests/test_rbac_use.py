@@ -121,3 +121,67 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
     assert used, "no request carried the node process's User-Agent"
     assert used - granted == set(), "used without a grant"
     assert granted - used == set(), "granted without use"
+
+
+async def test_the_compute_domain_driver_uses_exactly_what_its_values_add(
+    apiserver: LocalApiServer, dirs: NodeDirs
+) -> None:
+    """computeDomains.enabled adds grants for the ComputeDomain driver in the same process:
+    each is used, and nothing the process sends lacks a grant."""
+    from kubeletplugin.computedomain.node import ComputeDomainDriver, DomainConfig
+    from tests import cdnode
+    from tests.computedomains import DRIVER_NAMESPACE
+
+    kubeconfig = dirs.root / "kubeconfig"
+    apiserver.write_kubeconfig(kubeconfig)
+    api = await api_client(kubeconfig)
+    cdnode.seed(apiserver)
+    config = dirs.node_config(kubeconfig, node_name=cdnode.NODE, profile=cdnode.PROFILE)
+    guest = ComputeDomainDriver(
+        DomainConfig(
+            node_name=cdnode.NODE,
+            namespace=DRIVER_NAMESPACE,
+            registrar_dir=dirs.registry,
+            plugins_dir=dirs.plugins,
+            cdi_root=dirs.cdi,
+            gate_timeout=0.3,
+        )
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(node.run(config, stop, guests=[guest]))
+    try:
+        channel = await cdnode.channel_claim(api)
+        daemon = await cdnode.daemon_claim(api)
+        registration = cdnode.cd_paths(dirs).registration
+        await wait_for(registration.is_socket, "the ComputeDomain registration socket", 60)
+        async with await KubeletSim.register(registration) as kubelet:
+            # Not ready yet: the clique is missing, the domain's status read instead.
+            assert "not ready" in (await kubelet.prepare([channel])).claims[channel.uid].error
+            cdnode.ready(apiserver, rack=cdnode.NODE)
+            assert (await kubelet.prepare([channel, daemon])).claims[channel.uid].error == ""
+            response = await kubelet.unprepare([channel, daemon])
+            assert all(r.error == "" for r in response.claims.values())
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0
+        await api.close()
+
+    def grants(*values: str) -> set[tuple[str, str, str]]:
+        plugin = [
+            o
+            for o in render(set_values=values)
+            if o["metadata"]["name"].endswith("-kubelet-plugin")
+        ]
+        return rbac_grants(plugin, "ClusterRole") | rbac_grants(plugin, "Role")
+
+    enabled = grants("computeDomains.enabled=true")
+    added = enabled - grants()
+    used = _used(apiserver, user_agent("kubelet-plugin"))
+    assert added == {
+        ("patch", "", "nodes"),
+        ("get", "resource.nvidia.com", "computedomains"),
+        ("list", "resource.nvidia.com", "computedomains"),
+        ("get", "resource.nvidia.com", "computedomaincliques"),
+    }
+    assert used - enabled == set(), "used without a grant"
+    assert added - used == set(), "granted without use"
