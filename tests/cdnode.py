@@ -44,6 +44,7 @@ def start(
     rack: str | None = "rack-a",
     crashpoint: str | None = None,
     extra_env: dict[str, str] | None = None,
+    profile: str = PROFILE,
 ) -> PluginProcess:
     """The node process with ``--compute-domains``; ``rack`` None: no fabric (no clique)."""
     state = dirs.root / "fabric.yaml"
@@ -52,7 +53,7 @@ def start(
         dirs,
         kubeconfig=kubeconfig,
         node_name=NODE,
-        profile=PROFILE,
+        profile=profile,
         crashpoint=crashpoint,
         extra_env={"GPU_DRA_SIM_STATE": str(state), **(extra_env or {})},
         extra_args=("--compute-domains", f"--driver-namespace={DRIVER_NAMESPACE}"),

@@ -222,3 +222,21 @@ async def test_no_clique_gives_no_channel(
         assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
     assert "deviceNodes" not in spec(dirs, claim.uid)["containerEdits"]
     assert cdnode.node_label(apiserver) == CD_UID
+
+
+async def test_an_old_driver_refuses_the_compute_domain_driver_in_one_line(
+    apiserver: LocalApiServer, kube: tuple[Any, Path], dirs: NodeDirs, processes: list[Any]
+) -> None:
+    cdnode.seed(apiserver)
+    _, kubeconfig = kube
+    old = dirs.root / "old-driver.yaml"
+    old.write_text(f"extends: {cdnode.PROFILE}\ndriverVersion: 565.57.01\n")
+    plugin = cdnode.start(dirs, kubeconfig, profile=str(old))
+    processes.append(plugin)
+    await plugin.wait_ready(60)  # the GPU driver serves
+    refusals = [line for line in plugin.log().splitlines() if "not serving driver" in line]
+    assert len(refusals) == 1
+    assert names.DRIVER_NAME in refusals[0]
+    assert "565.57.01 is older than 570.158.01" in refusals[0]
+    assert not cdnode.cd_paths(dirs).registration.exists()
+    assert await plugin.terminate() == 0
