@@ -76,7 +76,9 @@ IMEXD = "/imexd"
 # less the claim fetch and the writes), and the backoff of its polls (NVIDIA's rate limiter).
 GATE_TIMEOUT_S = 40.0
 GATE_BACKOFF = (0.25, 3.0)
-_CALL_TIMEOUT_S = 60.0
+# A bound on one API call (or the whole daemon wait) seen from the worker thread: never hit
+# unless the loop is stuck, since every call has its own request timeout and the wait its bound.
+_CALL_TIMEOUT_S = 300.0
 
 # What a prepared device records of its config (PreparedDevice.sharing).
 CONFIG_KIND = "configKind"

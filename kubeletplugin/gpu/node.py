@@ -419,8 +419,12 @@ class _Node:
         for guest in self._guests:
             try:
                 await guest.start(host)
-            except (DriverError, OSError) as exc:
-                log.error("not serving driver", extra=kv(driver=guest.name, error=str(exc)))
+            except Exception as exc:  # a guest's failure is its own: the GPU driver serves on
+                log.error(
+                    "not serving driver",
+                    exc_info=not isinstance(exc, DriverError | OSError),
+                    extra=kv(driver=guest.name, error=str(exc)),
+                )
                 await guest.stop()
                 continue
             self._serving.append(guest)
