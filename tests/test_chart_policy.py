@@ -93,9 +93,11 @@ def evaluate(
     user_node: str | None,
     user: str | None = None,
     request_name: str | None = None,
+    old: dict[str, Any] | None = None,
 ) -> list[str]:
     """``request_name``: the request's ``name``, by default the object's; the API server
-    gives "" for a CREATE whose name it generates (from ``generateName``)."""
+    gives "" for a CREATE whose name it generates (from ``generateName``). ``old``: the
+    object before an UPDATE, by default the object itself."""
     extra = {NODE_NAME_KEY: [user_node]} if user_node is not None else {}
     if request_name is None:
         request_name = str(obj.get("metadata", {}).get("name", ""))
@@ -106,7 +108,7 @@ def evaluate(
             "userInfo": {"username": user or policy.plugin_user, "extra": extra},
         },
         "object": None if operation == "DELETE" else obj,
-        "oldObject": obj if operation in ("DELETE", "UPDATE") else None,
+        "oldObject": (old or obj) if operation in ("DELETE", "UPDATE") else None,
         "variables": {},
     }
     spec_ = policy.spec
