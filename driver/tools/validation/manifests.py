@@ -32,7 +32,7 @@ from driver.tools.cel import (
     lint_selector,
     suggest,
 )
-from driver.tools.validation import computedomains, gates, rules, workloads
+from driver.tools.validation import computedomains, gates, hardware, rules, workloads
 from driver.tools.validation.problems import Check, Finding, Problem, Severity
 
 # What this driver publishes (driver/gpu/resourceslice.py), the one source for names and types.
@@ -54,6 +54,16 @@ CHART_CLASSES = frozenset(
         computedomain.DEFAULT_CHANNEL_CLASS,
     }
 )
+
+_GPU = f'device.driver == "{DEFAULT_DRIVER_NAME}" && device.attributes["{DEFAULT_DRIVER_NAME}"]'
+# Their selectors (tests/test_validate_profiles.py holds these equal to the chart's render).
+CHART_CLASS_SELECTORS: Mapping[str, tuple[str, ...]] = {
+    "gpu.nvidia.com": (f'{_GPU}.type == "gpu"',),
+    "mig.nvidia.com": (f'{_GPU}.type == "mig"',),
+    "shared.gpu.nvidia.com": (f'{_GPU}.type == "gpu"', "device.allowMultipleAllocations"),
+    computedomain.DAEMON_CLASS: (computedomain.DAEMON_CLASS_SELECTOR,),
+    computedomain.DEFAULT_CHANNEL_CLASS: (computedomain.DEFAULT_CHANNEL_CLASS_SELECTOR,),
+}
 
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
@@ -98,10 +108,15 @@ def linter(published: rules.Published) -> "rules.SelectorLint":
 
 
 def _label(doc: Mapping[str, Any], index: int) -> str:
+    """``Kind/namespace/name`` (``Kind/name`` when no namespace is written: a cluster-scoped
+    object, or one that goes to kubectl's current namespace)."""
     kind = doc.get("kind")
-    name = doc.get("metadata", {}).get("name") if isinstance(doc.get("metadata"), Mapping) else None
+    meta = doc.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name, namespace = meta.get("name"), meta.get("namespace")
     if isinstance(kind, str) and kind:
-        return f"{kind}/{name if isinstance(name, str) and name else '<unnamed>'}"
+        where = f"{namespace}/" if isinstance(namespace, str) and namespace else ""
+        return f"{kind}/{where}{name if isinstance(name, str) and name else '<unnamed>'}"
     return f"document {index + 1}"
 
 
@@ -206,6 +221,22 @@ def _class_names(docs: Sequence[Any]) -> frozenset[str]:
     )
 
 
+def _class_selectors(docs: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+    """Each known DeviceClass's selectors: the chart's, overridden by the files' and the
+    cluster's."""
+    known = dict(CHART_CLASS_SELECTORS)
+    for doc in docs:
+        if not isinstance(doc, Mapping) or doc.get("kind") != "DeviceClass":
+            continue
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if isinstance(name, str):
+            spec = doc.get("spec")
+            selectors = spec.get("selectors") if isinstance(spec, Mapping) else None
+            known[name] = tuple(hardware.expressions(selectors))
+    return known
+
+
 def _object_findings(
     doc: Mapping[str, Any], ctx: rules.Context, claims: workloads.Claims
 ) -> Iterator[Finding]:
@@ -265,7 +296,7 @@ def _rule_findings(
 
 
 def _severity(finding: Finding, defined_elsewhere: bool) -> Severity:
-    if defined_elsewhere and finding.check is Check.REFERENCE:
+    if defined_elsewhere and finding.check in (Check.REFERENCE, Check.HARDWARE):
         return Severity.WARNING
     return finding.severity
 
@@ -278,6 +309,7 @@ def validate_sources(
     published: rules.Published | None = PUBLISHED,
     known: Sequence[Mapping[str, Any]] = (),
     defined_elsewhere: bool = False,
+    hardware_check: bool = True,
 ) -> list[Problem]:
     """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
 
@@ -306,6 +338,7 @@ def validate_sources(
         classes=_class_names(every),
         lint_selector=linter(published) if published is not None else rules.no_lint,
         published=published,
+        class_selectors=_class_selectors(every) if hardware_check else None,
     )
     claims = workloads.collect_claims(every)
     problems: list[Problem] = []

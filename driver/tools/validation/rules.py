@@ -21,7 +21,7 @@ from driver.common.limits import (
     label_value_error,
 )
 from driver.computedomain import names as computedomain
-from driver.tools.validation import gates
+from driver.tools.validation import gates, hardware
 from driver.tools.validation.problems import Check, Finding, Severity
 
 # pkg/apis/resource/types.go
@@ -70,6 +70,9 @@ class Context:
     # Findings that compile cannot make: names and types against what drivers publish.
     lint_selector: SelectorLint = no_lint
     published: Published | None = None
+    # DeviceClass name -> its selectors, for the check against every instance profile's
+    # devices; None: not checked.
+    class_selectors: Mapping[str, tuple[str, ...]] | None = None
 
 
 def _list(value: Any) -> list[Any]:
@@ -333,8 +336,14 @@ MAX_JOB_NAME = 63
 
 def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
     spec = _map(spec)
-    yield from _selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx)
+    selectors = list(_selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx))
+    yield from selectors
     yield from _opaque_configs(f"{path}.config", _list(spec.get("config")), ctx)
+    refused = any(f.severity is Severity.ERROR for f in selectors)
+    if ctx.class_selectors is not None and not refused:
+        unsatisfiable = hardware.check_class(path, spec.get("selectors"))
+        if unsatisfiable is not None:
+            yield unsatisfiable
     name = _str(spec.get("extendedResourceName"))
     if name is not None:
         erp = f"{path}.extendedResourceName"
@@ -349,8 +358,10 @@ def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Find
         yield from _gated(erp, gates.DRA_EXTENDED_RESOURCE, ctx)
 
 
-def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
-    """The fields ``exactly`` and a ``firstAvailable`` subrequest share."""
+def _request_fields(
+    path: str, request: Mapping[str, Any], ctx: Context, *, alternative: bool = False
+) -> Iterator[Finding]:
+    """The fields ``exactly`` and a ``firstAvailable`` subrequest (an alternative) share."""
     class_name = _str(request.get("deviceClassName"))
     if not class_name:
         yield Finding(f"{path}.deviceClassName", "required: the DeviceClass to allocate from")
@@ -374,7 +385,18 @@ def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iter
                 + " (--defined-elsewhere if it is)",
                 check=Check.REFERENCE,
             )
-    yield from _selectors(f"{path}.selectors", _list(request.get("selectors")), ctx)
+    selectors = list(_selectors(f"{path}.selectors", _list(request.get("selectors")), ctx))
+    yield from selectors
+    known = ctx.class_selectors
+    # A selector already refused (it does not compile, or fails on every device by its
+    # names alone) gets no second line from the devices.
+    refused = any(f.severity is Severity.ERROR for f in selectors)
+    if known is not None and class_name is not None and class_name in known and not refused:
+        unsatisfiable = hardware.check_request(
+            path, class_name, known[class_name], request, alternative=alternative
+        )
+        if unsatisfiable is not None:
+            yield unsatisfiable
     mode = _str(request.get("allocationMode")) or "ExactCount"
     # 0 is no count: the field is omitted when empty, and the server defaults it.
     count = request.get("count") or 0
@@ -546,6 +568,7 @@ def _requests(
             fpath = f"{rpath}.firstAvailable"
             subrequests = _list(request.get("firstAvailable"))
             findings += _too_many(fpath, subrequests, MAX_SUBREQUESTS)
+            never = 0
             for j, raw_sub in enumerate(subrequests):
                 sub = _map(raw_sub)
                 spath = f"{fpath}[{j}]"
@@ -560,7 +583,19 @@ def _requests(
                             Finding(f"{spath}.name", f"duplicate subrequest name {subname!r}")
                         )
                     subnames.add(subname)
-                findings += _request_fields(spath, sub, ctx)
+                found = list(_request_fields(spath, sub, ctx, alternative=True))
+                never += any(f.check is Check.HARDWARE for f in found)
+                findings += found
+            if subrequests and never == len(subrequests):
+                findings.append(
+                    Finding(
+                        fpath,
+                        f"none of the {len(subrequests)} alternatives can be met on the EKS "
+                        "instance types validate knows (each is named above): the claim "
+                        "stays pending (--defined-elsewhere if your nodes have other hardware)",
+                        check=Check.HARDWARE,
+                    )
+                )
         if name is not None and name not in names:
             names[name] = subnames
     return findings, names
