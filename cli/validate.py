@@ -36,7 +36,8 @@ what is checked:
     ComputeDomain classes against the config kind their device takes.
   Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet: each container's
     resources.claims against the pod's resourceClaims, and those against the claims and
-    templates given (in the files, or read with --cluster; when any is known).
+    templates given (in the files, read with --cluster, or a ComputeDomain's channel
+    template): a name none defines is an error (--defined-elsewhere: a warning).
   Fields behind a feature gate that is off by default in the chosen version are warnings.
 
 output: one line per problem, FILE: KIND/NAME: FIELD.PATH: error|warning: MESSAGE

@@ -705,8 +705,9 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "Pod/p",
                 "spec.resourceClaims[0].resourceClaimTemplateName",
                 "error",
-                "no ResourceClaimTemplate 'single-gpus' in namespace 'default' among the given "
-                "manifests (known: single-gpu); did you mean single-gpu?",
+                "no ResourceClaimTemplate 'single-gpus' in namespace 'default' in the files "
+                "given or the cluster (known there: single-gpu): the pod stays pending; did you "
+                "mean single-gpu? (--defined-elsewhere if it is)",
             ),
         ],
     ),
@@ -719,9 +720,9 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "Pod/p",
                 "spec.resourceClaims[0].resourceClaimName",
                 "error",
-                "no ResourceClaim 't' in namespace 'default' among the given manifests (known: "
-                "none); a ResourceClaimTemplate of that name exists: use "
-                "resourceClaimTemplateName",
+                "no ResourceClaim 't' in namespace 'default' in the files given or the cluster "
+                "(known there: none): the pod stays pending; a ResourceClaimTemplate of that "
+                "name exists: use resourceClaimTemplateName (--defined-elsewhere if it is)",
             ),
         ],
     ),
@@ -879,11 +880,16 @@ async def test_cluster_supplies_the_templates_a_pod_names(
     out = capsys.readouterr().out
     assert out == (
         f"{bad}: Pod/p: spec.resourceClaims[0].resourceClaimTemplateName: error: no "
-        "ResourceClaimTemplate 'singel-gpu' in namespace 'default' among the given manifests "
-        "(known: single-gpu); did you mean single-gpu?\n"
+        "ResourceClaimTemplate 'singel-gpu' in namespace 'default' in the files given or the "
+        "cluster (known there: single-gpu): the pod stays pending; did you mean single-gpu? "
+        "(--defined-elsewhere if it is)\n"
     )
-    # Without the cluster nothing says which templates exist: the reference is not checked.
-    assert await asyncio.to_thread(main, ["validate", str(bad)]) == 0
+    # Without the cluster no template is known: an error still, a warning when the
+    # templates are defined elsewhere.
+    assert await asyncio.to_thread(main, ["validate", str(bad)]) == 1
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["validate", "--defined-elsewhere", str(bad)]) == 0
+    assert ": warning: no ResourceClaimTemplate 'singel-gpu'" in capsys.readouterr().out
 
 
 def test_exit_status_is_documented_and_kept(

@@ -314,11 +314,11 @@ def validate_sources(
     """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
 
     DeviceClass, ResourceClaim and ResourceClaimTemplate names are collected across all
-    sources (and ``known``, objects read from a cluster) first: when any DeviceClass is
-    given or not, every ``deviceClassName`` must name one or one of the chart's
-    (``defined_elsewhere``: a name none defines is a warning); when any claim or template is
-    given,
-    every pod's ``resourceClaims`` must name one. ``published`` is what the driver
+    sources (and ``known``, objects read from a cluster) first: every ``deviceClassName``
+    must name one of them or of the chart's, and every pod's ``resourceClaims`` a claim or
+    template among them. ``hardware_check``: each request of this driver is judged against
+    the devices of every instance profile. ``defined_elsewhere``: a name none defines, or a
+    request no profile's devices satisfy, is a warning. ``published`` is what the driver
     publishes, for names and types in selectors, constraints and configs (None: unchecked).
     """
     per_file: list[tuple[str, list[tuple[int, Any]], list[Problem]]] = []

@@ -30,15 +30,12 @@ _CLAIM_KINDS = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "s
 
 @dataclass(frozen=True, slots=True)
 class Claims:
-    """The ResourceClaims and ResourceClaimTemplates known, by (namespace, name): their
-    request names (``req`` and ``req/sub``)."""
+    """The ResourceClaims and ResourceClaimTemplates known (the files', the cluster's, and
+    the channel templates ComputeDomains get), by (namespace, name): their request names
+    (``req`` and ``req/sub``)."""
 
     claims: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     templates: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-
-    @property
-    def any(self) -> bool:
-        return bool(self.claims or self.templates)
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -124,7 +121,7 @@ def _pod_claim(
         else ("ResourceClaimTemplate", template, known.templates)
     )
     field_name = "resourceClaimName" if claim is not None else "resourceClaimTemplateName"
-    if not isinstance(name, str) or not known.any:
+    if not isinstance(name, str):
         return findings, None
     requests = table.get((namespace, name))
     if requests is None:
@@ -140,8 +137,9 @@ def _pod_claim(
         findings.append(
             Finding(
                 f"{path}.{field_name}",
-                f"no {kind} {name!r} in namespace {namespace!r} among the given manifests "
-                f"(known: {', '.join(in_namespace) or 'none'}){hint}",
+                f"no {kind} {name!r} in namespace {namespace!r} in the files given or the "
+                f"cluster (known there: {', '.join(in_namespace) or 'none'}): the pod stays "
+                f"pending{hint} (--defined-elsewhere if it is)",
                 check=Check.REFERENCE,
             )
         )
