@@ -275,7 +275,8 @@ def _values(clause: Clause, among: int) -> str:
             if profile not in profiles:
                 profiles.append(profile)
         if not seen:
-            parts.append(f"no such device has {'capacity' if capacity else 'attribute'} {name}")
+            what = "capacity" if capacity else "attribute"
+            parts.append(f"no device there has {what} {domain}/{name}")
             continue
 
         def where(shown: str, seen: dict[str, list[str]] = seen) -> str:

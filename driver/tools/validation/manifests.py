@@ -81,7 +81,10 @@ def check_selector(expression: str) -> Finding | None:
     except CelUnsupportedError as exc:
         return Finding("", f"not checked: {exc}", Severity.WARNING)
     except CelCompileError as exc:
-        return Finding("", f"invalid CEL: {exc}")
+        return Finding(
+            "",
+            f"invalid CEL: {exc} (must be a bool expression over device, in Kubernetes' DRA CEL)",
+        )
     return None
 
 
@@ -177,7 +180,8 @@ def _schema_finding(error: jsonschema.ValidationError, kind: str) -> Finding | N
             near = suggest(str(extra[0]), set(allowed))
             return Finding(
                 _field_path([*path, extra[0]]),
-                f"unknown field {extra[0]!r}" + (f"; did you mean {near}?" if near else ""),
+                f"unknown field {extra[0]!r}"
+                + (f"; did you mean {near}?" if near else f" (allowed: {_listed(allowed)})"),
             )
     instance = error.instance
     if error.validator == "required" and isinstance(error.validator_value, list):
@@ -190,7 +194,33 @@ def _schema_finding(error: jsonschema.ValidationError, kind: str) -> Finding | N
             return None
         if missing:
             return Finding(_field_path([*path, missing[0]]), "required")
+    if error.validator == "type":
+        return Finding(_field_path(path), _type_message(error.validator_value, instance))
     return Finding(_field_path(path), str(error.message))
+
+
+_TYPE_WORDS = {
+    "object": "an object",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+}
+
+
+def _type_message(wanted: Any, instance: Any) -> str:
+    """``must be an integer, not 'two'``: the type allowed, then the value written."""
+    types = [wanted] if isinstance(wanted, str) else list(wanted)
+    words = [_TYPE_WORDS.get(str(t), str(t)) for t in types if t != "null"]
+    shown = repr(instance)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"must be {' or '.join(words)}, not {shown}"
+
+
+def _listed(names: Sequence[str], most: int = 12) -> str:
+    shown = sorted(names)
+    return ", ".join(shown[:most]) + (f" and {len(shown) - most} more" if len(shown) > most else "")
 
 
 def _map_keys(schema: Any) -> list[str]:
@@ -346,7 +376,12 @@ def validate_sources(
         for index, doc in docs:
             if not isinstance(doc, Mapping):
                 problems.append(
-                    Problem(file, f"document {index + 1}", "", "not a Kubernetes object")
+                    Problem(
+                        file,
+                        f"document {index + 1}",
+                        "",
+                        "not a Kubernetes object: must be a mapping with apiVersion and kind",
+                    )
                 )
                 continue
             label = _label(doc, index)

@@ -124,9 +124,10 @@ def _too_many(path: str, items: list[Any], limit: int) -> Iterator[Finding]:
         yield Finding(path, f"must have at most {limit} items, has {len(items)}")
 
 
-def _gated(path: str, gate: gates.Gate, ctx: Context) -> Iterator[Finding]:
+def _gated(path: str, gate: gates.Gate, ctx: Context, written: str) -> Iterator[Finding]:
+    """``written``: what the user wrote there, as the message shows it."""
     if gate.off_by_default(ctx.version):
-        yield Finding(path, gates.warning(gate, ctx.version), Severity.WARNING)
+        yield Finding(path, f"{written}: {gates.warning(gate, ctx.version)}", Severity.WARNING)
 
 
 def _selectors(path: str, selectors: list[Any], ctx: Context) -> Iterator[Finding]:
@@ -149,7 +150,9 @@ def _selectors(path: str, selectors: list[Any], ctx: Context) -> Iterator[Findin
         for lint in ctx.lint_selector(expression):
             yield Finding(expr_path, lint.message, lint.severity, lint.check)
         if _USES_ALLOW_MULTIPLE.search(expression):
-            yield from _gated(expr_path, gates.DRA_CONSUMABLE_CAPACITY, ctx)
+            yield from _gated(
+                expr_path, gates.DRA_CONSUMABLE_CAPACITY, ctx, "device.allowMultipleAllocations"
+            )
 
 
 def _gpu_config(path: str, parameters: Any) -> Iterator[Finding]:
@@ -290,7 +293,8 @@ def _compute_domain_requests(path: str, devices: Mapping[str, Any]) -> Iterator[
         if target not in configured:
             yield Finding(
                 where,
-                f"no {kind} applies to request {target!r}, so the node driver refuses it at "
+                f"{_class_of(kind)!r}: no {kind} applies to request {target!r}, so the node "
+                "driver refuses it at "
                 'prepare ("domainID cannot be empty"): a workload names the '
                 "ResourceClaimTemplate its ComputeDomain creates "
                 "(spec.channel.resourceClaimTemplate.name) instead of a claim of its own",
@@ -321,8 +325,8 @@ def check_metadata(metadata: Any, kind: str) -> Iterator[Finding]:
     elif name and kind == "Job" and len(name) > MAX_JOB_NAME:
         yield Finding(
             "metadata.name",
-            f"a Job's name becomes its pods' label batch.kubernetes.io/job-name: at most "
-            f"{MAX_JOB_NAME} characters, is {len(name)}",
+            f"{name!r}: a Job's name becomes its pods' label batch.kubernetes.io/job-name: "
+            f"at most {MAX_JOB_NAME} characters, is {len(name)}",
         )
     for key, value in _map(meta.get("labels")).items():
         if (why := label_key_error(str(key))) is not None:
@@ -355,7 +359,7 @@ def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Find
                 f"{name!r} must be an extended resource name: <domain>/<name> outside "
                 "kubernetes.io, e.g. nvidia.com/gpu",
             )
-        yield from _gated(erp, gates.DRA_EXTENDED_RESOURCE, ctx)
+        yield from _gated(erp, gates.DRA_EXTENDED_RESOURCE, ctx, repr(name))
 
 
 def _request_fields(
@@ -411,18 +415,23 @@ def _request_fields(
     if request.get("adminAccess") is True:
         yield Finding(
             f"{path}.adminAccess",
-            "the API server refuses adminAccess unless the claim's namespace has the label "
-            'resource.kubernetes.io/admin-access: "true"',
+            "true: allowed only in a namespace with the label "
+            'resource.kubernetes.io/admin-access: "true" (the API server refuses it elsewhere)',
             Severity.WARNING,
         )
     tolerations = _list(request.get("tolerations"))
     if tolerations:
-        yield from _gated(f"{path}.tolerations", gates.DRA_DEVICE_TAINTS, ctx)
+        yield from _gated(
+            f"{path}.tolerations", gates.DRA_DEVICE_TAINTS, ctx, f"{len(tolerations)} toleration(s)"
+        )
         for i, toleration in enumerate(tolerations):
             yield from _toleration(f"{path}.tolerations[{i}]", _map(toleration), ctx)
     capacity = _map(request.get("capacity"))
     if capacity.get("requests"):
-        yield from _gated(f"{path}.capacity.requests", gates.DRA_CONSUMABLE_CAPACITY, ctx)
+        asked = ", ".join(f"{k}: {v}" for k, v in _map(capacity.get("requests")).items())
+        yield from _gated(
+            f"{path}.capacity.requests", gates.DRA_CONSUMABLE_CAPACITY, ctx, f"{{{asked}}}"
+        )
         yield from _capacity_requests(
             f"{path}.capacity.requests", _map(capacity.get("requests")), class_name, ctx
         )
@@ -527,7 +536,7 @@ def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding
         if near is not None:
             yield Finding(
                 path,
-                f"no driver publishes domain {domain!r}; did you mean {near}?",
+                f"{name!r}: no driver publishes domain {domain!r}; did you mean {near}?",
                 check=Check.DEVICES,
             )
         return
@@ -535,8 +544,13 @@ def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding
         near = suggest(ident, set(names))
         yield Finding(
             path,
-            f"{domain} publishes no attribute {ident!r}: the constraint can never be met"
-            + (f"; did you mean {domain}/{near}?" if near else ""),
+            f"{name!r}: {domain} publishes no attribute {ident!r}, so the constraint can never "
+            "be met"
+            + (
+                f"; did you mean {domain}/{near}?"
+                if near
+                else f" (it has: {', '.join(sorted(names))})"
+            ),
             check=Check.DEVICES,
         )
 
@@ -555,7 +569,9 @@ def _requests(
             if not is_dns_label(name):
                 findings.append(Finding(f"{rpath}.name", f"{name!r} must be a DNS label"))
             elif name in names:
-                findings.append(Finding(f"{rpath}.name", f"duplicate request name {name!r}"))
+                findings.append(
+                    Finding(f"{rpath}.name", f"duplicate request name {name!r}: must be unique")
+                )
         # An empty firstAvailable counts as unset, as in the API server.
         has_exactly = request.get("exactly") is not None
         has_first = bool(_list(request.get("firstAvailable")))
@@ -580,7 +596,10 @@ def _requests(
                         )
                     elif subname in subnames:
                         findings.append(
-                            Finding(f"{spath}.name", f"duplicate subrequest name {subname!r}")
+                            Finding(
+                                f"{spath}.name",
+                                f"duplicate subrequest name {subname!r}: must be unique",
+                            )
                         )
                     subnames.add(subname)
                 found = list(_request_fields(spath, sub, ctx, alternative=True))
@@ -610,7 +629,7 @@ def _references(path: str, refs: list[Any], names: Mapping[str, set[str]]) -> It
         if not isinstance(ref, str):
             continue
         if ref in seen:
-            yield Finding(f"{path}[{i}]", f"duplicate entry {ref!r}")
+            yield Finding(f"{path}[{i}]", f"duplicate entry {ref!r}: each must be listed once")
             continue
         seen.add(ref)
         base, slash, sub = ref.partition("/")
@@ -621,13 +640,17 @@ def _references(path: str, refs: list[Any], names: Mapping[str, set[str]]) -> It
             )
         elif base not in names:
             known = ", ".join(sorted(names)) or "none"
-            yield Finding(f"{path}[{i}]", f"no request named {base!r} (requests: {known})")
-        elif slash and sub not in names[base]:
-            subs = ", ".join(sorted(names[base]))
             yield Finding(
                 f"{path}[{i}]",
-                f"request {base!r} has no subrequest {sub!r}"
-                + (f" (subrequests: {subs})" if subs else " (it has no firstAvailable)"),
+                f"{ref!r}: no request named {base!r}; must name one of the claim's requests "
+                f"({known})",
+            )
+        elif slash and sub not in names[base]:
+            subs = ", ".join(f"{base}/{s}" for s in sorted(names[base]))
+            yield Finding(
+                f"{path}[{i}]",
+                f"{ref!r}: request {base!r} has no subrequest {sub!r}; must be "
+                + (f"one of {base}, {subs}" if subs else f"{base!r} (it has no firstAvailable)"),
             )
 
 
@@ -650,7 +673,8 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
             # The server takes matchAttribute and never looks at distinctAttribute.
             yield Finding(
                 f"{cpath}.distinctAttribute",
-                "ignored: matchAttribute is set too, and the API server keeps only that one",
+                f"{distinct!r} is ignored: matchAttribute is set too, and the API server keeps "
+                "only that one (set one of them)",
                 Severity.WARNING,
             )
         checked = (
@@ -658,11 +682,13 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
         )
         for key, value in (checked,):
             if value is not None and (why := _fully_qualified_name(value)):
-                yield Finding(f"{cpath}.{key}", why)
+                yield Finding(f"{cpath}.{key}", f"{value!r}: {why}")
             elif value is not None:
                 yield from _published_attribute(f"{cpath}.{key}", value, ctx)
         if distinct is not None and match is None:
-            yield from _gated(f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx)
+            yield from _gated(
+                f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx, repr(distinct)
+            )
     configs = _list(devices.get("config"))
     yield from _opaque_configs(f"{dpath}.config", configs, ctx)
     yield from _compute_domain_requests(dpath, devices)
