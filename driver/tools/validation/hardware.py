@@ -8,6 +8,10 @@ differs between two nodes of one type (a UUID, a PCI address, the driver version
 the device in a way its text does not show is not judged. Dropping a clause from a
 conjunction only widens what it selects, so what is left and selects nothing selects
 nothing on a real node of these types either.
+
+The simulator has MIG tables for the A100, H100 and H200 only: the B200's and GB200's MIG
+devices are not among these, so a MIG request only they could satisfy is reported (and
+``--defined-elsewhere`` makes it a warning).
 """
 
 import difflib
@@ -385,8 +389,8 @@ def expressions(selectors: Any) -> list[str]:
 
 def _known() -> str:
     return (
-        f"the {profile_count()} EKS instance types validate knows, with their MIG and shared "
-        "variants"
+        f"the {profile_count()} EKS instance types validate knows (with their MIG and shared "
+        "variants)"
     )
 
 
