@@ -60,10 +60,12 @@ chart: $(STAMP)
 	$(PY) -m tests.chart_render
 
 # The generated tables of docs/reference.md, from the flag table, chart schema, attribute
-# tables and metrics registry (tests/test_docs_reference.py fails when they drift).
+# tables and metrics registry (tests/test_docs_reference.py fails when they drift), and the
+# devices each instance profile publishes, which validate reads (tests/test_validate_profiles.py).
 .PHONY: docs
 docs: $(STAMP)
 	$(PY) -m tests.docs_reference
+	$(PY) -m tests.profile_devices
 
 proto: $(STAMP)
 	$(PY) -m api.protogen

@@ -18,7 +18,13 @@ what is checked:
     literals; constraint attributes; capacity requests; request names used by constraints
     and config; opaque GpuConfig parameters, parsed as the kubelet plugin parses them;
     deviceClassName against the chart's DeviceClasses and those given (files, --cluster),
-    with the closest name.
+    with the closest name. Each request of gpu.nvidia.com, with its class's selectors,
+    against the devices every EKS instance type the simulated hardware knows publishes
+    (with MIG and shared variants, as gpu-dra discover publishes them): a request no
+    device passes, or whose count is more than one node has, is an error naming the
+    clause that fails and the values the devices have. Clauses reading what differs
+    between two nodes of one type (UUIDs, PCI addresses, driver versions, NVLink
+    domains) are not judged.
   ComputeDomain, ComputeDomainClique (resource.nvidia.com/v1beta1): the chart's CRD schema
     as the API server applies it (unknown fields, types, required fields, numNodes >= 0,
     allocationMode All or Single), the metadata, and what NVIDIA's controller needs beyond
@@ -30,7 +36,8 @@ what is checked:
     ComputeDomain classes against the config kind their device takes.
   Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet: each container's
     resources.claims against the pod's resourceClaims, and those against the claims and
-    templates given (in the files, or read with --cluster; when any is known).
+    templates given (in the files, read with --cluster, or a ComputeDomain's channel
+    template): a name none defines is an error (--defined-elsewhere: a warning).
   Fields behind a feature gate that is off by default in the chosen version are warnings.
 
 output: one line per problem, FILE: KIND/NAME: FIELD.PATH: error|warning: MESSAGE
@@ -80,7 +87,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "--defined-elsewhere",
         action="store_true",
         help="DeviceClasses, claims and templates may be defined outside the chart, the files "
-        "and --cluster: a name none of them defines is a warning, not an error",
+        "and --cluster, and nodes may have hardware no known EKS instance type has: a name "
+        "none of them defines, or a request no known instance type's devices satisfy, is a "
+        "warning, not an error",
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="manifest file, or - for stdin")
     parser.set_defaults(func=_run)

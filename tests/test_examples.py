@@ -156,13 +156,14 @@ def test_examples_pass_gpu_dra_validate_with_the_charts_classes(
     # requests (DRAConsumableCapacity) and the diagnostics claim's tolerations (DRADeviceTaints).
     gated = {
         f"{EXAMPLES / name}: ResourceClaimTemplate/{template}: spec.spec.devices.requests[0]."
-        "exactly.capacity.requests: warning: needs feature gate DRAConsumableCapacity, off by "
-        f"default in Kubernetes {version}"
+        "exactly.capacity.requests: warning: {memory: 20Gi}: needs feature gate "
+        f"DRAConsumableCapacity, off by default in Kubernetes {version}"
         for name, template in CAPACITY_EXAMPLES.items()
     } | {
         f"{EXAMPLES / 'diagnostics-tolerates-xid.yaml'}: ResourceClaimTemplate/"
         "diagnostics-tolerates-xid: spec.spec.devices.requests[0].exactly.tolerations: "
-        f"warning: needs feature gate DRADeviceTaints, off by default in Kubernetes {version}"
+        "warning: 1 toleration(s): needs feature gate DRADeviceTaints, off by default in "
+        f"Kubernetes {version}"
     }
     lines = out.getvalue().splitlines()
     assert code == 0

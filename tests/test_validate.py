@@ -200,7 +200,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
             constraints=[{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]
         ),
         "spec.devices.constraints[0].requests[0]",
-        "no request named 'gpus' (requests: gpu)",
+        "'gpus': no request named 'gpus'; must name one of the claim's requests (gpu)",
     ),
     (
         "constraint names a missing subrequest",
@@ -211,7 +211,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
             ],
         ),
         "spec.devices.constraints[0].requests[0]",
-        "has no subrequest 'b200' (subrequests: a100, h100)",
+        "has no subrequest 'b200'; must be one of pair, pair/a100, pair/h100",
     ),
     (
         "subrequest of an exactly request",
@@ -314,7 +314,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
         "schema: wrong type",
         claim(requests=[exactly(count="two")]),
         "spec.devices.requests[0].exactly.count",
-        "is not of type 'integer'",
+        "must be an integer, not 'two'",
     ),
     (
         "schema: adminAccess is not a subrequest field",

@@ -270,7 +270,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.requests[0].exactly.selectors[0].cel.expression",
                 "error",
-                "1:49: attribute productName is a string, compared with an int: never true",
+                "1:49: attribute productName is a string, compared with an int: never true; "
+                "compare it with a string",
             ),
         ],
     ),
@@ -312,7 +313,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.devices.requests[0].exactly.selectors[0].cel.expression",
                 "error",
                 "invalid CEL: 1:55: found no matching overload for 'isGreaterThan' applied to "
-                "'kubernetes.Quantity.(int)'",
+                "'kubernetes.Quantity.(int)'"
+                " (must be a bool expression over device, in Kubernetes' DRA CEL)",
             ),
         ],
     ),
@@ -339,7 +341,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.devices.requests[0].exactly.selectors[0].cel.expression",
                 "error",
                 "invalid CEL: 1:49: found no matching overload for '_==_' applied to "
-                "'(map(string, dyn), string)'",
+                "'(map(string, dyn), string)'"
+                " (must be a bool expression over device, in Kubernetes' DRA CEL)",
             ),
             (
                 "ResourceClaim/c",
@@ -361,7 +364,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.devices.requests[0].exactly.selectors[0].cel.expression",
                 "error",
                 "invalid CEL: 1:31: found no matching overload for '_==_' applied to "
-                "'(map(string, dyn), string)'",
+                "'(map(string, dyn), string)'"
+                " (must be a bool expression over device, in Kubernetes' DRA CEL)",
             ),
             (
                 "ResourceClaim/c",
@@ -431,7 +435,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.requests[0].exactly.selectors[0].cel.expression",
                 "error",
-                "1:54: attribute memory is an int: it has no method startsWith()",
+                "1:54: attribute memory is an int: it has no method startsWith() (it has none: "
+                "use operators such as == and <)",
             ),
         ],
     ),
@@ -485,8 +490,9 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.constraints[0].matchAttribute",
                 "error",
-                "gpu.nvidia.com publishes no attribute 'nvlinkdomain': the constraint can never "
-                "be met; did you mean gpu.nvidia.com/nvlinkDomain?",
+                "'gpu.nvidia.com/nvlinkdomain': gpu.nvidia.com publishes no attribute "
+                "'nvlinkdomain', so the constraint can never be met; did you mean "
+                "gpu.nvidia.com/nvlinkDomain?",
             ),
         ],
     ),
@@ -499,8 +505,9 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.constraints[0].matchAttribute",
                 "error",
-                "resource.kubernetes.io publishes no attribute 'pcieroot': the constraint can "
-                "never be met; did you mean resource.kubernetes.io/pcieRoot?",
+                "'resource.kubernetes.io/pcieroot': resource.kubernetes.io publishes no "
+                "attribute 'pcieroot', so the constraint can never be met; did you mean "
+                "resource.kubernetes.io/pcieRoot?",
             ),
         ],
     ),
@@ -513,8 +520,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.constraints[0].matchAttribute",
                 "error",
-                "gpu.nvidia.com publishes no attribute 'numa': the constraint can never be met; "
-                "did you mean gpu.nvidia.com/numaNode?",
+                "'gpu.nvidia.com/numa': gpu.nvidia.com publishes no attribute 'numa', so the "
+                "constraint can never be met; did you mean gpu.nvidia.com/numaNode?",
             ),
         ],
     ),
@@ -527,7 +534,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.constraints[0].matchAttribute",
                 "error",
-                "no driver publishes domain 'gpu.nvidia.co'; did you mean gpu.nvidia.com?",
+                "'gpu.nvidia.co/nvlinkDomain': no driver publishes domain 'gpu.nvidia.co'; did "
+                "you mean gpu.nvidia.com?",
             ),
         ],
     ),
@@ -681,15 +689,16 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "Pod/p",
                 "spec.containers[0].resources.claims[0].name",
                 "error",
-                "the pod has no resourceClaims entry 'gpus' (it has: gpu): the pod can never "
-                "start; did you mean gpu?",
+                "the pod has no resourceClaims entry 'gpus', so the pod can never start; must be "
+                "one of its entries (gpu); did you mean gpu?",
             ),
             (
                 "Pod/p",
                 "spec.resourceClaims[0]",
                 "warning",
                 "no container lists 'gpu' in resources.claims: its devices are allocated but no "
-                "container gets them",
+                "container gets them (each entry must be in some container's resources.claims, "
+                "or be removed)",
             ),
         ],
     ),
@@ -705,8 +714,9 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "Pod/p",
                 "spec.resourceClaims[0].resourceClaimTemplateName",
                 "error",
-                "no ResourceClaimTemplate 'single-gpus' in namespace 'default' among the given "
-                "manifests (known: single-gpu); did you mean single-gpu?",
+                "no ResourceClaimTemplate 'single-gpus' in namespace 'default' in the files "
+                "given or the cluster (known there: single-gpu): the pod stays pending; did you "
+                "mean single-gpu? (--defined-elsewhere if it is)",
             ),
         ],
     ),
@@ -719,9 +729,9 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "Pod/p",
                 "spec.resourceClaims[0].resourceClaimName",
                 "error",
-                "no ResourceClaim 't' in namespace 'default' among the given manifests (known: "
-                "none); a ResourceClaimTemplate of that name exists: use "
-                "resourceClaimTemplateName",
+                "no ResourceClaim 't' in namespace 'default' in the files given or the cluster "
+                "(known there: none): the pod stays pending; a ResourceClaimTemplate of that "
+                "name exists: use resourceClaimTemplateName (--defined-elsewhere if it is)",
             ),
         ],
     ),
@@ -747,15 +757,16 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "Job/j",
                 "spec.template.spec.containers[0].resources.claims[0].name",
                 "error",
-                "the pod has no resourceClaims entry 'gpu0' (it has: gpu): the pod can never "
-                "start; did you mean gpu?",
+                "the pod has no resourceClaims entry 'gpu0', so the pod can never start; must be "
+                "one of its entries (gpu); did you mean gpu?",
             ),
             (
                 "Job/j",
                 "spec.template.spec.resourceClaims[0]",
                 "warning",
                 "no container lists 'gpu' in resources.claims: its devices are allocated but no "
-                "container gets them",
+                "container gets them (each entry must be in some container's resources.claims, "
+                "or be removed)",
             ),
         ],
     ),
@@ -798,7 +809,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.resourceClaims[1]",
                 "warning",
                 "no container lists 'extra' in resources.claims: its devices are allocated but "
-                "no container gets them",
+                "no container gets them (each entry must be in some container's "
+                "resources.claims, or be removed)",
             ),
         ],
     ),
@@ -879,11 +891,16 @@ async def test_cluster_supplies_the_templates_a_pod_names(
     out = capsys.readouterr().out
     assert out == (
         f"{bad}: Pod/p: spec.resourceClaims[0].resourceClaimTemplateName: error: no "
-        "ResourceClaimTemplate 'singel-gpu' in namespace 'default' among the given manifests "
-        "(known: single-gpu); did you mean single-gpu?\n"
+        "ResourceClaimTemplate 'singel-gpu' in namespace 'default' in the files given or the "
+        "cluster (known there: single-gpu): the pod stays pending; did you mean single-gpu? "
+        "(--defined-elsewhere if it is)\n"
     )
-    # Without the cluster nothing says which templates exist: the reference is not checked.
-    assert await asyncio.to_thread(main, ["validate", str(bad)]) == 0
+    # Without the cluster no template is known: an error still, a warning when the
+    # templates are defined elsewhere.
+    assert await asyncio.to_thread(main, ["validate", str(bad)]) == 1
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["validate", "--defined-elsewhere", str(bad)]) == 0
+    assert ": warning: no ResourceClaimTemplate 'singel-gpu'" in capsys.readouterr().out
 
 
 def test_exit_status_is_documented_and_kept(

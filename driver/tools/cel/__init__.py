@@ -7,6 +7,7 @@
 from functools import lru_cache
 
 from driver.tools.cel._compile import Compiler
+from driver.tools.cel._conjuncts import Reads, reads, split_conjuncts
 from driver.tools.cel._device import CelDevice
 from driver.tools.cel._errors import CelCompileError, CelError, CelEvalError, CelUnsupportedError
 from driver.tools.cel._eval import Ctx
@@ -23,9 +24,12 @@ __all__ = [
     "CelSelector",
     "CelUnsupportedError",
     "Lint",
+    "Reads",
     "Schema",
     "compile_selector",
     "lint_selector",
+    "reads",
+    "split_conjuncts",
     "suggest",
 ]
 

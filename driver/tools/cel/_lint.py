@@ -343,6 +343,8 @@ class _Linter:
                     advice = "; write the number without quotes"
                 elif value.kind == "quantity":
                     advice = '; write quantity("...")'
+                else:
+                    advice = f"; compare it with {_KIND_WORDS.get(value.kind, 'a quantity')}"
                 self.report(
                     node,
                     f"{value.what} is {_KIND_WORDS.get(value.kind, 'a quantity')}, "
@@ -358,10 +360,23 @@ class _Linter:
             return
         sigs = fn_table.SIGS.get(node.name, [])
         if not any(s.member and s.params and unify(s.params[0], value.ty, {}) for s in sigs):
+            methods = sorted(
+                n
+                for n, overloads in fn_table.SIGS.items()
+                if n[0].isalpha()
+                and any(
+                    s.member and s.params and unify(s.params[0], value.ty, {}) for s in overloads
+                )
+            )
             self.report(
                 node,
                 f"{value.what} is {_KIND_WORDS.get(value.kind, 'a quantity')}: it has no "
-                f"method {node.name}()",
+                f"method {node.name}()"
+                + (
+                    f" (it has: {', '.join(m + '()' for m in methods)})"
+                    if methods
+                    else " (it has none: use operators such as == and <)"
+                ),
             )
 
     def _check_in(self, node: Call) -> None:

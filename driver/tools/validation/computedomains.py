@@ -192,8 +192,8 @@ def _walk(value: Any, schema: Mapping[str, Any], path: str) -> Iterator[Finding]
                 if key in seen:
                     yield Finding(
                         f"{path}[{i}]",
-                        f"duplicate {'/'.join(keys)} {', '.join(key)}: entry {seen[key]} has it "
-                        "(a list keyed by it)",
+                        f"duplicate {'/'.join(keys)} {', '.join(key)}: entry {seen[key]} has it; "
+                        "must be unique (a list keyed by it)",
                     )
                 seen.setdefault(key, i)
         return
@@ -262,7 +262,8 @@ def check_schema(doc: Mapping[str, Any]) -> Iterator[Finding]:
     schema = SCHEMAS.get(str(kind))
     if schema is None:
         hint = (
-            ": it is an opaque config, written in a claim's spec.devices.config[].opaque.parameters"
+            ": it is an opaque config, which must be written in a claim's "
+            "spec.devices.config[].opaque.parameters"
             if kind in _CONFIG_KINDS
             else f" (the kinds: {', '.join(SCHEMAS)})"
         )
@@ -297,7 +298,7 @@ def check_controller(doc: Mapping[str, Any]) -> Iterator[Finding]:
         yield Finding(
             "status",
             "ignored: status is a subresource, which the API server drops on create; the "
-            "controller writes it",
+            "controller writes it (it must be left out)",
             Severity.WARNING,
         )
 

@@ -32,7 +32,7 @@ from driver.tools.cel import (
     lint_selector,
     suggest,
 )
-from driver.tools.validation import computedomains, gates, rules, workloads
+from driver.tools.validation import computedomains, gates, hardware, rules, workloads
 from driver.tools.validation.problems import Check, Finding, Problem, Severity
 
 # What this driver publishes (driver/gpu/resourceslice.py), the one source for names and types.
@@ -55,6 +55,16 @@ CHART_CLASSES = frozenset(
     }
 )
 
+_GPU = f'device.driver == "{DEFAULT_DRIVER_NAME}" && device.attributes["{DEFAULT_DRIVER_NAME}"]'
+# Their selectors (tests/test_validate_profiles.py holds these equal to the chart's render).
+CHART_CLASS_SELECTORS: Mapping[str, tuple[str, ...]] = {
+    "gpu.nvidia.com": (f'{_GPU}.type == "gpu"',),
+    "mig.nvidia.com": (f'{_GPU}.type == "mig"',),
+    "shared.gpu.nvidia.com": (f'{_GPU}.type == "gpu"', "device.allowMultipleAllocations"),
+    computedomain.DAEMON_CLASS: (computedomain.DAEMON_CLASS_SELECTOR,),
+    computedomain.DEFAULT_CHANNEL_CLASS: (computedomain.DEFAULT_CHANNEL_CLASS_SELECTOR,),
+}
+
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
 _DRA_KINDS = frozenset({"DeviceClass", *_CLAIM_SPEC_PATH})
@@ -71,7 +81,10 @@ def check_selector(expression: str) -> Finding | None:
     except CelUnsupportedError as exc:
         return Finding("", f"not checked: {exc}", Severity.WARNING)
     except CelCompileError as exc:
-        return Finding("", f"invalid CEL: {exc}")
+        return Finding(
+            "",
+            f"invalid CEL: {exc} (must be a bool expression over device, in Kubernetes' DRA CEL)",
+        )
     return None
 
 
@@ -98,10 +111,15 @@ def linter(published: rules.Published) -> "rules.SelectorLint":
 
 
 def _label(doc: Mapping[str, Any], index: int) -> str:
+    """``Kind/namespace/name`` (``Kind/name`` when no namespace is written: a cluster-scoped
+    object, or one that goes to kubectl's current namespace)."""
     kind = doc.get("kind")
-    name = doc.get("metadata", {}).get("name") if isinstance(doc.get("metadata"), Mapping) else None
+    meta = doc.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name, namespace = meta.get("name"), meta.get("namespace")
     if isinstance(kind, str) and kind:
-        return f"{kind}/{name if isinstance(name, str) and name else '<unnamed>'}"
+        where = f"{namespace}/" if isinstance(namespace, str) and namespace else ""
+        return f"{kind}/{where}{name if isinstance(name, str) and name else '<unnamed>'}"
     return f"document {index + 1}"
 
 
@@ -162,7 +180,8 @@ def _schema_finding(error: jsonschema.ValidationError, kind: str) -> Finding | N
             near = suggest(str(extra[0]), set(allowed))
             return Finding(
                 _field_path([*path, extra[0]]),
-                f"unknown field {extra[0]!r}" + (f"; did you mean {near}?" if near else ""),
+                f"unknown field {extra[0]!r}"
+                + (f"; did you mean {near}?" if near else f" (allowed: {_listed(allowed)})"),
             )
     instance = error.instance
     if error.validator == "required" and isinstance(error.validator_value, list):
@@ -175,7 +194,33 @@ def _schema_finding(error: jsonschema.ValidationError, kind: str) -> Finding | N
             return None
         if missing:
             return Finding(_field_path([*path, missing[0]]), "required")
+    if error.validator == "type":
+        return Finding(_field_path(path), _type_message(error.validator_value, instance))
     return Finding(_field_path(path), str(error.message))
+
+
+_TYPE_WORDS = {
+    "object": "an object",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+}
+
+
+def _type_message(wanted: Any, instance: Any) -> str:
+    """``must be an integer, not 'two'``: the type allowed, then the value written."""
+    types = [wanted] if isinstance(wanted, str) else list(wanted)
+    words = [_TYPE_WORDS.get(str(t), str(t)) for t in types if t != "null"]
+    shown = repr(instance)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"must be {' or '.join(words)}, not {shown}"
+
+
+def _listed(names: Sequence[str], most: int = 12) -> str:
+    shown = sorted(names)
+    return ", ".join(shown[:most]) + (f" and {len(shown) - most} more" if len(shown) > most else "")
 
 
 def _map_keys(schema: Any) -> list[str]:
@@ -204,6 +249,22 @@ def _class_names(docs: Sequence[Any]) -> frozenset[str]:
     return CHART_CLASSES | frozenset(
         m["name"] for m in metas if isinstance(m, Mapping) and isinstance(m.get("name"), str)
     )
+
+
+def _class_selectors(docs: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+    """Each known DeviceClass's selectors: the chart's, overridden by the files' and the
+    cluster's."""
+    known = dict(CHART_CLASS_SELECTORS)
+    for doc in docs:
+        if not isinstance(doc, Mapping) or doc.get("kind") != "DeviceClass":
+            continue
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if isinstance(name, str):
+            spec = doc.get("spec")
+            selectors = spec.get("selectors") if isinstance(spec, Mapping) else None
+            known[name] = tuple(hardware.expressions(selectors))
+    return known
 
 
 def _object_findings(
@@ -265,7 +326,7 @@ def _rule_findings(
 
 
 def _severity(finding: Finding, defined_elsewhere: bool) -> Severity:
-    if defined_elsewhere and finding.check is Check.REFERENCE:
+    if defined_elsewhere and finding.check in (Check.REFERENCE, Check.HARDWARE):
         return Severity.WARNING
     return finding.severity
 
@@ -278,15 +339,16 @@ def validate_sources(
     published: rules.Published | None = PUBLISHED,
     known: Sequence[Mapping[str, Any]] = (),
     defined_elsewhere: bool = False,
+    hardware_check: bool = True,
 ) -> list[Problem]:
     """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
 
     DeviceClass, ResourceClaim and ResourceClaimTemplate names are collected across all
-    sources (and ``known``, objects read from a cluster) first: when any DeviceClass is
-    given or not, every ``deviceClassName`` must name one or one of the chart's
-    (``defined_elsewhere``: a name none defines is a warning); when any claim or template is
-    given,
-    every pod's ``resourceClaims`` must name one. ``published`` is what the driver
+    sources (and ``known``, objects read from a cluster) first: every ``deviceClassName``
+    must name one of them or of the chart's, and every pod's ``resourceClaims`` a claim or
+    template among them. ``hardware_check``: each request of this driver is judged against
+    the devices of every instance profile. ``defined_elsewhere``: a name none defines, or a
+    request no profile's devices satisfy, is a warning. ``published`` is what the driver
     publishes, for names and types in selectors, constraints and configs (None: unchecked).
     """
     per_file: list[tuple[str, list[tuple[int, Any]], list[Problem]]] = []
@@ -306,6 +368,7 @@ def validate_sources(
         classes=_class_names(every),
         lint_selector=linter(published) if published is not None else rules.no_lint,
         published=published,
+        class_selectors=_class_selectors(every) if hardware_check else None,
     )
     claims = workloads.collect_claims(every)
     problems: list[Problem] = []
@@ -313,7 +376,12 @@ def validate_sources(
         for index, doc in docs:
             if not isinstance(doc, Mapping):
                 problems.append(
-                    Problem(file, f"document {index + 1}", "", "not a Kubernetes object")
+                    Problem(
+                        file,
+                        f"document {index + 1}",
+                        "",
+                        "not a Kubernetes object: must be a mapping with apiVersion and kind",
+                    )
                 )
                 continue
             label = _label(doc, index)

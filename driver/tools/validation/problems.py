@@ -17,9 +17,13 @@ class Check(Enum):
     # It names a DeviceClass, claim or template that no file given, the chart nor the
     # cluster defines: accepted, and the pod stays pending.
     REFERENCE = "reference"
-    # Against what the driver publishes: an attribute or capacity it never publishes, a
-    # selector no device of any supported instance type satisfies. Accepted, never allocated.
+    # Against what the driver publishes: an attribute or capacity it never publishes.
+    # Accepted, never allocated.
     DEVICES = "devices"
+    # Against the devices every EKS instance type the driver knows publishes: a request no
+    # device of any of them satisfies. Accepted, and pending on those nodes; other hardware
+    # may have one (--defined-elsewhere makes it a warning).
+    HARDWARE = "hardware"
     # Our opaque config: the plugin refuses it at prepare (and the chart's admission policy
     # on create, when it is installed).
     PLUGIN = "plugin"

@@ -21,7 +21,7 @@ from driver.common.limits import (
     label_value_error,
 )
 from driver.computedomain import names as computedomain
-from driver.tools.validation import gates
+from driver.tools.validation import gates, hardware
 from driver.tools.validation.problems import Check, Finding, Severity
 
 # pkg/apis/resource/types.go
@@ -70,6 +70,9 @@ class Context:
     # Findings that compile cannot make: names and types against what drivers publish.
     lint_selector: SelectorLint = no_lint
     published: Published | None = None
+    # DeviceClass name -> its selectors, for the check against every instance profile's
+    # devices; None: not checked.
+    class_selectors: Mapping[str, tuple[str, ...]] | None = None
 
 
 def _list(value: Any) -> list[Any]:
@@ -121,9 +124,10 @@ def _too_many(path: str, items: list[Any], limit: int) -> Iterator[Finding]:
         yield Finding(path, f"must have at most {limit} items, has {len(items)}")
 
 
-def _gated(path: str, gate: gates.Gate, ctx: Context) -> Iterator[Finding]:
+def _gated(path: str, gate: gates.Gate, ctx: Context, written: str) -> Iterator[Finding]:
+    """``written``: what the user wrote there, as the message shows it."""
     if gate.off_by_default(ctx.version):
-        yield Finding(path, gates.warning(gate, ctx.version), Severity.WARNING)
+        yield Finding(path, f"{written}: {gates.warning(gate, ctx.version)}", Severity.WARNING)
 
 
 def _selectors(path: str, selectors: list[Any], ctx: Context) -> Iterator[Finding]:
@@ -146,7 +150,9 @@ def _selectors(path: str, selectors: list[Any], ctx: Context) -> Iterator[Findin
         for lint in ctx.lint_selector(expression):
             yield Finding(expr_path, lint.message, lint.severity, lint.check)
         if _USES_ALLOW_MULTIPLE.search(expression):
-            yield from _gated(expr_path, gates.DRA_CONSUMABLE_CAPACITY, ctx)
+            yield from _gated(
+                expr_path, gates.DRA_CONSUMABLE_CAPACITY, ctx, "device.allowMultipleAllocations"
+            )
 
 
 def _gpu_config(path: str, parameters: Any) -> Iterator[Finding]:
@@ -287,7 +293,8 @@ def _compute_domain_requests(path: str, devices: Mapping[str, Any]) -> Iterator[
         if target not in configured:
             yield Finding(
                 where,
-                f"no {kind} applies to request {target!r}, so the node driver refuses it at "
+                f"{_class_of(kind)!r}: no {kind} applies to request {target!r}, so the node "
+                "driver refuses it at "
                 'prepare ("domainID cannot be empty"): a workload names the '
                 "ResourceClaimTemplate its ComputeDomain creates "
                 "(spec.channel.resourceClaimTemplate.name) instead of a claim of its own",
@@ -318,8 +325,8 @@ def check_metadata(metadata: Any, kind: str) -> Iterator[Finding]:
     elif name and kind == "Job" and len(name) > MAX_JOB_NAME:
         yield Finding(
             "metadata.name",
-            f"a Job's name becomes its pods' label batch.kubernetes.io/job-name: at most "
-            f"{MAX_JOB_NAME} characters, is {len(name)}",
+            f"{name!r}: a Job's name becomes its pods' label batch.kubernetes.io/job-name: "
+            f"at most {MAX_JOB_NAME} characters, is {len(name)}",
         )
     for key, value in _map(meta.get("labels")).items():
         if (why := label_key_error(str(key))) is not None:
@@ -333,8 +340,14 @@ MAX_JOB_NAME = 63
 
 def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
     spec = _map(spec)
-    yield from _selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx)
+    selectors = list(_selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx))
+    yield from selectors
     yield from _opaque_configs(f"{path}.config", _list(spec.get("config")), ctx)
+    refused = any(f.severity is Severity.ERROR for f in selectors)
+    if ctx.class_selectors is not None and not refused:
+        unsatisfiable = hardware.check_class(path, spec.get("selectors"))
+        if unsatisfiable is not None:
+            yield unsatisfiable
     name = _str(spec.get("extendedResourceName"))
     if name is not None:
         erp = f"{path}.extendedResourceName"
@@ -346,11 +359,13 @@ def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Find
                 f"{name!r} must be an extended resource name: <domain>/<name> outside "
                 "kubernetes.io, e.g. nvidia.com/gpu",
             )
-        yield from _gated(erp, gates.DRA_EXTENDED_RESOURCE, ctx)
+        yield from _gated(erp, gates.DRA_EXTENDED_RESOURCE, ctx, repr(name))
 
 
-def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
-    """The fields ``exactly`` and a ``firstAvailable`` subrequest share."""
+def _request_fields(
+    path: str, request: Mapping[str, Any], ctx: Context, *, alternative: bool = False
+) -> Iterator[Finding]:
+    """The fields ``exactly`` and a ``firstAvailable`` subrequest (an alternative) share."""
     class_name = _str(request.get("deviceClassName"))
     if not class_name:
         yield Finding(f"{path}.deviceClassName", "required: the DeviceClass to allocate from")
@@ -374,7 +389,18 @@ def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iter
                 + " (--defined-elsewhere if it is)",
                 check=Check.REFERENCE,
             )
-    yield from _selectors(f"{path}.selectors", _list(request.get("selectors")), ctx)
+    selectors = list(_selectors(f"{path}.selectors", _list(request.get("selectors")), ctx))
+    yield from selectors
+    known = ctx.class_selectors
+    # A selector already refused (it does not compile, or fails on every device by its
+    # names alone) gets no second line from the devices.
+    refused = any(f.severity is Severity.ERROR for f in selectors)
+    if known is not None and class_name is not None and class_name in known and not refused:
+        unsatisfiable = hardware.check_request(
+            path, class_name, known[class_name], request, alternative=alternative
+        )
+        if unsatisfiable is not None:
+            yield unsatisfiable
     mode = _str(request.get("allocationMode")) or "ExactCount"
     # 0 is no count: the field is omitted when empty, and the server defaults it.
     count = request.get("count") or 0
@@ -389,18 +415,23 @@ def _request_fields(path: str, request: Mapping[str, Any], ctx: Context) -> Iter
     if request.get("adminAccess") is True:
         yield Finding(
             f"{path}.adminAccess",
-            "the API server refuses adminAccess unless the claim's namespace has the label "
-            'resource.kubernetes.io/admin-access: "true"',
+            "true: allowed only in a namespace with the label "
+            'resource.kubernetes.io/admin-access: "true" (the API server refuses it elsewhere)',
             Severity.WARNING,
         )
     tolerations = _list(request.get("tolerations"))
     if tolerations:
-        yield from _gated(f"{path}.tolerations", gates.DRA_DEVICE_TAINTS, ctx)
+        yield from _gated(
+            f"{path}.tolerations", gates.DRA_DEVICE_TAINTS, ctx, f"{len(tolerations)} toleration(s)"
+        )
         for i, toleration in enumerate(tolerations):
             yield from _toleration(f"{path}.tolerations[{i}]", _map(toleration), ctx)
     capacity = _map(request.get("capacity"))
     if capacity.get("requests"):
-        yield from _gated(f"{path}.capacity.requests", gates.DRA_CONSUMABLE_CAPACITY, ctx)
+        asked = ", ".join(f"{k}: {v}" for k, v in _map(capacity.get("requests")).items())
+        yield from _gated(
+            f"{path}.capacity.requests", gates.DRA_CONSUMABLE_CAPACITY, ctx, f"{{{asked}}}"
+        )
         yield from _capacity_requests(
             f"{path}.capacity.requests", _map(capacity.get("requests")), class_name, ctx
         )
@@ -505,7 +536,7 @@ def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding
         if near is not None:
             yield Finding(
                 path,
-                f"no driver publishes domain {domain!r}; did you mean {near}?",
+                f"{name!r}: no driver publishes domain {domain!r}; did you mean {near}?",
                 check=Check.DEVICES,
             )
         return
@@ -513,8 +544,13 @@ def _published_attribute(path: str, name: str, ctx: Context) -> Iterator[Finding
         near = suggest(ident, set(names))
         yield Finding(
             path,
-            f"{domain} publishes no attribute {ident!r}: the constraint can never be met"
-            + (f"; did you mean {domain}/{near}?" if near else ""),
+            f"{name!r}: {domain} publishes no attribute {ident!r}, so the constraint can never "
+            "be met"
+            + (
+                f"; did you mean {domain}/{near}?"
+                if near
+                else f" (it has: {', '.join(sorted(names))})"
+            ),
             check=Check.DEVICES,
         )
 
@@ -533,7 +569,9 @@ def _requests(
             if not is_dns_label(name):
                 findings.append(Finding(f"{rpath}.name", f"{name!r} must be a DNS label"))
             elif name in names:
-                findings.append(Finding(f"{rpath}.name", f"duplicate request name {name!r}"))
+                findings.append(
+                    Finding(f"{rpath}.name", f"duplicate request name {name!r}: must be unique")
+                )
         # An empty firstAvailable counts as unset, as in the API server.
         has_exactly = request.get("exactly") is not None
         has_first = bool(_list(request.get("firstAvailable")))
@@ -546,6 +584,7 @@ def _requests(
             fpath = f"{rpath}.firstAvailable"
             subrequests = _list(request.get("firstAvailable"))
             findings += _too_many(fpath, subrequests, MAX_SUBREQUESTS)
+            never = 0
             for j, raw_sub in enumerate(subrequests):
                 sub = _map(raw_sub)
                 spath = f"{fpath}[{j}]"
@@ -557,10 +596,25 @@ def _requests(
                         )
                     elif subname in subnames:
                         findings.append(
-                            Finding(f"{spath}.name", f"duplicate subrequest name {subname!r}")
+                            Finding(
+                                f"{spath}.name",
+                                f"duplicate subrequest name {subname!r}: must be unique",
+                            )
                         )
                     subnames.add(subname)
-                findings += _request_fields(spath, sub, ctx)
+                found = list(_request_fields(spath, sub, ctx, alternative=True))
+                never += any(f.check is Check.HARDWARE for f in found)
+                findings += found
+            if subrequests and never == len(subrequests):
+                findings.append(
+                    Finding(
+                        fpath,
+                        f"none of the {len(subrequests)} alternatives can be met on the EKS "
+                        "instance types validate knows (each is named above): the claim "
+                        "stays pending (--defined-elsewhere if your nodes have other hardware)",
+                        check=Check.HARDWARE,
+                    )
+                )
         if name is not None and name not in names:
             names[name] = subnames
     return findings, names
@@ -575,7 +629,7 @@ def _references(path: str, refs: list[Any], names: Mapping[str, set[str]]) -> It
         if not isinstance(ref, str):
             continue
         if ref in seen:
-            yield Finding(f"{path}[{i}]", f"duplicate entry {ref!r}")
+            yield Finding(f"{path}[{i}]", f"duplicate entry {ref!r}: each must be listed once")
             continue
         seen.add(ref)
         base, slash, sub = ref.partition("/")
@@ -586,13 +640,17 @@ def _references(path: str, refs: list[Any], names: Mapping[str, set[str]]) -> It
             )
         elif base not in names:
             known = ", ".join(sorted(names)) or "none"
-            yield Finding(f"{path}[{i}]", f"no request named {base!r} (requests: {known})")
-        elif slash and sub not in names[base]:
-            subs = ", ".join(sorted(names[base]))
             yield Finding(
                 f"{path}[{i}]",
-                f"request {base!r} has no subrequest {sub!r}"
-                + (f" (subrequests: {subs})" if subs else " (it has no firstAvailable)"),
+                f"{ref!r}: no request named {base!r}; must name one of the claim's requests "
+                f"({known})",
+            )
+        elif slash and sub not in names[base]:
+            subs = ", ".join(f"{base}/{s}" for s in sorted(names[base]))
+            yield Finding(
+                f"{path}[{i}]",
+                f"{ref!r}: request {base!r} has no subrequest {sub!r}; must be "
+                + (f"one of {base}, {subs}" if subs else f"{base!r} (it has no firstAvailable)"),
             )
 
 
@@ -615,7 +673,8 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
             # The server takes matchAttribute and never looks at distinctAttribute.
             yield Finding(
                 f"{cpath}.distinctAttribute",
-                "ignored: matchAttribute is set too, and the API server keeps only that one",
+                f"{distinct!r} is ignored: matchAttribute is set too, and the API server keeps "
+                "only that one (set one of them)",
                 Severity.WARNING,
             )
         checked = (
@@ -623,11 +682,13 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
         )
         for key, value in (checked,):
             if value is not None and (why := _fully_qualified_name(value)):
-                yield Finding(f"{cpath}.{key}", why)
+                yield Finding(f"{cpath}.{key}", f"{value!r}: {why}")
             elif value is not None:
                 yield from _published_attribute(f"{cpath}.{key}", value, ctx)
         if distinct is not None and match is None:
-            yield from _gated(f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx)
+            yield from _gated(
+                f"{cpath}.distinctAttribute", gates.DRA_CONSUMABLE_CAPACITY, ctx, repr(distinct)
+            )
     configs = _list(devices.get("config"))
     yield from _opaque_configs(f"{dpath}.config", configs, ctx)
     yield from _compute_domain_requests(dpath, devices)

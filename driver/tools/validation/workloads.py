@@ -30,15 +30,12 @@ _CLAIM_KINDS = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "s
 
 @dataclass(frozen=True, slots=True)
 class Claims:
-    """The ResourceClaims and ResourceClaimTemplates known, by (namespace, name): their
-    request names (``req`` and ``req/sub``)."""
+    """The ResourceClaims and ResourceClaimTemplates known (the files', the cluster's, and
+    the channel templates ComputeDomains get), by (namespace, name): their request names
+    (``req`` and ``req/sub``)."""
 
     claims: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     templates: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-
-    @property
-    def any(self) -> bool:
-        return bool(self.claims or self.templates)
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -124,7 +121,7 @@ def _pod_claim(
         else ("ResourceClaimTemplate", template, known.templates)
     )
     field_name = "resourceClaimName" if claim is not None else "resourceClaimTemplateName"
-    if not isinstance(name, str) or not known.any:
+    if not isinstance(name, str):
         return findings, None
     requests = table.get((namespace, name))
     if requests is None:
@@ -140,8 +137,9 @@ def _pod_claim(
         findings.append(
             Finding(
                 f"{path}.{field_name}",
-                f"no {kind} {name!r} in namespace {namespace!r} among the given manifests "
-                f"(known: {', '.join(in_namespace) or 'none'}){hint}",
+                f"no {kind} {name!r} in namespace {namespace!r} in the files given or the "
+                f"cluster (known there: {', '.join(in_namespace) or 'none'}): the pod stays "
+                f"pending{hint} (--defined-elsewhere if it is)",
                 check=Check.REFERENCE,
             )
         )
@@ -164,7 +162,7 @@ def check_pod_spec(spec: Any, path: str, namespace: str, known: Claims) -> Itera
         if not name:
             yield Finding(f"{epath}.name", "required: the name containers use for this claim")
         elif isinstance(name, str) and name in entries:
-            yield Finding(f"{epath}.name", f"duplicate name {name!r}")
+            yield Finding(f"{epath}.name", f"duplicate name {name!r}: must be unique in the pod")
         elif isinstance(name, str) and not is_dns_label(name):
             yield Finding(f"{epath}.name", f"{name!r} {_DNS_LABEL}")
         findings, requests = _pod_claim(epath, entry, namespace, known)
@@ -188,8 +186,8 @@ def check_pod_spec(spec: Any, path: str, namespace: str, known: Claims) -> Itera
             if name not in entries:
                 yield Finding(
                     f"{rpath}.name",
-                    f"the pod has no resourceClaims entry {name!r} (it has: "
-                    f"{', '.join(sorted(entries)) or 'none'}): the pod can never start"
+                    f"the pod has no resourceClaims entry {name!r}, so the pod can never start; "
+                    f"must be one of its entries ({', '.join(sorted(entries)) or 'none'})"
                     + _did_you_mean(name, sorted(entries)),
                 )
                 continue
@@ -212,7 +210,8 @@ def check_pod_spec(spec: Any, path: str, namespace: str, known: Claims) -> Itera
         yield Finding(
             f"{path}.resourceClaims[{index}]",
             f"no container lists {name!r} in resources.claims: its devices are allocated "
-            "but no container gets them",
+            "but no container gets them (each entry must be in some container's "
+            "resources.claims, or be removed)",
             Severity.WARNING,
         )
 
@@ -239,17 +238,20 @@ def _duplicate_claims(path: str, refs: list[Any]) -> Iterator[Finding]:
             continue
         if name in seen:
             yield Finding(
-                f"{path}[{i}]", f"duplicate: every request of claim {name!r} is listed already"
+                f"{path}[{i}]",
+                f"duplicate {name!r}: every request of claim {name!r} is listed already; a "
+                "claim, or each of its requests, at most once",
             )
             continue
         request = ref.get("request")
         key = f"{name}/{request}" if isinstance(request, str) and request else name
         if key in seen:
-            yield Finding(f"{path}[{i}]", f"duplicate entry {key!r}")
+            yield Finding(f"{path}[{i}]", f"duplicate entry {key!r}: each at most once")
         elif key == name and any(k.startswith(f"{name}/") for k in seen):
             yield Finding(
                 f"{path}[{i}]",
-                f"duplicate: claim {name!r} is listed already for one of its requests",
+                f"duplicate {name!r}: claim {name!r} is listed already for one of its "
+                "requests; the whole claim or its requests, not both",
             )
         seen.add(key)
 
