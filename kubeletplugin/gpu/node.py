@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
-from kubernetes.aio import client
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
@@ -44,6 +43,8 @@ from kubeletplugin.state import DeviceState, StateConfig
 
 if TYPE_CHECKING:
     import ctypes
+
+    from kubernetes.aio.client import ApiClient
 
     from driver.gpu.events import EventWatcher
     from driver.nvml import Nvml
@@ -159,7 +160,7 @@ class _Node:
         config: NodeConfig,
         paths: SocketPaths,
         probes: ProbeServer,
-        api_client: client.ApiClient,
+        api_client: "ApiClient",
         hup: asyncio.Event | None = None,
     ) -> None:
         self._config = config
