@@ -35,7 +35,7 @@ def read(kubeconfig: Path | None, reader: Callable[[Any], Awaitable[T]], *, comp
         )
 
     async def run() -> T:
-        from kubernetes.aio import config
+        from kubernetes.aio.config import ConfigException
 
         from driver.kube.client import client_from_kubeconfig, kubeconfig_hint
 
@@ -43,7 +43,7 @@ def read(kubeconfig: Path | None, reader: Callable[[Any], Awaitable[T]], *, comp
             api = await client_from_kubeconfig(
                 str(kubeconfig) if kubeconfig else None, component=component
             )
-        except (config.ConfigException, OSError) as exc:
+        except (ConfigException, OSError) as exc:
             raise ClusterAccessError(f"kubeconfig: {kubeconfig_hint(str(exc))}") from exc
         async with api:
             return await reader(api)

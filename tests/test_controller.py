@@ -227,6 +227,14 @@ async def pool(apiserver: LocalApiServer) -> AsyncIterator[PoolWatch]:
         assert watch.violations == []
 
 
+def relists(apiserver: LocalApiServer) -> int:
+    """The controllers' fresh reads of their slices: a watch list, or a list where the
+    server streams none."""
+    return calls(apiserver, "list") + sum(
+        1 for r in apiserver.requests if r.user_agent != MONITOR_AGENT and r.watch_list
+    )
+
+
 def calls(apiserver: LocalApiServer, verb: str, resource: str = SLICES) -> int:
     """Requests the controllers made (the test's own watch excluded)."""
     return sum(
@@ -294,7 +302,7 @@ async def test_a_relisting_trigger_plans_from_a_fresh_list(
     assert slice_writes(apiserver) == []  # the watched state looks right: nothing to do
     controller.trigger(relist=True)
     await resync(controller)
-    assert calls(apiserver, "list") == 1
+    assert relists(apiserver) == 1
     assert slice_writes(apiserver) == ["update"]
     assert device_names(apiserver) == sorted(GPUS)
 
@@ -566,7 +574,7 @@ async def test_conflict_on_update_rereads_and_retries(
     await resync(controller)
     assert slice_writes(apiserver) == ["update"]
     assert calls(apiserver, "update") == 2
-    assert calls(apiserver, "list") == 1  # the re-read
+    assert relists(apiserver) == 1  # the re-read
     assert device_names(apiserver) == GPUS[1:]
     # What the metrics report: the writes that went through, and the one that failed.
     assert controller.stats.writes == {"create": 1, "update": 1}
@@ -591,13 +599,13 @@ async def test_a_rejected_relist_after_a_failed_write_is_retried(
     controller = running.start(hardware.discover)
     await published(controller)
     apiserver.faults.fail("update", SLICES, code=500, times=1)
-    apiserver.faults.fail("list", SLICES, code=400, times=1)
+    apiserver.faults.fail("watch", SLICES, code=400, times=1)  # the watch list that relists
     hardware.set(removedGpus=[2])
     controller.trigger()
     await pool.until(
         lambda: device_names(apiserver) == [g for g in GPUS if g != "gpu-2"], "retried"
     )
-    assert calls(apiserver, "list") >= 2  # the refused relist, then one that worked
+    assert relists(apiserver) >= 2  # the refused relist, then one that worked
 
 
 async def test_update_timing_out_is_retried(
@@ -660,7 +668,7 @@ async def test_dropped_watch_resumes_from_its_resource_version(
     apiserver.delete(SLICES, apiserver.objects(SLICES)[0]["metadata"]["name"])
     await pool.until(lambda: device_names(apiserver) == sorted(GPUS), "restored after rewatch")
     assert calls(apiserver, "watch") >= 1
-    assert calls(apiserver, "list") == 0  # resumed, not relisted
+    assert relists(apiserver) == 0  # resumed, not relisted
 
 
 async def test_expired_watch_relists(
@@ -676,7 +684,7 @@ async def test_expired_watch_relists(
     apiserver.faults.drop_watches()
     apiserver.delete(SLICES, apiserver.objects(SLICES)[0]["metadata"]["name"])
     await pool.until(lambda: device_names(apiserver) == sorted(GPUS), "restored after relist")
-    assert calls(apiserver, "list") == 1
+    assert relists(apiserver) == 1
 
 
 async def test_api_server_outage_is_ridden_out(
@@ -710,6 +718,50 @@ async def test_forbidden_is_one_clear_log_line(
     apiserver.faults.clear()
     await published(controller)
     assert device_names(apiserver) == sorted(GPUS)
+
+
+async def test_a_node_joining_costs_its_read_one_watch_list_and_one_create(
+    apiserver: LocalApiServer, running: Running, hardware: Hardware
+) -> None:
+    """What a new node's first publish asks of the API server: the Node (its UID, for the
+    owner reference), one watch list (the current slices, then the live stream), the
+    publisher lease (for a rival: none here) and one create."""
+    apiserver.requests.clear()
+    controller = running.start(hardware.discover)
+    await published(controller)
+    mine = [
+        (r.verb, r.resource.rsplit("/", 1)[-1], r.code)
+        for r in apiserver.requests
+        if r.user_agent != MONITOR_AGENT
+    ]
+    assert sorted(mine) == [
+        ("create", SLICES, 201),
+        ("get", "leases", 404),
+        ("get", "nodes", 200),
+        ("watch", SLICES, 200),
+    ]
+    assert relists(apiserver) == 1
+
+
+async def test_a_server_without_watch_lists_gets_a_list_and_a_watch(
+    apiserver: LocalApiServer,
+    running: Running,
+    hardware: Hardware,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Kubernetes 1.33's default (WatchList off) refuses sendInitialEvents with a 422."""
+    apiserver.faults.fail("watch", SLICES, code=422, message="sendInitialEvents is forbidden")
+    apiserver.requests.clear()
+    controller = running.start(hardware.discover)
+    await published(controller)
+    assert device_names(apiserver) == sorted(GPUS)
+    assert calls(apiserver, "list") == 1
+    assert [r.getMessage() for r in caplog.records if "stream lists" in r.getMessage()] == [
+        "the API server does not stream lists; listing instead"
+    ]
+    controller.trigger(relist=True)
+    await resync(controller)
+    assert calls(apiserver, "list") == 2  # remembered: no second try of a watch list
 
 
 async def test_server_without_resource_v1_stops_with_one_clear_error(

@@ -83,8 +83,8 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
         slice_resync_period=0.2,
         reconcile_period=0.2,
     )
-    stop = asyncio.Event()
-    running = asyncio.create_task(node.run(config, stop))
+    stop, hup = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(node.run(config, stop, hup=hup))
     try:
         full = {f"gpu-{i}" for i in range(8)}
         await wait_for(lambda: _devices(apiserver) == full, "the pool published")
@@ -110,6 +110,14 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
         claims: Any = kclient.ResourceV1Api(api)
         await claims.delete_namespaced_resource_claim("train", "default")
         await wait_for(lambda: not list(dirs.cdi.iterdir()), "the orphaned claim unprepared")
+
+        # An operator's SIGHUP relists; where the server fails the watch list, a list.
+        apiserver.faults.fail("watch", SLICES, code=500, times=1)
+        hup.set()
+        await wait_for(
+            lambda: any(r.verb == "list" and r.resource == SLICES for r in apiserver.requests),
+            "the relist's fallback list",
+        )
     finally:
         stop.set()
         assert await asyncio.wait_for(running, 30) == 0

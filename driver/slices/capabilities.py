@@ -10,7 +10,8 @@ allocations or binding conditions.
 :class:`CapabilityGuard` is shared by every device kind. The first time the desired
 slices use a gated field, it learns the server's version (``/version``) and which
 fields survive a server-side dry-run create of a probe slice using them (one GET and
-one dry-run POST per gate, once per process; a GPU node that uses none costs nothing).
+one dry-run POST per gate, all at once, once per process; a GPU node that uses none
+costs nothing).
 For each dropped field a kind uses it logs one line and falls back: a field that only
 relaxes allocation (``allowMultipleAllocations``) is published without it; a device
 that would be unsafe without its field (a taint keeps it from being scheduled, counters
@@ -23,6 +24,7 @@ learns whether ``None`` is accepted; where it is not, informational taints are l
 off (they change no allocation) with one line saying so.
 """
 
+import asyncio
 import copy
 import logging
 from collections.abc import Iterable
@@ -186,38 +188,52 @@ async def probe(client: Client, *, driver_name: str, node_name: str) -> Capabili
     dropped, with one line saying why. Raises what :class:`driver.kube.rest.Client`
     raises for the rest (no answer, 5xx: worth a retry).
     """
-    version = await client.get_json("/version", resource="/version")
     probes = probe_slices(driver_name, node_name)
+    # All at once: dry runs store nothing, so none depends on another, and a node whose
+    # kinds use gated fields waits on them before its first publish. The effect None
+    # probe is sent beside the taints' one and counts only where taints are kept.
+    version, answers = await asyncio.gather(
+        client.get_json("/version", resource="/version"),
+        asyncio.gather(
+            *(_probe_answer(client, probes[g.gate]) for g in GATED_FIELDS),
+            _probe_answer(client, probes[EFFECT_NONE]),
+        ),
+    )
     dropped: set[str] = set()
-    for gated in GATED_FIELDS:
-        try:
-            answer = await _dry_run(client, probes[gated.gate])
-        except ApiError as exc:
-            if isinstance(exc, RetryableError):
-                raise
+    for gated, answer in zip(GATED_FIELDS, answers, strict=False):
+        if isinstance(answer, ApiError):
             log.warning(
                 f"the API server refused the dry-run probe for {gated.feature}; "
                 "taking them as not kept",
-                extra=kv(node=node_name, gate=gated.gate, error=str(exc)),
+                extra=kv(node=node_name, gate=gated.gate, error=str(answer)),
             )
             dropped.add(gated.gate)
-            continue
-        if not gated.used_by(answer.get("spec") or {}):
+        elif not gated.used_by(answer.get("spec") or {}):
             dropped.add(gated.gate)
-    effect_none = False
-    if "DRADeviceTaints" not in dropped:
-        try:
-            answer = await _dry_run(client, probes[EFFECT_NONE])
-            effect_none = GATED_FIELDS[0].used_by(answer.get("spec") or {})
-        except ApiError as exc:
-            if isinstance(exc, RetryableError):
-                raise
-            # A 1.34 server: "Unsupported value: "None"". The guard says so when it matters.
+    none_answer = answers[-1]
+    # A 1.34 server refuses it ("Unsupported value: "None""); the guard says so when it
+    # matters.
+    effect_none = (
+        "DRADeviceTaints" not in dropped
+        and not isinstance(none_answer, ApiError)
+        and GATED_FIELDS[0].used_by(none_answer.get("spec") or {})
+    )
     return Capabilities(
         version=str(version.get("gitVersion") or "unknown"),
         dropped=frozenset(dropped),
         effect_none=effect_none,
     )
+
+
+async def _probe_answer(client: Client, body: _Obj) -> "_Obj | ApiError":
+    """The dry run's answer, or the error of a refused probe (a 4xx: permanent); raises
+    what is worth a retry."""
+    try:
+        return await _dry_run(client, body)
+    except ApiError as exc:
+        if isinstance(exc, RetryableError):
+            raise
+        return exc
 
 
 async def _dry_run(client: Client, body: _Obj) -> _Obj:

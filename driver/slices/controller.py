@@ -59,6 +59,7 @@ from driver.kube.rest import (
     ForbiddenError,
     GoneError,
     NotFoundError,
+    RejectedError,
     ServerError,
     UnavailableError,
 )
@@ -70,6 +71,8 @@ log = logging.getLogger(__name__)
 _GROUP = "resource.k8s.io"
 _SLICES = f"/apis/{_GROUP}/v1/resourceslices"
 _RESOURCE = f"resourceslices.{_GROUP}"
+# The bookmark that ends a watch list's initial events (KEP-3157, client-go's reflector).
+_INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 class ApiVersionMissingError(PermanentError):
@@ -119,7 +122,9 @@ class SliceController:
     name in the publisher Lease (default: host name plus a random suffix);
     ``namespace``: the Lease's namespace (default ``$POD_NAMESPACE``, else
     ``default``); ``lease_duration`` its ``leaseDurationSeconds``. ``request_timeout``
-    bounds each API call; ``backoff_cap`` the delay between retries.
+    bounds each API call; ``backoff_cap`` the delay between retries. ``node_uid``: the
+    Node's UID where the caller has just read it (the node daemon's device-plugin
+    guard), saving the controller its own read at start.
     """
 
     def __init__(
@@ -136,6 +141,7 @@ class SliceController:
         request_timeout: float = 30.0,
         backoff_cap: float = 30.0,
         lease_duration: float = LEASE_DURATION,
+        node_uid: str = "",
     ) -> None:
         self._client = Client(api_client, request_timeout=request_timeout)
         self._node = node_name
@@ -158,13 +164,14 @@ class SliceController:
         )
         self.published = asyncio.Event()
         self.stats = PublishStats()
-        self._node_uid = ""
+        self._node_uid = node_uid
         self._node_gone = False
         self._desired: list[_Obj] | None = None
         self._observed: dict[str, _Obj] = {}
         # name -> resourceVersion of the slice deleted under that name; see _apply_event.
         self._tombstones: dict[str, int] = {}
         self._stale = True  # observed must be (re)listed before planning
+        self._watch_list = True  # list by a watch's initial events, until refused
         self._watcher: asyncio.Task[None] | None = None
         self._node_waiter: asyncio.Task[None] | None = None
         self._dirty = asyncio.Event()
@@ -212,9 +219,12 @@ class SliceController:
         return self._standby
 
     async def run(self) -> None:
-        await self._check_api()
-        self._node_uid = await self._node_uid_or_fail()
         try:
+            # The node's owner reference and the first list at once: a node joining the
+            # cluster waits on its first publish, which needs both and nothing else.
+            self._node_uid = await _both(
+                self._node_uid_or_fail(), self._retrying(self._first_list, "list slices")
+            )
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._discovery_loop(), name="slice-discovery")
                 tasks.create_task(self._reconcile_loop(), name="slice-reconcile")
@@ -237,7 +247,17 @@ class SliceController:
                 delay = slow if isinstance(exc, ApiError) and exc.slow else backoff
                 await asyncio.sleep(delay.next_delay())
 
-    async def _check_api(self) -> None:
+    async def _first_list(self) -> _Obj:
+        """The first list of this node's slices (which starts the watch); on a server
+        without resource.k8s.io/v1, :class:`ApiVersionMissingError` naming what it serves."""
+        try:
+            await self._relist()
+        except NotFoundError as exc:
+            raise await self._missing_api() from exc
+        return {}
+
+    async def _missing_api(self) -> ApiVersionMissingError:
+        # Only after a 404: a server that serves the group costs no discovery request.
         async def group() -> _Obj:
             try:
                 return await self._client.request(
@@ -248,14 +268,16 @@ class SliceController:
 
         found = await self._retrying(group, "API discovery")
         versions = [v.get("version") for v in found.get("versions") or ()]
-        if "v1" not in versions:
-            served = ", ".join(f"{_GROUP}/{v}" for v in versions if v) or "none"
-            raise ApiVersionMissingError(
-                f"the API server does not serve {_GROUP}/v1 (Kubernetes 1.34 or later is "
-                f"required for DRA); it serves: {served}"
-            )
+        served = ", ".join(f"{_GROUP}/{v}" for v in versions if v) or "none"
+        return ApiVersionMissingError(
+            f"the API server does not serve {_GROUP}/v1 (Kubernetes 1.34 or later is "
+            f"required for DRA); it serves: {served}"
+        )
 
     async def _node_uid_or_fail(self) -> str:
+        if self._node_uid:  # given by the caller, who read the Node already
+            return self._node_uid
+
         async def node() -> _Obj:
             try:
                 return await self._client.request(
@@ -522,6 +544,26 @@ class SliceController:
 
     async def _relist(self) -> None:
         await self._stop_watch()
+        if self._watch_list:
+            synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._start_watch("", synced)
+            try:
+                await synced
+                return
+            except (ApiError, RetryableError, ValueError) as exc:
+                # Any failure of the watch list falls back to a list, as client-go's
+                # reflector does: a server whose watches fail may still answer lists.
+                if isinstance(exc, RejectedError) and exc.status == 422:
+                    # The WatchList gate is off (1.33's default; on from 1.34): the
+                    # server calls sendInitialEvents invalid. From now on list and watch.
+                    log.info(
+                        "the API server does not stream lists; listing instead",
+                        extra=kv(node=self._node, error=str(exc)),
+                    )
+                    self._watch_list = False
+            finally:
+                if not synced.done() or synced.cancelled() or synced.exception() is not None:
+                    await self._stop_watch()
         listed = await self._client.request(
             "GET",
             _SLICES,
@@ -529,18 +571,27 @@ class SliceController:
             resource=_RESOURCE,
             query=[("fieldSelector", self._selector)],
         )
-        self._observed = {obj["metadata"]["name"]: obj for obj in listed.get("items") or ()}
+        self._synced({obj["metadata"]["name"]: obj for obj in listed.get("items") or ()})
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        self._start_watch(version)
+
+    def _start_watch(self, version: str, synced: "asyncio.Future[None] | None" = None) -> None:
+        self._watcher = asyncio.create_task(self._watch(version, synced), name="slice-watch")
+        self._watcher.add_done_callback(self._watch_ended)
+        if synced is not None:
+            self._watcher.add_done_callback(lambda task: _settle(synced, task))
+
+    def _synced(self, listed: dict[str, _Obj]) -> None:
+        """``observed`` is ``listed``, as fresh as a list (a list, or a watch's initial events)."""
+        self._observed = listed
         self._tombstones.clear()  # the list is newer than every delete before it
         if not self._observed.keys() <= self._written:
             self._rival_seen = True
         self._stale = False
-        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-        self._watcher = asyncio.create_task(self._watch(version), name="slice-watch")
-        self._watcher.add_done_callback(self._watch_ended)
 
     def _watch_ended(self, watcher: "asyncio.Task[None]") -> None:
         """A watcher that stops by itself (410, or a bug) leaves observed unknown: relist."""
-        if watcher.cancelled():
+        if watcher.cancelled() or watcher is not self._watcher:
             return  # stopped by us, on purpose
         exc = watcher.exception()
         if exc is not None:
@@ -555,7 +606,10 @@ class SliceController:
             # wait() rather than await: the watcher's cancellation is not ours to raise.
             await asyncio.wait([watcher])
 
-    async def _watch(self, version: str) -> None:
+    async def _watch(self, version: str, synced: "asyncio.Future[None] | None" = None) -> None:
+        """Keep ``observed`` current from ``version`` on; with ``synced``, first stream the
+        current slices (a watch list: one request instead of a list and a watch), then
+        resolve ``synced`` (or fail it with what broke the stream before that)."""
         backoff = Backoff(cap=self._backoff_cap)
         reconnect = False
         while True:
@@ -566,6 +620,21 @@ class SliceController:
                 ("resourceVersion", version),
                 ("timeoutSeconds", str(seconds)),
             ]
+            if synced is not None and not synced.done():
+                reconnect = True
+                try:
+                    version = await self._initial_events(query, seconds, synced)
+                    continue
+                except (ApiError, RetryableError, ValueError) as exc:
+                    if not synced.done():
+                        synced.set_exception(exc)
+                        return
+                    if isinstance(exc, GoneError):
+                        log.info("watch expired; relisting", extra=kv(node=self._node))
+                        return
+                    self._report(exc, what="watch slices")
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
             try:
                 # What the slices may use depends on the server's version, which an
                 # upgrade changes; the upgrade ends this watch.
@@ -589,6 +658,41 @@ class SliceController:
             except (ApiError, RetryableError, ValueError) as exc:  # ValueError: bad JSON
                 self._report(exc, what="watch slices")
                 await asyncio.sleep(backoff.next_delay())
+
+    async def _initial_events(
+        self, query: list[tuple[str, str]], seconds: int, synced: "asyncio.Future[None]"
+    ) -> str:
+        """One watch list: the current slices, synced at the initial-events-end bookmark,
+        then live events until the stream ends; the last resourceVersion seen."""
+        # A consistent read, as a list without resourceVersion is (the API's rule for
+        # sendInitialEvents with NotOlderThan and no resourceVersion).
+        query = [(k, v) for k, v in query if k != "resourceVersion"]
+        query += [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
+        initial: dict[str, _Obj] = {}
+        version = ""
+        async for event in self._client.watch(
+            _SLICES, resource=_RESOURCE, query=query, read_timeout=seconds + 30
+        ):
+            obj = event.get("object") or {}
+            meta = obj.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or version)
+            if synced.done():  # (cancelled only with this task, by _relist's stop)
+                if event.get("type") != "BOOKMARK" and self._apply_event(event["type"], obj):
+                    self._dirty.set()
+            elif event.get("type") == "BOOKMARK":
+                if (meta.get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
+                    self._synced(initial)
+                    synced.set_result(None)
+            elif event.get("type") == "ADDED":
+                initial[meta.get("name", "")] = obj
+        if not synced.done():
+            raise UnavailableError(
+                f"watch {_RESOURCE}: the stream ended before its initial events did",
+                status=0,
+                verb="watch",
+                resource=_RESOURCE,
+            )
+        return version
 
     def _apply_event(self, kind: str, obj: _Obj) -> bool:
         """Fold a watch event into ``observed``; True when it changed anything.
@@ -631,6 +735,33 @@ class SliceController:
             await asyncio.wait_for(asyncio.shield(self._lease.release()), 5.0)
         except (DriverError, TimeoutError, asyncio.CancelledError) as exc:
             log.warning("could not release the publisher lease", extra=kv(error=repr(exc)))
+
+
+async def _both(first: Awaitable[str], second: Awaitable[object]) -> str:
+    """``first``'s result once both are done; the first failure cancels the other."""
+    tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            exc = task.exception()
+            if exc is not None:
+                raise exc
+        return str(tasks[0].result())
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+
+
+def _settle(synced: "asyncio.Future[None]", watcher: "asyncio.Task[None]") -> None:
+    """A watcher that ended before its initial events did (a bug, a cancel) fails
+    ``synced`` too, so whoever waits on it is not left waiting."""
+    if synced.done():
+        return
+    if watcher.cancelled():
+        synced.cancel()
+    else:
+        synced.set_exception(watcher.exception() or RuntimeError("the watch list ended early"))
 
 
 async def _stopped(task: "asyncio.Task[None] | None") -> None:

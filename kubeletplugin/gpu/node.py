@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
-from kubernetes.aio import client
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
@@ -45,6 +44,8 @@ from kubeletplugin.state import DeviceState, StateConfig
 
 if TYPE_CHECKING:
     import ctypes
+
+    from kubernetes.aio.client import ApiClient
 
     from driver.gpu.events import EventWatcher
     from driver.nvml import Nvml
@@ -167,7 +168,7 @@ class _Node:
         config: NodeConfig,
         paths: SocketPaths,
         probes: ProbeServer,
-        api_client: client.ApiClient,
+        api_client: "ApiClient",
         hup: asyncio.Event | None = None,
         guests: Sequence[Guest] = (),
     ) -> None:
@@ -189,6 +190,7 @@ class _Node:
         self._watcher: tuple[threading.Thread, EventWatcher] | None = None
         self._metrics: MetricsServer | None = None
         self._taints: Mapping[str, tuple[Taint, ...]] = {}  # health.json, read in setup
+        self._node_uid = ""  # the guard's read of the Node, for the slices' owner
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
@@ -212,7 +214,15 @@ class _Node:
         last = ""
         while not stop.is_set():
             try:
-                reason = await self._device_plugin_present()
+                # The guard's read and NVML discovery at once: discovery has no side
+                # effect, and a joining node's first publish waits on both.
+                guard, found = await asyncio.gather(
+                    self._device_plugin_present(), self._discover(), return_exceptions=True
+                )
+                for outcome in (guard, found):
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                reason = cast("str | None", guard)
                 if reason is None:
                     return await self._open_state()
             except (DriverError, OSError) as exc:
@@ -234,6 +244,7 @@ class _Node:
         node = await Client(self._api).request(
             "GET", f"/api/v1/nodes/{self._config.node_name}", verb="get", resource="nodes"
         )
+        self._node_uid = str((node.get("metadata") or {}).get("uid") or "")
         capacity = (node.get("status") or {}).get("capacity") or {}
         count = capacity.get(DEVICE_PLUGIN_RESOURCE)
         if count is None or str(count) == "0":
@@ -244,7 +255,9 @@ class _Node:
             "both would hand out the same GPUs; remove the NVIDIA device plugin from this node"
         )
 
-    async def _open_state(self) -> DeviceState:
+    async def _discover(self) -> None:
+        """health.json, NVML and the first discovery: reads only, so they need not wait
+        for the guard."""
         cfg = self._config
         # In setup, so a health.json it cannot understand keeps the node not ready with
         # one line, as an unreadable claim record does, instead of crashing the process.
@@ -253,7 +266,7 @@ class _Node:
 
         reported: set[str] = set()  # skipped GPUs warned about once, not every resync
 
-        async def _discover() -> Inventory:
+        async def rediscover() -> Inventory:
             return await asyncio.to_thread(
                 discover,
                 backend,
@@ -264,9 +277,15 @@ class _Node:
 
         # One inventory for the publisher and the claim state, for the process's life.
         self._devices = NodeDevices(
-            _discover, node_name=cfg.node_name, consumable_capacity=cfg.consumable_capacity
+            rediscover, node_name=cfg.node_name, consumable_capacity=cfg.consumable_capacity
         )
-        await self._devices.refresh()
+        found = await self._devices.refresh()
+        log.info("GPUs discovered", extra=kv(node=cfg.node_name, devices=len(found)))
+
+    async def _open_state(self) -> DeviceState:
+        cfg = self._config
+        assert self._devices is not None and self._backend is not None, "_discover first"
+        backend, sysfs_root = self._backend
         state_config = StateConfig(
             plugin_dir=cfg.plugins_dir / cfg.driver_name,
             cdi_root=cfg.cdi_root,
@@ -336,12 +355,15 @@ class _Node:
         )
         await state.observe(metrics)  # what is prepared, recovered claims first
         assert self._devices is not None
-        discovered = self._devices.published
+        devices_of = self._devices
+        first = True
 
         async def published() -> list[dict[str, Any]]:
-            # Each resync rediscovers; devices that came or went change what is watched.
-            nonlocal watched
-            devices = await discovered()
+            # Each resync rediscovers, but the first: setup discovered a moment ago.
+            # Devices that came or went change what is watched.
+            nonlocal watched, first
+            devices = devices_of.discovered() if first else await devices_of.published()
+            first = False
             now = self._watched()
             if now != watched:
                 log.info(
@@ -382,7 +404,10 @@ class _Node:
             devices=monitor.tainted(published),
             counter_sets=self._devices.counter_sets,
             resync_period=cfg.slice_resync_period,
+            node_uid=self._node_uid,
         )
+        # First of the tasks: a joining node's pool waits on it, nothing else does.
+        self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
         if cfg.metrics_port is not None:  # after the controller: its counts are scraped
             self._metrics = MetricsServer(metrics, port=cfg.metrics_port, host=cfg.metrics_address)
             await self._metrics.start()
@@ -392,7 +417,6 @@ class _Node:
         if self._hup is not None:
             self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))
         self._start_watcher(monitor)
-        self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
         self._tasks.append(
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
         )

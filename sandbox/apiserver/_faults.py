@@ -28,6 +28,7 @@ class RequestRecord:
     user_agent: str
     dropped: bool = False  # the write committed but the response never reached the client
     dry_run: bool = False  # ?dryRun=All: checked and answered, nothing stored
+    watch_list: bool = False  # a watch with sendInitialEvents: a list, then the stream
 
 
 class RequestLog:

@@ -325,6 +325,8 @@ class LocalApiServer:
                 agent,
                 dropped,
                 dry_run="dryRun" in request.query,
+                watch_list=route.verb == "watch"
+                and request.query.get("sendInitialEvents") in ("true", "1"),
             )
         )
 

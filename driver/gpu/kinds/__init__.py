@@ -163,6 +163,11 @@ class NodeDevices:
         await self.refresh()
         return list(self._published)
 
+    def discovered(self) -> list[dict[str, Any]]:
+        """What :meth:`published` last returned (or :meth:`refresh` last found), without
+        discovering again: for a first publish right after a discovery."""
+        return list(self._published)
+
     def counter_sets(self) -> list[dict[str, Any]]:
         """The counter sets of what :meth:`published` last returned (none without
         partitionable devices)."""

@@ -3,6 +3,9 @@
 // fetches each claim and serializes calls (its default); the plugin writes one CDI
 // spec and one checkpoint file per claim (temp file, fsync unless -fsync=false,
 // rename) and removes both on unprepare. The reference for tests/bench/bench_prepare.py.
+// With -devices FILE (a JSON list of resource.k8s.io/v1 devices) it also publishes them
+// as the node's pool through the helper's ResourceSlice controller, as upstream drivers
+// do once at start: the reference for tests/bench/bench_join.py.
 package main
 
 import (
@@ -20,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 )
 
 type driver struct {
@@ -130,6 +134,7 @@ func main() {
 	pluginDir := flag.String("plugin-dir", "", "plugin data directory (the DRA socket)")
 	registrarDir := flag.String("registrar-dir", "", "kubelet plugin registry directory")
 	flag.BoolVar(&d.fsync, "fsync", true, "fsync each file before its rename")
+	devicesFile := flag.String("devices", "", "JSON list of devices to publish as the node's pool")
 	flag.Parse()
 	d.stateDir = filepath.Join(*pluginDir, "claims")
 	for _, dir := range []string{d.cdiRoot, d.stateDir, *registrarDir} {
@@ -158,6 +163,20 @@ func main() {
 	)
 	if err != nil {
 		panic(err)
+	}
+	if *devicesFile != "" {
+		data, err := os.ReadFile(*devicesFile)
+		if err != nil {
+			panic(err)
+		}
+		var devices []resourceapi.Device
+		if err := json.Unmarshal(data, &devices); err != nil {
+			panic(err)
+		}
+		pools := map[string]resourceslice.Pool{d.node: {Slices: []resourceslice.Slice{{Devices: devices}}}}
+		if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
+			panic(err)
+		}
 	}
 	fmt.Println("ready")
 	<-ctx.Done()
