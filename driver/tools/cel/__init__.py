@@ -12,6 +12,7 @@ from driver.tools.cel._errors import CelCompileError, CelError, CelEvalError, Ce
 from driver.tools.cel._eval import Ctx
 from driver.tools.cel._lint import Lint, Schema, lint_ast, suggest
 from driver.tools.cel._parser import parse
+from driver.tools.cel._reads import Read, selector_reads
 from driver.tools.cel._runtime import type_name
 from driver.tools.cel._types import BOOL, DYN
 
@@ -23,9 +24,11 @@ __all__ = [
     "CelSelector",
     "CelUnsupportedError",
     "Lint",
+    "Read",
     "Schema",
     "compile_selector",
     "lint_selector",
+    "selector_reads",
     "suggest",
 ]
 
