@@ -24,6 +24,7 @@ Before timing, every node's outcome of ours is compared with upstream's
 (tests/oracles/test_allocator_oracle.py's comparison): a disagreement stops the bench.
 """
 
+import argparse
 import dataclasses
 import json
 import os
@@ -217,11 +218,12 @@ def core(
     claim: dict[str, Any],
     slices: list[dict[str, Any]],
     allocated: list[dict[str, Any]],
+    runs: int,
 ) -> tuple[float, dict[int, float], int]:
     """Ours in memory, upstream's own timing per parallelism (seconds, medians), and the
     number of nodes the claim fits."""
     case = _case(claim, slices, allocated)
-    case["timing"] = {"parallelism": list(PARALLELISM), "repeat": RUNS}
+    case["timing"] = {"parallelism": list(PARALLELISM), "repeat": runs}
     (answer,) = oracle.ask([case])
     problems = compare(case, answer)
     if problems:
@@ -236,12 +238,14 @@ def core(
             a + b for a, b in zip(run["newAllocatorSeconds"], run["loopSeconds"], strict=True)
         )
     ours = _median_s(
-        lambda: explain_claim(claim, slices=slices, classes=CLASSES, allocated=allocated)
+        lambda: explain_claim(claim, slices=slices, classes=CLASSES, allocated=allocated), runs
     )
     return ours, upstream, allocatable
 
 
-def whole(binary: Path, workdir: Path, name: str, claim: dict[str, Any]) -> tuple[float, float]:
+def whole(
+    binary: Path, workdir: Path, name: str, claim: dict[str, Any], runs: int
+) -> tuple[float, float]:
     """Seconds from exec to exit: ``gpu-dra explain`` and ``oracle explain`` on the same files."""
     claim_file = workdir / f"claim-{name}.json"
     claim_file.write_text(json.dumps(claim))
@@ -265,7 +269,7 @@ def whole(binary: Path, workdir: Path, name: str, claim: dict[str, Any]) -> tupl
 
         return go
 
-    return _median_s(run(ours_cmd)), _median_s(run(theirs_cmd))
+    return _median_s(run(ours_cmd), runs), _median_s(run(theirs_cmd), runs)
 
 
 def _write_inputs(
@@ -279,7 +283,30 @@ def _write_inputs(
     (workdir / "allocated.json").write_text(as_list(allocated))
 
 
+def _first(
+    size: int, slices: list[dict[str, Any]], allocated: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cluster of the first ``size`` nodes: nodes are built in order, so it is the one
+    ``build_cluster(size)`` makes."""
+    names = {f"node-{n:05d}" for n in range(size)}
+    return (
+        [s for s in slices if s["spec"]["nodeName"] in names],
+        [
+            c
+            for c in allocated
+            if c["status"]["allocation"]["devices"]["results"][0]["pool"] in names
+        ],
+    )
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=RUNS, help="runs per figure (median)")
+    parser.add_argument(
+        "--whole-runs", type=int, help="runs per whole-process figure (default: --runs)"
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="node counts")
+    args = parser.parse_args()
     if shutil.which("go") is None:
         print("bench_explain: skipped, go not found on PATH (the oracle is built from Go modules)")
         return
@@ -288,31 +315,36 @@ def main() -> None:
     binary = build_oracles()
     print(
         f"upstream: k8s.io/dynamic-resource-allocation structured, {VERSION} features; "
-        f"ours: this tree; {os.cpu_count()} CPUs here; medians of {RUNS} runs"
+        f"ours: this tree; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+        f"medians of {args.runs} runs ({args.whole_runs or args.runs} of whole processes)"
     )
+    started = time.perf_counter()
+    everything = build_cluster(max(args.sizes))
+    print(f"cluster of {max(args.sizes)} nodes built in {time.perf_counter() - started:.1f} s")
     with Oracle(binary) as oracle, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        for size in SIZES:
-            started = time.perf_counter()
-            slices, allocated = build_cluster(size)
+        for size in sorted(args.sizes):
+            slices, allocated = _first(size, *everything)
             devices = sum(len(s["spec"].get("devices") or ()) for s in slices)
             _write_inputs(workdir, slices, allocated)
             megabytes = (workdir / "slices.json").stat().st_size / 2**20
             print(
                 f"\n{size} nodes: {len(slices)} slices, {devices} devices, {len(allocated)} "
-                f"claims allocated, slices file {megabytes:.0f} MiB "
-                f"(built in {time.perf_counter() - started:.1f} s)"
+                f"claims allocated, slices file {megabytes:.0f} MiB"
             )
             for label, claim in CLAIMS.items():
-                ours, upstream, fits = core(oracle, claim, slices, allocated)
-                ours_whole, theirs_whole = whole(binary, workdir, claim["metadata"]["name"], claim)
+                ours, upstream, fits = core(oracle, claim, slices, allocated, args.runs)
+                ours_whole, theirs_whole = whole(
+                    binary, workdir, claim["metadata"]["name"], claim, args.whole_runs or args.runs
+                )
                 ratios = ", ".join(
-                    f"upstream at {p}: {upstream[p]:.3f} s, ratio {ours / upstream[p]:.2f}"
+                    f"upstream at {p} {upstream[p]:.3f} s, ratio {ours / upstream[p]:.2f}"
                     for p in PARALLELISM
                 )
                 print(
-                    f"  {label}: fits {fits} nodes; core: ours {ours:.3f} s, {ratios}; "
-                    f"whole process: ours {ours_whole:.3f} s, upstream {theirs_whole:.3f} s, "
+                    f"  {label}: fits {fits} nodes\n"
+                    f"    core: ours {ours:.3f} s; {ratios}\n"
+                    f"    whole process: ours {ours_whole:.3f} s, upstream {theirs_whole:.3f} s, "
                     f"ratio {ours_whole / theirs_whole:.2f}"
                 )
 
