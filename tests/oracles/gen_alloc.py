@@ -8,6 +8,11 @@ a node selector; devices taken by other claims. Classes and requests select with
 ExactCount or All, alone or as firstAvailable alternatives, with admin access, and with
 tolerations for device taints; matchAttribute constraints tie requests together.
 
+Twins: some cases add nodes that copy another node's pools but for the node's name (the
+pools', the slices', an NVLink domain named after the node), as the nodes of one instance
+type do, so that allocation once per node shape (driver/tools/allocation/shapes.py) is
+compared too, with other claims holding devices on some twins and not on others.
+
 Partitionable devices (1.36): some nodes also have a pool of MIG-like placements of one
 GPU, each consuming the memory slices (and multiprocessors) it occupies from a counter set
 published in a counter-only slice, so that overlapping placements exclude each other.
@@ -22,6 +27,7 @@ naming a capacity no device has), and other claims holding shares of those GPUs.
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from typing import Any
@@ -189,6 +195,29 @@ class _Gen:
             out.append(
                 self.slice(f"{pool}-{driver}-old", driver, pool, generation - 1, 1, where, old)
             )
+        return out
+
+    def twin(self, slices: list[dict[str, Any]], source: str, node: str) -> list[dict[str, Any]]:
+        """The node-local slices of ``source`` as ``node`` would publish them."""
+        out: list[dict[str, Any]] = []
+        for original in slices:
+            if original["spec"].get("nodeName") != source:
+                continue
+            s = json.loads(json.dumps(original))
+            spec = s["spec"]
+            spec["nodeName"] = node
+            pool = spec["pool"]["name"]
+            spec["pool"]["name"] = node + pool.removeprefix(source)
+            s["metadata"]["name"] = node + s["metadata"]["name"].removeprefix(source)
+            for device in spec.get("devices") or ():
+                domain = device["attributes"].get("nvlinkDomain")
+                if domain is not None:
+                    domain["string"] = node + domain["string"].removeprefix(source)
+                key = (spec["driver"], spec["pool"]["name"], device["name"])
+                self.devices.append(key)
+                if device.get("allowMultipleAllocations"):
+                    self.shared.add(key)
+            out.append(s)
         return out
 
     def mig_pool(self, node: str) -> list[dict[str, Any]]:
@@ -370,6 +399,12 @@ def case(rng: random.Random, version: str) -> dict[str, Any]:
             slices += gen.pool_slices(NIC, node["name"], node["name"], {"nodeName": node["name"]})
         if version != "1.34" and gen.chance(0.3):
             slices += gen.mig_pool(node["name"])
+    if gen.chance(0.3):
+        source = rng.choice(nodes)
+        for k in range(rng.randrange(1, 4)):
+            twin = f"{source['name']}-twin{k}"
+            nodes.append({"name": twin, "labels": dict(source["labels"])})
+            slices += gen.twin(slices, source["name"], twin)
     if gen.chance(0.2):
         where: dict[str, Any] = {"allNodes": True}
         if gen.chance(0.5):

@@ -1,19 +1,28 @@
 """Allocate one claim against ResourceSlices, node by node, and explain the outcome.
 
 Pure: objects in (v1 JSON dicts), an :class:`Explanation` out. Class selectors
-are evaluated at most once per device for the whole call, whatever the number
-of requests and nodes (see :mod:`driver.tools.allocation.selectors`).
+are evaluated at most once per kind of device for the whole call, whatever the number
+of requests and nodes (see :mod:`driver.tools.allocation.selectors`), and the search
+runs once per node shape (:mod:`driver.tools.allocation.shapes`): a node of a shape
+already searched gets that outcome with its own devices.
 """
 
 import contextlib
 import gc
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from driver.common.quantity import Quantity
 from driver.tools.allocation.capacity import CapacityProblem, Use, quantity
-from driver.tools.allocation.claims import ClaimProblem, ParsedClaim, claim_spec, parse_claim
+from driver.tools.allocation.claims import (
+    ClaimProblem,
+    ParsedClaim,
+    Request,
+    claim_spec,
+    parse_claim,
+)
 from driver.tools.allocation.model import (
     ClaimRef,
     ClassListing,
@@ -22,10 +31,11 @@ from driver.tools.allocation.model import (
     Explanation,
     NodeExplanation,
 )
-from driver.tools.allocation.pools import Cluster, DeviceKey
+from driver.tools.allocation.pools import Cluster, Device, DeviceKey, Pool
 from driver.tools.allocation.reasons import advice, failure_reasons
 from driver.tools.allocation.search import DEFAULT_BUDGET, BudgetExceeded, NodeSearch, SearchAborted
 from driver.tools.allocation.selectors import SelectorProblem, Selectors, selector_refs
+from driver.tools.allocation.shapes import Shapes
 from driver.tools.allocation.status import allocation_json
 
 
@@ -82,9 +92,31 @@ def _explain_claim(
     in_use = device_holders(allocated, exclude=claim)
     shared = share_holders(allocated, exclude=claim)
     seed = _share_seed(claim)
-    outcomes = tuple(
-        _node(n, cluster, parsed, selectors, in_use, shared, budget, seed) for n in nodes
-    )
+    shapes = Shapes(parsed, in_use, shared)
+    found: dict[str, _Found | None] = {}  # search shape -> the solution, None for none
+    unfit: dict[str, NodeExplanation] = {}  # exact shape -> why not
+    results: list[NodeExplanation] = []
+    for n in nodes:
+        pools = cluster.pools(n)
+        shape = shapes.of(n, pools)
+        if shape is not None and shape.search in found:
+            solution = found[shape.search]
+            if solution is not None:
+                results.append(solution.on(n, pools, parsed, seed))
+                continue
+            known = unfit.get(shape.exact)
+            if known is not None:
+                results.append(replace(known, node=n))
+                continue
+        outcome, solution = _node(
+            n, pools, cluster, parsed, selectors, in_use, shared, budget, seed
+        )
+        results.append(outcome)
+        if shape is not None:
+            found[shape.search] = solution
+            if solution is None:
+                unfit[shape.exact] = outcome
+    outcomes = tuple(results)
     if any(o.allocatable for o in outcomes):
         return Explanation(ref, outcomes)
     return Explanation(ref, outcomes, advice=advice(o.reasons for o in outcomes))
@@ -104,8 +136,28 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """A solution by the positions of its devices among the node's, to be given to a node
+    of the same shape."""
+
+    positions: tuple[int, ...]
+    requests: tuple[Request, ...]
+    shares: tuple[dict[str, Quantity] | None, ...]
+    chosen: Mapping[str, Request]
+    steps: int
+
+    def on(
+        self, node: str | None, pools: list[Pool], parsed: ParsedClaim, seed: str
+    ) -> NodeExplanation:
+        devices = [d for pool in pools for d in pool.devices(node, None)]
+        picked = [(r, devices[p]) for r, p in zip(self.requests, self.positions, strict=True)]
+        return _allocatable(node, parsed, picked, self.shares, self.chosen, self.steps, seed)
+
+
 def _node(
     node: str | None,
+    pools: list[Pool],
     cluster: Cluster,
     parsed: ParsedClaim,
     selectors: Selectors,
@@ -113,8 +165,8 @@ def _node(
     shared: Mapping[DeviceKey, Use],
     budget: int,
     seed: str,
-) -> NodeExplanation:
-    search = NodeSearch(node, cluster, parsed, selectors, in_use, budget, shared)
+) -> tuple[NodeExplanation, _Found | None]:
+    search = NodeSearch(node, cluster, parsed, selectors, in_use, budget, shared, pools=pools)
     problem: str | None = None
     error: str | None = None
     try:
@@ -125,24 +177,46 @@ def _node(
     except BudgetExceeded as exc:
         found, problem = False, str(exc)
     if found:
-        return NodeExplanation(
-            node,
-            True,
-            results=tuple(
-                DeviceResult(r.name, d.driver, d.pool, d.name, _strings(share))
-                for (r, d), share in zip(search.results, search.shares, strict=True)
-            ),
-            allocation=allocation_json(
-                parsed, search.results, search.chosen, shares=search.shares, seed=seed
-            ),
+        position = {d.index: i for i, d in enumerate(search.every)}
+        solution = _Found(
+            positions=tuple(position[d.index] for _, d in search.results),
+            requests=tuple(r for r, _ in search.results),
+            shares=tuple(search.shares),
+            chosen=dict(search.chosen),
             steps=search.steps,
         )
+        picked = list(search.results)
+        explained = _allocatable(
+            node, parsed, picked, solution.shares, solution.chosen, search.steps, seed
+        )
+        return explained, solution
     return NodeExplanation(
         node,
         False,
         reasons=tuple(failure_reasons(search, problem)),
         steps=search.steps,
         error=error,
+    ), None
+
+
+def _allocatable(
+    node: str | None,
+    parsed: ParsedClaim,
+    picked: list[tuple[Request, Device]],
+    shares: Sequence[dict[str, Quantity] | None],
+    chosen: Mapping[str, Request],
+    steps: int,
+    seed: str,
+) -> NodeExplanation:
+    return NodeExplanation(
+        node,
+        True,
+        results=tuple(
+            DeviceResult(r.name, d.driver, d.pool, d.name, _strings(share))
+            for (r, d), share in zip(picked, shares, strict=True)
+        ),
+        allocation=allocation_json(parsed, picked, chosen, shares=shares, seed=seed),
+        steps=steps,
     )
 
 

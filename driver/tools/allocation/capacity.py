@@ -14,6 +14,7 @@ or not: on a device of one claim a request is just a floor on its capacity.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from driver.common.quantity import Format, Quantity
@@ -38,9 +39,14 @@ class DeviceCapacity:
     policy: Policy | None = None
 
 
+# Quantities are immutable and a cluster repeats the same few amounts on every device of a
+# profile: parsed once per process, as the CEL device's are.
+parse_quantity = lru_cache(maxsize=8192)(Quantity.parse)
+
+
 def quantity(raw: Any, where: str) -> Quantity:
     try:
-        return Quantity.parse(str(raw))
+        return parse_quantity(str(raw))
     except ValueError as exc:
         raise CapacityProblem(f"{where}: {exc}") from exc
 

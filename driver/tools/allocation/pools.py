@@ -19,7 +19,12 @@ from typing import Any
 
 from driver.common.errors import PermanentError
 from driver.common.quantity import Quantity
-from driver.tools.allocation.capacity import CapacityProblem, DeviceCapacity, device_capacities
+from driver.tools.allocation.capacity import (
+    CapacityProblem,
+    DeviceCapacity,
+    device_capacities,
+    parse_quantity,
+)
 from driver.tools.cel import CelDevice
 
 # A device's identity across the cluster, as allocation results name it.
@@ -30,6 +35,7 @@ AttributeValue = tuple[str, Any]
 Counters = dict[tuple[str, str], Quantity]
 
 _VALUE_KINDS = ("string", "int", "bool", "version")
+_ZERO = Quantity.parse("0")
 
 
 @dataclass(slots=True, eq=False)
@@ -80,7 +86,7 @@ class Device:
         for entry in self.data.get("consumesCounters") or ():
             for counter, amount in (entry.get("counters") or {}).items():
                 key = (str(entry.get("counterSet", "")), str(counter))
-                out[key] = out.get(key, Quantity.parse("0")) + Quantity.parse(str(amount["value"]))
+                out[key] = out.get(key, _ZERO) + parse_quantity(str(amount["value"]))
         self._consumes = out
         return out
 
@@ -311,7 +317,7 @@ def _gather_counters(pool: Pool) -> None:
                 pool.invalid = pool.invalid or f"duplicate counter set {name}"
             sets.add(name)
             for counter, amount in (counter_set.get("counters") or {}).items():
-                pool.counters[(name, str(counter))] = Quantity.parse(str(amount["value"]))
+                pool.counters[(name, str(counter))] = parse_quantity(str(amount["value"]))
     for s in pool.slices:
         for d in s.devices:
             for key in d.consumes():

@@ -83,9 +83,11 @@ class NodeSearch:
         in_use: Mapping[DeviceKey, str],  # taken devices -> the claim holding each
         budget: int,
         shared: Mapping[DeviceKey, Use] | None = None,  # shares other claims hold
+        *,
+        pools: list[Pool] | None = None,  # cluster.pools(node), when already gathered
     ) -> None:
         self.node = node
-        self.pools: list[Pool] = cluster.pools(node)
+        self.pools: list[Pool] = cluster.pools(node) if pools is None else pools
         labels = cluster.labels(node)
         self.every: list[Device] = []
         # Devices of complete, valid pools: the only ones ExactCount requests draw from.

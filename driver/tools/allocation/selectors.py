@@ -1,9 +1,12 @@
-"""CEL selectors compiled once and evaluated at most once per device.
+"""CEL selectors compiled once and evaluated at most once per kind of device.
 
 A selector's verdict on a device does not depend on what else is allocated, so
 the scheduler caches it per device and request; here the cache is keyed by
 expression, so a class used by several requests, or a node retried, costs no
-second evaluation.
+second evaluation. Beyond that, a selector reads only the entries of a device it
+names (:func:`driver.tools.cel.selector_reads`): devices that agree on those share
+one verdict, so the GPUs of a thousand nodes of one instance type, which differ in
+their UUIDs and NVLink domains, cost one evaluation for a selector reading neither.
 """
 
 from collections.abc import Mapping, Sequence
@@ -11,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from driver.tools.allocation.pools import Device
-from driver.tools.cel import CelCompileError, CelError, CelUnsupportedError, compile_selector
+from driver.tools.cel import (
+    CelCompileError,
+    CelError,
+    CelUnsupportedError,
+    Read,
+    compile_selector,
+    selector_reads,
+)
 
 
 class _Compiled(Protocol):
@@ -62,12 +72,58 @@ class SelectorProblem(Exception):
     """A selector that cannot be compiled (invalid, or not supported by this tool)."""
 
 
+_MISSING = object()
+_SCALARS = (str, int, float, bool)
+
+
+def _frozen(value: object) -> object:
+    # Device JSON: repr is one-to-one on str, numbers, bools, None, lists and dicts.
+    return value if value is None or value is _MISSING or type(value) in _SCALARS else repr(value)
+
+
+class _Lookup:
+    """Reads one selector's entries of a device: the key its verdict depends on alone."""
+
+    __slots__ = ("_by_driver", "_reads")
+
+    def __init__(self, reads: frozenset[Read]) -> None:
+        self._reads = sorted(reads)
+        # Per driver: (capacity table?, the bare name if the domain is the driver's, the
+        # qualified name), as CelDevice looks an entry up.
+        self._by_driver: dict[str, list[tuple[bool, str | None, str]]] = {}
+
+    def key(self, device: Device) -> tuple[object, ...] | None:
+        data = device.data
+        attributes = data.get("attributes") or {}
+        capacity = data.get("capacity") or {}
+        if not isinstance(attributes, Mapping) or not isinstance(capacity, Mapping):
+            return None  # malformed: judged on its own
+        driver = device.driver
+        entries = self._by_driver.get(driver)
+        if entries is None:
+            entries = [
+                (field == "capacity", name if domain == driver else None, f"{domain}/{name}")
+                for field, domain, name in self._reads
+            ]
+            self._by_driver[driver] = entries
+        parts: list[object] = [driver, bool(data.get("allowMultipleAllocations", False))]
+        for of_capacity, bare, qualified in entries:
+            table = capacity if of_capacity else attributes
+            if bare is not None:
+                parts.append(_frozen(table.get(bare, _MISSING)))
+            parts.append(_frozen(table.get(qualified, _MISSING)))
+        return tuple(parts)
+
+
 class Selectors:
-    """Compiles each distinct expression once and remembers its verdict per device."""
+    """Compiles each distinct expression once and remembers its verdict per device, and
+    per kind of device where the expression's reads are known."""
 
     def __init__(self) -> None:
         self._compiled: dict[str, _Compiled | SelectorProblem] = {}
         self._verdicts: dict[str, dict[int, Verdict]] = {}
+        self._lookups: dict[str, _Lookup | None] = {}
+        self._shared: dict[str, dict[tuple[object, ...], Verdict]] = {}
 
     def check(self, ref: SelectorRef) -> None:
         """Compile now; raise SelectorProblem naming the selector if it does not compile."""
@@ -86,6 +142,9 @@ class Selectors:
                 compiled = SelectorProblem(f"CEL compile error: {exc}")
             self._compiled[expression] = compiled
             self._verdicts[expression] = {}
+            reads = None if isinstance(compiled, SelectorProblem) else selector_reads(expression)
+            self._lookups[expression] = None if reads is None else _Lookup(reads)
+            self._shared[expression] = {}
         return compiled
 
     def verdict(self, expression: str, device: Device) -> Verdict:
@@ -97,11 +156,17 @@ class Selectors:
         compiled = self._compile(expression)
         if isinstance(compiled, SelectorProblem):
             raise compiled
-        result: Verdict
-        try:
-            result = bool(compiled.matches(device.cel()))
-        except CelError as exc:
-            result = str(exc) or type(exc).__name__
+        lookup = self._lookups[expression]
+        key = None if lookup is None else lookup.key(device)
+        shared = self._shared[expression]
+        result: Verdict | None = None if key is None else shared.get(key)
+        if result is None:
+            try:
+                result = bool(compiled.matches(device.cel()))
+            except CelError as exc:
+                result = str(exc) or type(exc).__name__
+            if key is not None:
+                shared[key] = result
         self._verdicts[expression][device.index] = result
         return result
 

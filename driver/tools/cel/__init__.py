@@ -7,12 +7,13 @@
 from functools import lru_cache
 
 from driver.tools.cel._compile import Compiler
-from driver.tools.cel._conjuncts import Reads, reads, split_conjuncts
+from driver.tools.cel._conjuncts import split_conjuncts
 from driver.tools.cel._device import CelDevice
 from driver.tools.cel._errors import CelCompileError, CelError, CelEvalError, CelUnsupportedError
 from driver.tools.cel._eval import Ctx
 from driver.tools.cel._lint import Lint, Schema, lint_ast, suggest
 from driver.tools.cel._parser import parse
+from driver.tools.cel._reads import Read, Reads, reads, selector_reads
 from driver.tools.cel._runtime import type_name
 from driver.tools.cel._types import BOOL, DYN
 
@@ -24,11 +25,13 @@ __all__ = [
     "CelSelector",
     "CelUnsupportedError",
     "Lint",
+    "Read",
     "Reads",
     "Schema",
     "compile_selector",
     "lint_selector",
     "reads",
+    "selector_reads",
     "split_conjuncts",
     "suggest",
 ]

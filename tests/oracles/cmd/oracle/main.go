@@ -4,6 +4,11 @@
 // (the DRA CEL environment). It reads one JSON case per line on stdin and writes one
 // JSON answer per line on stdout, in the same order, so one process serves a whole
 // test run. tests/oracles/client.py is its Python side.
+//
+// An allocate case with "timing" also reports how long the allocator itself takes on it,
+// after decoding: NewAllocator, then Allocate for every node as the scheduler's Filter
+// calls it, at each parallelism asked (timing.go). "oracle explain" (explain.go) is the
+// whole process on files, as `gpu-dra explain --slices FILE` runs on them.
 package main
 
 import (
@@ -13,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -58,6 +64,7 @@ type request struct {
 	Claim     *resourceapi.ResourceClaim   `json:"claim"`
 	Allocated []*resourceapi.ResourceClaim `json:"allocated"`
 	Nodes     []node                       `json:"nodes"`
+	Timing    *timing                      `json:"timing,omitempty"`
 
 	// cel
 	Expression string              `json:"expression"`
@@ -87,6 +94,8 @@ type answer struct {
 	ID    int                    `json:"id"`
 	Error string                 `json:"error,omitempty"` // the case itself was unusable
 	Nodes map[string]nodeOutcome `json:"nodes,omitempty"`
+	// Only for a case with "timing": the allocator's own seconds on it.
+	Timings *timings `json:"timings,omitempty"`
 
 	// cel: "ok" with a value, "compile" or "runtime" with the error text.
 	Outcome string `json:"outcome,omitempty"`
@@ -113,7 +122,10 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return nil, fmt.Errorf("deviceclass %q not found", name)
 }
 
-var caches = map[string]*dracel.Cache{}
+var (
+	caches  = map[string]*dracel.Cache{}
+	cacheMu sync.Mutex
+)
 
 const timeout = 2 * time.Second
 
@@ -126,21 +138,73 @@ func allocate(ctx context.Context, req *request) answer {
 		return answer{ID: req.ID, Error: "no claim"}
 	}
 	defaultClaim(req.Claim)
-	cache := caches[req.Version]
+	in := allocInput{
+		feats:   feats,
+		cache:   celCache(req.Version, feats),
+		classes: classLister{},
+		state:   allocatedState(feats, req.Allocated),
+		slices:  req.Slices,
+		claim:   req.Claim,
+	}
+	for _, c := range req.Classes {
+		in.classes[c.Name] = c
+	}
+	nodes := make([]*v1.Node, len(req.Nodes))
+	for i, n := range req.Nodes {
+		nodes[i] = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels}}
+	}
+	alloc, err := in.newAllocator(ctx)
+	if err != nil {
+		return answer{ID: req.ID, Error: "NewAllocator: " + err.Error()}
+	}
+	out := answer{ID: req.ID, Nodes: map[string]nodeOutcome{}}
+	for _, n := range nodes {
+		out.Nodes[n.Name] = outcome(allocateNode(ctx, alloc, n, req.Claim))
+	}
+	if req.Timing != nil {
+		t, err := measure(ctx, &in, nodes, *req.Timing)
+		if err != nil {
+			return answer{ID: req.ID, Error: "timing: " + err.Error()}
+		}
+		out.Timings = t
+	}
+	return out
+}
+
+// allocInput is what NewAllocator is made from: the decoded case.
+type allocInput struct {
+	feats   structured.Features
+	cache   *dracel.Cache
+	classes classLister
+	state   structured.AllocatedState
+	slices  []*resourceapi.ResourceSlice
+	claim   *resourceapi.ResourceClaim
+}
+
+func (in *allocInput) newAllocator(ctx context.Context) (structured.Allocator, error) {
+	return structured.NewAllocator(ctx, in.feats, in.state, in.classes, in.slices, in.cache)
+}
+
+// celCache is one compiled-expression cache per version for the process, as the
+// scheduler keeps one for its lifetime.
+func celCache(version string, feats structured.Features) *dracel.Cache {
+	cacheMu.Lock()
+	defer cacheMu.Unlock()
+	cache := caches[version]
 	if cache == nil {
 		cache = dracel.NewCache(1000, dracel.Features{EnableConsumableCapacity: feats.ConsumableCapacity})
-		caches[req.Version] = cache
+		caches[version] = cache
 	}
-	classes := classLister{}
-	for _, c := range req.Classes {
-		classes[c.Name] = c
-	}
+	return cache
+}
+
+func allocatedState(feats structured.Features, allocated []*resourceapi.ResourceClaim) structured.AllocatedState {
 	state := structured.AllocatedState{
 		AllocatedDevices:         sets.New[structured.DeviceID](),
 		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
 		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
 	}
-	for _, c := range req.Allocated {
+	for _, c := range allocated {
 		if c.Status.Allocation == nil {
 			continue
 		}
@@ -161,44 +225,48 @@ func allocate(ctx context.Context, req *request) answer {
 			state.AllocatedDevices.Insert(id)
 		}
 	}
-	alloc, err := structured.NewAllocator(ctx, feats, state, classes, req.Slices, cache)
-	if err != nil {
-		return answer{ID: req.ID, Error: "NewAllocator: " + err.Error()}
+	return state
+}
+
+// rawOutcome is what one Allocate call gave, before it is turned into an answer.
+type rawOutcome struct {
+	results  []resourceapi.AllocationResult
+	err      error
+	timedOut bool
+}
+
+func allocateNode(ctx context.Context, alloc structured.Allocator, node *v1.Node, claim *resourceapi.ResourceClaim) rawOutcome {
+	// The scheduler bounds a Filter call the same way (DRASchedulerFilterTimeout);
+	// without it one combinatorial case could stall the whole stream.
+	nodeCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	results, err := alloc.Allocate(nodeCtx, node, []*resourceapi.ResourceClaim{claim})
+	return rawOutcome{results: results, err: err, timedOut: nodeCtx.Err() != nil}
+}
+
+func outcome(raw rawOutcome) nodeOutcome {
+	switch {
+	case raw.timedOut:
+		return nodeOutcome{Outcome: "timeout"}
+	case raw.err != nil && errors.Is(raw.err, structured.ErrFailedAllocationOnNode):
+		return nodeOutcome{Outcome: "unschedulable", Error: raw.err.Error()}
+	case raw.err != nil:
+		return nodeOutcome{Outcome: "error", Error: raw.err.Error()}
+	case len(raw.results) == 0:
+		return nodeOutcome{Outcome: "unschedulable"}
 	}
-	out := answer{ID: req.ID, Nodes: map[string]nodeOutcome{}}
-	for _, n := range req.Nodes {
-		obj := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels}}
-		// The scheduler bounds a Filter call the same way (DRASchedulerFilterTimeout);
-		// without it one combinatorial case could stall the whole stream.
-		nodeCtx, cancel := context.WithTimeout(ctx, timeout)
-		results, err := alloc.Allocate(nodeCtx, obj, []*resourceapi.ResourceClaim{req.Claim})
-		timedOut := nodeCtx.Err() != nil
-		cancel()
-		switch {
-		case timedOut:
-			out.Nodes[n.Name] = nodeOutcome{Outcome: "timeout"}
-		case err != nil && errors.Is(err, structured.ErrFailedAllocationOnNode):
-			out.Nodes[n.Name] = nodeOutcome{Outcome: "unschedulable", Error: err.Error()}
-		case err != nil:
-			out.Nodes[n.Name] = nodeOutcome{Outcome: "error", Error: err.Error()}
-		case len(results) == 0:
-			out.Nodes[n.Name] = nodeOutcome{Outcome: "unschedulable"}
-		default:
-			o := nodeOutcome{Outcome: "allocated", Results: []result{}}
-			for _, r := range results[0].Devices.Results {
-				res := result{Request: r.Request, Driver: r.Driver, Pool: r.Pool, Device: r.Device}
-				if r.ShareID != nil {
-					res.ConsumedCapacity = map[string]string{}
-					for name, q := range r.ConsumedCapacity {
-						res.ConsumedCapacity[string(name)] = q.String()
-					}
-				}
-				o.Results = append(o.Results, res)
+	o := nodeOutcome{Outcome: "allocated", Results: []result{}}
+	for _, r := range raw.results[0].Devices.Results {
+		res := result{Request: r.Request, Driver: r.Driver, Pool: r.Pool, Device: r.Device}
+		if r.ShareID != nil {
+			res.ConsumedCapacity = map[string]string{}
+			for name, q := range r.ConsumedCapacity {
+				res.ConsumedCapacity[string(name)] = q.String()
 			}
-			out.Nodes[n.Name] = o
 		}
+		o.Results = append(o.Results, res)
 	}
-	return out
+	return o
 }
 
 // defaultClaim applies the API server's defaults (pkg/apis/resource/v1/defaults.go),
@@ -259,6 +327,9 @@ func evalCEL(ctx context.Context, req *request) answer {
 
 func main() {
 	ctx := context.Background()
+	if len(os.Args) > 1 && os.Args[1] == "explain" {
+		os.Exit(explainMain(ctx, os.Args[2:]))
+	}
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 0, 1<<20), 256<<20)
 	w := bufio.NewWriter(os.Stdout)
