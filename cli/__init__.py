@@ -12,6 +12,7 @@ subcommand is not overwritten by the subparser's default.
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -112,8 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.setup(args.log_level, args.log_format)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, so a reader that left is seen by the handler below
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `gpu-dra validate ... | head`: the reader left, which is no error of the user's
+        # or ours. Python would print a traceback flushing stdout at exit: point it at
+        # /dev/null and end as a process killed by SIGPIPE does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         # A user mistake (bad kubeconfig, unreachable server, no permission) is one line;
         # anything else is a bug of ours and keeps its traceback.

@@ -284,3 +284,20 @@ def test_the_net_under_every_command_turns_client_errors_into_one_line() -> None
         2,
     )
     assert classify(ZeroDivisionError()) is None  # a bug of ours keeps its traceback
+
+
+def test_a_reader_that_leaves_the_pipe_early_gets_no_traceback() -> None:
+    """`gpu-dra discover | head -1`: the reader is gone before the output is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "wb") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", "discover", "--nvml=simulated", "--profile=p5.48xlarge"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.returncode == 141
