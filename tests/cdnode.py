@@ -84,6 +84,12 @@ def node_label(apiserver: LocalApiServer) -> str | None:
     return labels.get(names.COMPUTE_DOMAIN_LABEL)
 
 
+def clique_label(apiserver: LocalApiServer) -> str | None:
+    node = next(n for n in apiserver.objects("nodes") if n["metadata"]["name"] == NODE)
+    labels: dict[str, str] = node["metadata"].get("labels") or {}
+    return labels.get(names.GPU_CLIQUE_NODE_LABEL)
+
+
 def config(kind: str, uid: str = CD_UID, **extra: Any) -> list[Obj]:
     return [
         {

@@ -1,6 +1,7 @@
 """The Node label policy of computeDomains.enabled, evaluated with the official CEL runtime
 (as tests/test_chart_policy.py does the slice and Lease policies): the kubelet plugin may set
-and remove the ComputeDomain label of its own Node, and change nothing else of any Node."""
+and remove the ComputeDomain and GPU clique labels of its own Node, and change nothing else of
+any Node."""
 
 from typing import Any
 
@@ -12,6 +13,7 @@ from tests.test_chart_policy import Policy, evaluate
 
 NODE = "gb-a"
 UID = "3b1c6a4e-8f2d-4c1a-9e7b-5d0f2a6c8e11"
+CLIQUE = "00000000-0000-0000-0000-000000000001.0"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,19 @@ def test_its_own_nodes_domain_label_is_set_and_removed(policy: Policy) -> None:
     assert update(policy, _node(**label), _node()) == []
 
 
+def test_its_own_nodes_clique_label_is_set_changed_and_removed(policy: Policy) -> None:
+    label = {names.GPU_CLIQUE_NODE_LABEL: CLIQUE}
+    assert update(policy, _node(), _node(**label)) == []
+    changed = {names.GPU_CLIQUE_NODE_LABEL: CLIQUE.replace(".0", ".7")}
+    assert update(policy, _node(**label), _node(**changed)) == []
+    assert update(policy, _node(**label), _node()) == []
+    # With the domain label beside it, in one write.
+    both = {**label, names.COMPUTE_DOMAIN_LABEL: UID}
+    assert update(policy, _node(), _node(**both)) == []
+    denied = update(policy, _node("gb-b"), _node("gb-b", **label))
+    assert denied == ["the kubelet plugin on node gb-a may not modify node gb-b"]
+
+
 def test_another_node_is_denied(policy: Policy) -> None:
     label = {names.COMPUTE_DOMAIN_LABEL: UID}
     denials = update(policy, _node("gb-b"), _node("gb-b", **label))
@@ -63,7 +78,12 @@ def test_another_node_is_denied(policy: Policy) -> None:
 
 def test_any_other_change_is_denied(policy: Policy) -> None:
     other = _node(**{"team": "ml"})
-    assert update(policy, _node(), other)
+    assert update(policy, _node(), other) == [
+        "the kubelet plugin may change only the labels resource.nvidia.com/computeDomain and "
+        "nvidia.com/gpu.clique of a Node"
+    ]
+    # A key next to the two is not one of them.
+    assert update(policy, _node(), _node(**{"nvidia.com/gpu.clique.extra": "x"}))
     relabelled = _node()
     relabelled["metadata"]["labels"]["kubernetes.io/hostname"] = "x"
     assert update(policy, _node(), relabelled)

@@ -53,6 +53,10 @@ async def test_publishes_channel_and_daemon_as_nvidias(
             if s["spec"]["driver"] == names.DRIVER_NAME
         ]
 
+    # The node's clique label, as NVIDIA's --gpu-clique-label-enabled sets it.
+    await wait_for(
+        lambda: cdnode.clique_label(apiserver) == cdnode.clique_id("rack-a"), "the clique label"
+    )
     await wait_for(lambda: bool(cd_slices()), "the ComputeDomain driver's slice")
     (only,) = cd_slices()
     assert only["spec"]["pool"]["name"] == NODE and only["spec"]["nodeName"] == NODE
@@ -206,10 +210,15 @@ async def test_no_clique_gives_no_channel(
     apiserver: LocalApiServer, kube: tuple[Any, Path], dirs: NodeDirs, processes: list[Any]
 ) -> None:
     cdnode.seed(apiserver)
+    # A clique label from before (the node's fabric was partitioned away): removed.
+    node = next(n for n in apiserver.objects("nodes") if n["metadata"]["name"] == NODE)
+    node["metadata"]["labels"] = {names.GPU_CLIQUE_NODE_LABEL: cdnode.clique_id("rack-a")}
+    apiserver.put(node)
     api, kubeconfig = kube
     plugin = cdnode.start(dirs, kubeconfig, rack=None)
     processes.append(plugin)
     await plugin.wait_log("ComputeDomain driver ready.*clique_id=none", 60)
+    await wait_for(lambda: cdnode.clique_label(apiserver) is None, "the clique label removed")
     # Without a clique the daemon is Ready in the domain's status only (NVIDIA's rule).
     cd = next(o for o in apiserver.objects(names.COMPUTE_DOMAINS) if o["metadata"]["uid"] == CD_UID)
     cd["status"] = {

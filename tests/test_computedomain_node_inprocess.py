@@ -153,20 +153,42 @@ async def test_a_prepare_that_waits_too_long_keeps_the_label_and_finishes_on_ret
 
 
 async def test_the_clique_is_read_again_and_a_change_is_used_by_new_prepares(
-    driver: tuple[ComputeDomainDriver, _Host], caplog: pytest.LogCaptureFixture
+    apiserver: LocalApiServer,
+    driver: tuple[ComputeDomainDriver, _Host],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     cd, host = driver
     assert cd.clique_id == cdnode.clique_id(NODE)
+    await wait_for(lambda: cdnode.clique_label(apiserver) == cd.clique_id, "the clique label")
     other = "00000000-0000-0000-0000-000000000042"
     host.next = _with_cluster(host.now, other)
     with caplog.at_level(logging.WARNING):
         await wait_for(lambda: cd.clique_id.startswith(other), "the new clique")
     assert any("clique changed" in r.getMessage() for r in caplog.records)
+    # The label follows, and a re-read that changes nothing writes nothing.
+    await wait_for(lambda: cdnode.clique_label(apiserver) == cd.clique_id, "the new label")
+    writes = apiserver.requests.count("patch", "nodes")
     # A fabric read that finds none does not replace a known clique (NVIDIA's rule).
     host.next = dataclasses.replace(host.now, gpus=())
     seen = host.rounds
     await wait_for(lambda: host.rounds >= seen + 3, "three more re-reads")
     assert cd.clique_id.startswith(other)
+    assert cdnode.clique_label(apiserver) == cd.clique_id
+    assert apiserver.requests.count("patch", "nodes") == writes
+
+
+async def test_a_refused_label_write_is_retried(
+    apiserver: LocalApiServer, driver: tuple[ComputeDomainDriver, _Host]
+) -> None:
+    cd, host = driver
+    await wait_for(lambda: cdnode.clique_label(apiserver) == cd.clique_id, "the clique label")
+    apiserver.faults.fail("patch", "nodes", code=503, times=3)
+    other = "00000000-0000-0000-0000-000000000043"
+    host.next = _with_cluster(host.now, other)
+    await wait_for(lambda: cd.clique_id.startswith(other), "the new clique")
+    await wait_for(
+        lambda: cdnode.clique_label(apiserver) == cd.clique_id, "the label after 3 refusals", 15
+    )
 
 
 async def test_an_old_driver_is_refused_in_one_line(

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from driver.common.errors import PermanentError, RetryableError
+from driver.common.limits import label_value_error
 from driver.computedomain import names
 from driver.kube.backoff import Backoff
 from driver.kube.rest import MERGE_PATCH, Client, ConflictError, NotFoundError
@@ -134,6 +135,24 @@ class Domains:
             except ConflictError:
                 continue
         raise RetryableError(f"node {self._node}: the label kept changing under the removal")
+
+    async def set_clique_label(self, clique_id: str) -> bool:
+        """The node's ``nvidia.com/gpu.clique`` label to ``clique_id``, removed for "" (no
+        clique). Read first, so a node at rest gets no write; True when one was made. A merge
+        patch without a resourceVersion: the key is this plugin's alone (GFD, where it runs,
+        writes the same value by the same rule)."""
+        node = await self._client.get_json(self._node_path(), resource="nodes")
+        have = ((node.get("metadata") or {}).get("labels") or {}).get(names.GPU_CLIQUE_NODE_LABEL)
+        if (have or "") == clique_id:
+            return False
+        if why := label_value_error(clique_id):
+            raise PermanentError(
+                f"clique ID {clique_id!r} cannot be the node label "
+                f"{names.GPU_CLIQUE_NODE_LABEL}: {why}"
+            )
+        value = clique_id or None
+        await self._patch_node({"metadata": {"labels": {names.GPU_CLIQUE_NODE_LABEL: value}}})
+        return True
 
     async def _patch_node(self, patch: dict[str, Any]) -> None:
         await self._client.request(

@@ -11,6 +11,17 @@ partitioning may change it). A new value is used by the next prepares: a channel
 claim already prepared keeps its spec (its device nodes do not depend on the clique; the
 domain's daemon re-reads its own clique when it restarts), and the change is logged. As
 NVIDIA's, an empty new value (a fabric read that failed) does not replace a known one.
+
+The clique is also the Node's label ``nvidia.com/gpu.clique`` (NVIDIA's
+``--gpu-clique-label-enabled``; GPU Feature Discovery's label, which EKS nodes lack and
+workloads' pod affinity keys on): written at start and on each change, removed when the node
+reports no clique at start (a start that cannot write it fails, and the node process retries
+it), and on a change by the refresh loop, which retries the write while it fails. Two
+choices differ from NVIDIA's. It is on whenever this driver is (NVIDIA: a flag, off by
+default, since GFD set it before): a node that runs this driver has no other writer on EKS,
+and where GFD runs it writes the same value by the same rule. It is not removed on stop
+(NVIDIA removes it): the clique is the hardware's, and a plugin restart or upgrade must not
+make workloads' affinity unschedulable meanwhile.
 """
 
 import asyncio
@@ -64,6 +75,7 @@ class ComputeDomainDriver:
     def __init__(self, config: DomainConfig) -> None:
         self._config = config
         self._clique = ""
+        self._labelled: str | None = None  # the node's clique label as last written or found
         self._servers: list[SocketServer] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -86,6 +98,9 @@ class ComputeDomainDriver:
         )
         plugin_dir = cfg.plugins_dir / self.name
         domains = Domains(Client(host.api_client), node_name=cfg.node_name, namespace=cfg.namespace)
+        # As NVIDIA's, at start: a node whose API server refuses it does not serve yet (the
+        # node process retries the start).
+        await self._label(domains)
         loop = asyncio.get_running_loop()
         channel = kinds.ChannelKind(
             loop=loop,
@@ -151,15 +166,30 @@ class ComputeDomainDriver:
         self._tasks += [
             asyncio.create_task(controller.run(), name="cd-slice-controller"),
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="cd-reconciler"),
-            asyncio.create_task(self._follow_clique(host), name="cd-clique"),
+            asyncio.create_task(self._follow_clique(host, domains), name="cd-clique"),
         ]
         log.info(
             "ComputeDomain driver ready",
             extra=kv(node=cfg.node_name, driver=self.name, clique_id=self._clique or "none"),
         )
 
-    async def _follow_clique(self, host: Host) -> None:
+    async def _label(self, domains: Domains) -> None:
+        now = self._clique
+        if await domains.set_clique_label(now):
+            log.info(
+                "node label set" if now else "node label removed",
+                extra=kv(
+                    node=self._config.node_name,
+                    label=names.GPU_CLIQUE_NODE_LABEL,
+                    value=now or "none",
+                ),
+            )
+        self._labelled = now
+
+    async def _follow_clique(self, host: Host, domains: Domains) -> None:
         async def round_() -> None:
+            if self._labelled != self._clique:  # changed, and the write not yet through
+                await self._label(domains)
             await asyncio.sleep(self._config.clique_period)
             await host.rediscover()
             inventory = host.inventory()
