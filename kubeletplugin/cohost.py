@@ -26,8 +26,9 @@ class Host:
 
 
 class Guest(Protocol):
-    """A second driver in the host's process. ``start`` serves it (a PermanentError: it
-    refuses, in one line, and the host serves on without it); ``stop`` ends it."""
+    """A second driver in the host's process. ``start`` serves it (an error: it refuses, in
+    one line, the host serves on without it and retries the start as it retries its own
+    setup); ``stop`` ends it, also after a failed or cancelled start."""
 
     name: str
 

@@ -1,7 +1,9 @@
 """The ComputeDomain driver in this process, on a simulated GB200 inventory: the readiness
-gate's bound (PreparePending keeps the label), the driver floor, the clique's rules and its
-periodic re-read. The node-process tests (test_computedomain_node*.py) cover the rest."""
+gate's bound (PreparePending keeps the label), the driver floor, the clique's rules, its
+periodic re-read and node label, and the node process's retry of a start that failed. The
+node-process tests (test_computedomain_node*.py) cover the rest."""
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +23,7 @@ from kubeletplugin.cohost import Host
 from kubeletplugin.computedomain import clique, nvcaps
 from kubeletplugin.computedomain.domains import Domain, Domains, NotReadyError
 from kubeletplugin.computedomain.node import ComputeDomainDriver, DomainConfig
+from kubeletplugin.gpu import node
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode
@@ -201,3 +204,78 @@ async def test_an_old_driver_is_refused_in_one_line(
     with pytest.raises(DriverTooOld, match=r"565\.57\.01 is older than 570\.158\.01"):
         await cd.start(_Host(api, old, root).host)
     await cd.stop()
+
+
+async def test_a_start_the_api_server_refuses_is_retried_while_the_gpu_driver_serves(
+    apiserver: LocalApiServer,
+    kube: tuple[Any, Path],
+    dirs: NodeDirs,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The node process serves the GPU driver; the ComputeDomain driver's start (its clique
+    label) fails while the API server refuses Node patches, is retried every retry_period
+    and logged once, and serves once the server takes them."""
+    cdnode.seed(apiserver)
+    _, kubeconfig = kube
+    config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE)
+    cd = ComputeDomainDriver(
+        DomainConfig(
+            node_name=NODE,
+            namespace=DRIVER_NAMESPACE,
+            registrar_dir=dirs.registry,
+            plugins_dir=dirs.plugins,
+            cdi_root=dirs.cdi,
+            container_driver_root=config.container_driver_root,
+        )
+    )
+    apiserver.faults.fail("patch", "nodes", code=503, times=-1)
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO)
+    running = asyncio.create_task(node.run(config, stop, guests=[cd]))
+    try:
+        await wait_for(lambda: dirs.paths().registration.exists(), "the GPU driver's socket")
+        await wait_for(
+            lambda: apiserver.requests.count("patch", "nodes") >= 3, "three refused starts"
+        )
+        refusals = [r for r in caplog.records if r.getMessage() == "not serving driver"]
+        assert len(refusals) == 1
+        assert "503" in str(refusals[0].__dict__.get("error"))
+        assert not cdnode.cd_paths(dirs).registration.exists()
+        assert cdnode.clique_label(apiserver) is None
+        apiserver.faults.clear()
+        await wait_for(
+            lambda: cdnode.cd_paths(dirs).registration.exists(), "the ComputeDomain socket"
+        )
+        assert cdnode.clique_label(apiserver) == cdnode.clique_id(NODE)
+        assert any("after a failed start" in r.getMessage() for r in caplog.records)
+        assert not running.done()
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0
+    assert not cdnode.cd_paths(dirs).registration.exists()
+
+
+async def test_a_stop_during_the_retries_leaves_nothing_served(
+    apiserver: LocalApiServer, kube: tuple[Any, Path], dirs: NodeDirs
+) -> None:
+    cdnode.seed(apiserver)
+    _, kubeconfig = kube
+    config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE)
+    cd = ComputeDomainDriver(
+        DomainConfig(
+            node_name=NODE,
+            namespace=DRIVER_NAMESPACE,
+            registrar_dir=dirs.registry,
+            plugins_dir=dirs.plugins,
+            cdi_root=dirs.cdi,
+            container_driver_root=config.container_driver_root,
+        )
+    )
+    apiserver.faults.fail("patch", "nodes", code=503, times=-1)
+    stop = asyncio.Event()
+    running = asyncio.create_task(node.run(config, stop, guests=[cd]))
+    await wait_for(lambda: apiserver.requests.count("patch", "nodes") >= 2, "two refused starts")
+    stop.set()
+    assert await asyncio.wait_for(running, 30) == 0
+    assert not cdnode.cd_paths(dirs).registration.exists()
+    assert not dirs.paths().registration.exists()

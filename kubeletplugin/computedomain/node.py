@@ -2,7 +2,8 @@
 
 Started after the host driver serves (``kubeletplugin.cohost``): its NVML, inventory and API
 client are the host's. It refuses to start, in one line, on a driver older than 570.158.01
-(NVIDIA's check) or on GPUs that disagree on their clique; the GPU driver serves on. Then, as
+(NVIDIA's check) or on GPUs that disagree on their clique; the GPU driver serves on (and
+retries the start, but for the driver floor). Then, as
 the GPU driver: claim state (records and recovery under its own plugin directory and CDI
 vendor), the DRA socket, the registration socket, the slice publisher, the reconciler.
 

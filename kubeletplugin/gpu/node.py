@@ -23,6 +23,7 @@ import grpc
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
+from driver.common.driverversion import DriverTooOld
 from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
 from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS, Taint
@@ -147,6 +148,10 @@ async def run(
         await probes.stop()
 
 
+# What _start_guest returns for a refusal no retry can change.
+_FINAL = "final"
+
+
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     """Sleep up to ``seconds``; True when asked to stop meanwhile."""
     with contextlib.suppress(TimeoutError):
@@ -175,6 +180,8 @@ class _Node:
         self._config = config
         self._guests = list(guests)
         self._serving: list[Guest] = []
+        # Starts of guests that failed, retried apart from self._tasks: they end by succeeding.
+        self._guest_tasks: list[asyncio.Task[None]] = []
         self._hup = hup
         self._paths = paths
         self._probes = probes
@@ -198,7 +205,7 @@ class _Node:
             if state is None:
                 return 0
             await self._serve(state)
-            await self._start_guests()
+            await self._start_guests(stop)
             self._probes.set_ready()
             _return_freed_memory()
             log.info(
@@ -424,9 +431,12 @@ class _Node:
             asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )
 
-    async def _start_guests(self) -> None:
+    async def _start_guests(self, stop: asyncio.Event) -> None:
         """Each other driver of this process, on this one's NVML and inventory; one that
-        refuses says why in one line and the GPU driver serves on."""
+        refuses says why in one line and the GPU driver serves on. A refusal is retried as
+        the GPU driver's setup is, every ``retry_period`` and logged again only when its
+        reason changes, until it serves or the process stops; but not an NVIDIA driver
+        below the floor, which only a driver upgrade (and so a restart) changes."""
         assert self._devices is not None and self._backend is not None
         devices = self._devices
 
@@ -441,17 +451,49 @@ class _Node:
             nvml_mode=self._config.nvml,
         )
         for guest in self._guests:
-            try:
-                await guest.start(host)
-            except Exception as exc:  # a guest's failure is its own: the GPU driver serves on
+            reason = await self._start_guest(guest, host, "")
+            if reason is not None and reason != _FINAL:
+                self._guest_tasks.append(
+                    asyncio.create_task(
+                        self._retry_guest(guest, host, stop, reason), name=f"start-{guest.name}"
+                    )
+                )
+
+    async def _start_guest(self, guest: Guest, host: Host, last: str) -> str | None:
+        """One start of ``guest``: None when it serves, else why not (logged unless it is
+        ``last``), or _FINAL when no retry can help."""
+        try:
+            await guest.start(host)
+        except asyncio.CancelledError:
+            await guest.stop()  # stopped mid-start: what it started so far goes too
+            raise
+        except Exception as exc:  # a guest's failure is its own: the GPU driver serves on
+            final = isinstance(exc, DriverTooOld)
+            reason = f"{type(exc).__name__}: {exc}"
+            if reason != last:
                 log.error(
                     "not serving driver",
                     exc_info=not isinstance(exc, DriverError | OSError),
-                    extra=kv(driver=guest.name, error=str(exc)),
+                    extra=kv(
+                        driver=guest.name,
+                        error=str(exc),
+                        retry_in="never" if final else f"{self._config.retry_period:g}s",
+                    ),
                 )
-                await guest.stop()
-                continue
-            self._serving.append(guest)
+            await guest.stop()
+            return _FINAL if final else reason
+        self._serving.append(guest)
+        return None
+
+    async def _retry_guest(self, guest: Guest, host: Host, stop: asyncio.Event, last: str) -> None:
+        while not await _wait(stop, self._config.retry_period):
+            reason = await self._start_guest(guest, host, last)
+            if reason is None:
+                log.info("serving driver after a failed start", extra=kv(driver=guest.name))
+                return
+            if reason == _FINAL:
+                return
+            last = reason
 
     def _recovery(self) -> Recovery | None:
         from driver.gpu.events import EventNvml, probe
@@ -498,6 +540,10 @@ class _Node:
         return 1
 
     async def _shutdown(self) -> None:
+        for task in self._guest_tasks:  # a start in flight stops what it started
+            task.cancel()
+        await asyncio.gather(*self._guest_tasks, return_exceptions=True)
+        self._guest_tasks.clear()
         for guest in reversed(self._serving):
             await guest.stop()
         self._serving.clear()
