@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kubernetes.aio.client import ApiClient
+from prometheus_client import CollectorRegistry
 
 from driver.gpu.inventory import Inventory
 
@@ -23,6 +24,8 @@ class Host:
     rediscover: Callable[[], Awaitable[None]]
     proc_root: Path  # where the driver's proc/ lies: "/" on a node, a simulated node's root
     nvml_mode: str  # "system" or "simulated"
+    # The host's metrics registry, served on its port: a guest forwards its families into it.
+    registry: CollectorRegistry | None = None
 
 
 class Guest(Protocol):

@@ -21,7 +21,7 @@ from api.gen import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from api.protoconv import convert
 from driver.common.logs import kv
 from kubeletplugin import names
-from kubeletplugin.metrics import Metrics
+from kubeletplugin.metrics import ClaimMetrics
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _log_claim(verb: str, claim: ClaimRef, error: str, **fields: object) -> None
 class DraService:
     """Prepare and unprepare in v1 terms; every claim of a request gets an entry."""
 
-    def __init__(self, state: ClaimPreparer, metrics: Metrics | None = None) -> None:
+    def __init__(self, state: ClaimPreparer, metrics: ClaimMetrics | None = None) -> None:
         # Only the calls are counted here; what is prepared, the claim state tells the
         # metrics itself (kubeletplugin.state.ClaimObserver), whichever path changed it.
         self._state = state
@@ -208,7 +208,7 @@ class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
 def add_to_server(
     server: grpc.aio.Server,
     state: ClaimPreparer,
-    metrics: "Metrics | None" = None,
+    metrics: "ClaimMetrics | None" = None,
 ) -> None:
     service = DraService(state, metrics)
     v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(service), server)

@@ -40,7 +40,81 @@ class DeviceInfo:
     gpu_uuid: str
 
 
-class Metrics:
+class ClaimMetrics:
+    """What any driver of the framework counts (its DRA service's calls, by outcome, and its
+    prepared claims), named under ``prefix``: no label of it is GPU-shaped, so a second
+    driver of the node process (the ComputeDomain driver, ``COMPUTE_DOMAIN_PREFIX``) has its
+    own families beside the GPU driver's, served by the host's server (:class:`Forward`)."""
+
+    def __init__(self, prefix: str = "gpu_dra", *, what: str = "Claims") -> None:
+        self.registry = CollectorRegistry()
+        self._prefix = prefix
+        self._what = what
+        self.prepare_total = Counter(
+            f"{prefix}_prepare_requests",
+            f"{what} prepared, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.unprepare_total = Counter(
+            f"{prefix}_unprepare_requests",
+            f"{what} unprepared, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.prepare_seconds = Histogram(
+            f"{prefix}_prepare_duration_seconds",
+            "NodePrepareResources call latency",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.unprepare_seconds = Histogram(
+            f"{prefix}_unprepare_duration_seconds",
+            "NodeUnprepareResources call latency",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self._uids: set[str] = set()
+        self.registry.register(_Scraped(self))
+
+    # The claim state's observer (kubeletplugin.state.ClaimObserver).
+
+    def prepared(self, claim: PreparedClaim) -> None:
+        self._uids.add(claim.uid)
+
+    def unprepared(self, uid: str) -> None:
+        self._uids.discard(uid)
+
+    def recorded(self, claims: Mapping[str, PreparedClaim]) -> None:
+        self._uids = set(claims)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect_scraped(self) -> Iterator[Metric]:
+        claims = GaugeMetricFamily(
+            f"{self._prefix}_prepared_claims", f"{self._what} prepared on this node"
+        )
+        claims.add_metric([], len(self._uids))
+        yield claims
+
+
+# The ComputeDomain driver's families, in the kubelet plugin's with --compute-domains.
+COMPUTE_DOMAIN_PREFIX = "gpu_dra_compute_domain_node"
+COMPUTE_DOMAIN_WHAT = "ComputeDomain channel and daemon claims"
+
+
+class Forward(Collector):
+    """Another registry's families, collected into the host's (one port, one scrape)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._registry.collect()
+
+
+class Metrics(ClaimMetrics):
     def __init__(
         self,
         *,
@@ -50,38 +124,13 @@ class Metrics:
         slice_write_failures: Callable[[], Mapping[str, int]] = dict,
         api_errors: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
-        self.registry = CollectorRegistry()
-        self.prepare_total = Counter(
-            "gpu_dra_prepare_requests",
-            "Claims prepared, by outcome",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.unprepare_total = Counter(
-            "gpu_dra_unprepare_requests",
-            "Claims unprepared, by outcome",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.prepare_seconds = Histogram(
-            "gpu_dra_prepare_duration_seconds",
-            "NodePrepareResources call latency",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.unprepare_seconds = Histogram(
-            "gpu_dra_unprepare_duration_seconds",
-            "NodeUnprepareResources call latency",
-            ["outcome"],
-            registry=self.registry,
-        )
+        super().__init__()
         self._board = board
         self._events = events_by_xid
         self._slice_writes = slice_writes
         self._slice_write_failures = slice_write_failures
         self._api_errors = api_errors
         self._devices: dict[str, tuple[DeviceInfo, ...]] = {}  # claim uid -> its devices
-        self.registry.register(_Scraped(self))
 
     # The claim state's observer (kubeletplugin.state.ClaimObserver).
 
@@ -93,9 +142,6 @@ class Metrics:
 
     def recorded(self, claims: Mapping[str, PreparedClaim]) -> None:
         self._devices = {uid: _infos(claim) for uid, claim in claims.items()}
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
     def collect_scraped(self) -> Iterator[Metric]:
         health = GaugeMetricFamily(
@@ -161,7 +207,7 @@ def _infos(claim: PreparedClaim) -> tuple[DeviceInfo, ...]:
 
 
 class _Scraped(Collector):
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: ClaimMetrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:

@@ -159,9 +159,15 @@ def _natural(name: str) -> tuple[str, int]:
 
 
 def metrics() -> str:
-    from kubeletplugin.metrics import Metrics
+    from kubeletplugin.metrics import (
+        COMPUTE_DOMAIN_PREFIX,
+        COMPUTE_DOMAIN_WHAT,
+        ClaimMetrics,
+        Metrics,
+    )
 
-    return _metrics_table(Metrics().registry)
+    guest = ClaimMetrics(COMPUTE_DOMAIN_PREFIX, what=COMPUTE_DOMAIN_WHAT)
+    return _metrics_table(Metrics().registry, guest.registry)
 
 
 def compute_domain_metrics() -> str:
@@ -170,13 +176,13 @@ def compute_domain_metrics() -> str:
     return _metrics_table(ControllerMetrics().registry)
 
 
-def _metrics_table(registry: Any) -> str:
+def _metrics_table(*registries: Any) -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
     rows = []
     # The registry lists its collectors only privately; a labelled family with no series yet
     # keeps its label names on the collector, not in what collect() yields.
-    for collector in list(registry._collector_to_names):
+    for collector in [c for r in registries for c in list(r._collector_to_names)]:
         if isinstance(collector, MetricWrapperBase):
             found = [
                 (collector._name, collector._type, collector._documentation, collector._labelnames)

@@ -30,6 +30,7 @@ from tests import cdnode
 from tests.cdnode import CD_UID, NODE
 from tests.computedomains import DRIVER_NAMESPACE
 from tests.pluginharness import NodeDirs, wait_for
+from tests.test_metrics import _scrape_served
 
 
 @pytest.fixture(scope="module")
@@ -279,3 +280,53 @@ async def test_a_stop_during_the_retries_leaves_nothing_served(
     assert await asyncio.wait_for(running, 30) == 0
     assert not cdnode.cd_paths(dirs).registration.exists()
     assert not dirs.paths().registration.exists()
+
+
+async def test_its_prepares_are_counted_beside_the_gpu_drivers_on_one_port(
+    apiserver: LocalApiServer,
+    kube: tuple[Any, Path],
+    dirs: NodeDirs,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cdnode.seed(apiserver)
+    api, kubeconfig = kube
+    config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE, metrics_port=0)
+    cd = ComputeDomainDriver(
+        DomainConfig(
+            node_name=NODE,
+            namespace=DRIVER_NAMESPACE,
+            registrar_dir=dirs.registry,
+            plugins_dir=dirs.plugins,
+            cdi_root=dirs.cdi,
+            container_driver_root=config.container_driver_root,
+        )
+    )
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO)
+    running = asyncio.create_task(node.run(config, stop, guests=[cd]))
+    prefix = "gpu_dra_compute_domain_node"
+
+    def series(got: dict[str, Any], name: str) -> dict[str, float]:
+        return {s.get("outcome", ""): v for s, v in got.get(name, [])}
+
+    try:
+        await wait_for(lambda: cdnode.cd_paths(dirs).registration.exists(), "the CD socket")
+        cdnode.ready(apiserver, rack=NODE)
+        claim = await cdnode.channel_claim(api)
+        foreign = await cdnode.channel_claim(api, "foreign", namespace="team-b")
+        async with await KubeletSim.register(cdnode.cd_paths(dirs).registration) as kubelet:
+            assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
+            assert (await kubelet.prepare([foreign])).claims[foreign.uid].error
+            got = await _scrape_served(caplog)
+            assert series(got, f"{prefix}_prepare_requests") == {"success": 1.0, "error": 1.0}
+            assert series(got, f"{prefix}_prepared_claims") == {"": 1.0}
+            # The GPU driver's families are its own: nothing of these claims in them.
+            assert series(got, "gpu_dra_prepare_requests") == {}
+            assert series(got, "gpu_dra_prepared_claims") == {"": 0.0}
+            assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
+        got = await _scrape_served(caplog)
+        assert series(got, f"{prefix}_unprepare_requests") == {"success": 1.0}
+        assert series(got, f"{prefix}_prepared_claims") == {"": 0.0}
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0

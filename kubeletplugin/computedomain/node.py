@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver.common.driverversion import require_floor
@@ -47,6 +48,7 @@ from kubeletplugin import draservice
 from kubeletplugin.cohost import Host
 from kubeletplugin.computedomain import clique, kinds
 from kubeletplugin.computedomain.domains import Domains
+from kubeletplugin.metrics import COMPUTE_DOMAIN_PREFIX, COMPUTE_DOMAIN_WHAT, ClaimMetrics, Forward
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketServer, socket_paths
 from kubeletplugin.state import DeviceState, StateConfig
@@ -78,6 +80,7 @@ class ComputeDomainDriver:
         self._clique = ""
         self._labelled: str | None = None  # the node's clique label as last written or found
         self._servers: list[SocketServer] = []
+        self._forward: tuple[CollectorRegistry, Forward] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -142,8 +145,10 @@ class ComputeDomainDriver:
             host.api_client,
             devices,
         )
+        metrics = ClaimMetrics(COMPUTE_DOMAIN_PREFIX, what=COMPUTE_DOMAIN_WHAT)
+        await state.observe(metrics)
         dra = grpc.aio.server()
-        draservice.add_to_server(dra, state)
+        draservice.add_to_server(dra, state, metrics)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
             RegistrationServicer(
@@ -169,6 +174,9 @@ class ComputeDomainDriver:
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="cd-reconciler"),
             asyncio.create_task(self._follow_clique(host, domains), name="cd-clique"),
         ]
+        if host.registry is not None:  # last: a failed start registers nothing
+            self._forward = (host.registry, Forward(metrics.registry))
+            host.registry.register(self._forward[1])
         log.info(
             "ComputeDomain driver ready",
             extra=kv(node=cfg.node_name, driver=self.name, clique_id=self._clique or "none"),
@@ -208,6 +216,10 @@ class ComputeDomainDriver:
         await supervised("clique refresh", round_, OnFailure.CONTINUE, pause=1.0)
 
     async def stop(self) -> None:
+        if self._forward is not None:
+            registry, forward = self._forward
+            registry.unregister(forward)
+            self._forward = None
         for server in reversed(self._servers):
             await server.stop()
         self._servers.clear()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
@@ -196,6 +197,7 @@ class _Node:
         self._health = health.HealthBoard()
         self._watcher: tuple[threading.Thread, EventWatcher] | None = None
         self._metrics: MetricsServer | None = None
+        self._registry: CollectorRegistry | None = None
         self._taints: Mapping[str, tuple[Taint, ...]] = {}  # health.json, read in setup
         self._node_uid = ""  # the guard's read of the Node, for the slices' owner
 
@@ -361,6 +363,7 @@ class _Node:
             api_errors=lambda: errors_of(self._api),
         )
         await state.observe(metrics)  # what is prepared, recovered claims first
+        self._registry = metrics.registry  # guests' families join it
         assert self._devices is not None
         devices_of = self._devices
         first = True
@@ -449,6 +452,7 @@ class _Node:
             rediscover=rediscover,
             proc_root=self._backend[1],
             nvml_mode=self._config.nvml,
+            registry=self._registry,
         )
         for guest in self._guests:
             reason = await self._start_guest(guest, host, "")
