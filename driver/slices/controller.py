@@ -181,6 +181,7 @@ class SliceController:
         # Slice names this instance wrote; a listed slice outside it means another
         # publisher (or a lost create response): from then on, arbitrate by Lease.
         self._written: set[str] = set()
+        self._creating: set[str] = set()  # names of our creates still awaiting an answer
         self._rival_seen = False
         self._reported: set[str] = set()
         # Resync bookkeeping: requested -> discovered -> reconciled.
@@ -507,6 +508,8 @@ class SliceController:
             self.stats.writes["update"] += 1
             self._remember(stored)
         for body in todo.creates:
+            name = body["metadata"].get("name", "")
+            self._creating.add(name)
             try:
                 stored = await self._client.request(
                     "POST", _SLICES, verb="create", resource=_RESOURCE, body=body
@@ -515,6 +518,8 @@ class SliceController:
                 # It may still commit on the server; don't list (and re-create) too early.
                 self._settle_until = asyncio.get_running_loop().time() + self._settle
                 raise
+            finally:
+                self._creating.discard(name)
             self.stats.writes["create"] += 1
             self._remember(stored)
         log.info(
@@ -711,6 +716,11 @@ class SliceController:
         cached = self._observed.get(name)
         if cached is not None and _version(cached) >= _version(obj):
             return False  # our own write, already cached, or older news
+        if name not in self._written and name not in self._creating:
+            # A slice of this node that no write of ours made, seen after the list: another
+            # instance's (a surge). The same evidence a list gives (_synced), or a create's
+            # 409 would have given had its slice come a moment later.
+            self._rival_seen = True
         self._observed[name] = obj
         return True
 
