@@ -215,6 +215,10 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
         ("kubeletPlugin.nvml=simulated", "kubeletPlugin.profile=p5.48xlarge"),
         lambda o: "--profile=p5.48xlarge" in args(o),
     ),
+    "kubeletPlugin.mpsDaemon": (
+        ("kubeletPlugin.mpsDaemon=process",),
+        lambda o: "--mps-daemon=process" in args(o) and "--image" not in str(args(o)),
+    ),
     "kubeletPlugin.healthcheckPort": (
         ("kubeletPlugin.healthcheckPort=6000",),
         lambda o: (

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from driver.common.crashpoints import crashpoint
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.logs import kv
@@ -185,6 +186,7 @@ class Mps:
             with self._locked(uuid):
                 holders = self._gpu_dir(uuid) / "holders"
                 (holders / claim.uid).unlink(missing_ok=True)
+                crashpoint("after-mps-holder-removed")
                 if not (holders.exists() and any(holders.iterdir())):
                     self._stop(uuid, claim)
 
@@ -437,6 +439,7 @@ class Mps:
                 spec = DaemonSpec(pods.node_name, uuid, self._control, gpu_dir, *self._driver_roots)
                 write_atomic(gpu_dir / "pod", f"{uuid}\n")
                 pod = pods.create(spec)
+                crashpoint("after-mps-pod-created")
             self._await_pod(uuid, claim, pods, pipe_fd, pod["metadata"]["name"])
         if created:
             log.info(
