@@ -326,7 +326,7 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
     ),
     "configAdmission.enabled": (
         ("configAdmission.enabled=false",),
-        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 2,
+        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 3,
     ),
     "configAdmission.failurePolicy": (
         ("configAdmission.failurePolicy=Ignore",),
