@@ -8,9 +8,11 @@ daemon's, which no container sees), ``pid`` (the daemon,
 so that the next plugin adopts it after a restart: the pid and the binary in
 ``/proc/<pid>/cmdline`` must both match) and ``holders/<claim uid>``, written before
 the daemon starts and removed before it stops, which counts the claims. A daemon runs
-in its own session, so it outlives the plugin: clients keep working across an upgrade
-or a SIGKILL. The recovery is the unprepare, so a crash at any step ends with a daemon
-exactly where a holder is.
+in its own session, so it outlives the plugin process: clients keep working across a
+SIGKILL of a plugin run on the host. In a pod it would not outlive the pod (its PID
+namespace ends with it), so there the daemon is a pod of its own (``--mps-daemon=pod``,
+:mod:`driver.gpu.kinds.mpspod`), named in a ``pod`` file instead of ``pid``. The recovery
+is the unprepare, so a crash at any step ends with a daemon exactly where a holder is.
 
 One GPU per MPS claim: a client reaches one pipe directory (``CUDA_MPS_PIPE_DIRECTORY``),
 and a daemon per GPU keeps the count per GPU.
