@@ -119,6 +119,15 @@ FLAGS: tuple[Flag, ...] = (
         "default <container-driver-root>/usr/bin/nvidia-cuda-mps-control",
         metavar="FILE",
     ),
+    Flag(
+        "--mps-daemon",
+        "where each GPU's MPS control daemon runs: pod, a pod of its own in the plugin's "
+        "namespace ($POD_NAMESPACE), pinned to the node, from --image (it outlives the "
+        "plugin's pod: an upgrade keeps its clients served); process, a process of the "
+        "plugin (a plugin run on the host)",
+        default="process",
+        choices=("process", "pod"),
+    ),
     # Which NVML.
     Flag(
         "--nvml",
@@ -257,13 +266,14 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--image",
-        "image of the IMEX daemon pods (gpu-dra compute-domain-daemon run): the controller's own",
+        "image of the daemon pods the command deploys (the controller's IMEX daemons, the "
+        "kubelet plugin's MPS control daemons): the command's own",
         also_env="IMAGE_NAME",
         metavar="IMAGE",
     ),
     Flag(
         "--image-pull-policy",
-        "image pull policy of the IMEX daemon pods; empty: the cluster's default",
+        "image pull policy of the daemon pods (IMEX, MPS); empty: the cluster's default",
         default="",
         choices=("", "Always", "IfNotPresent", "Never"),
     ),

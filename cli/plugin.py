@@ -1,6 +1,7 @@
 """``gpu-dra kubelet-plugin``: the per-node daemon (kubelet plugin plus slice controller)."""
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 from cli import flags, flagtable
 
 if TYPE_CHECKING:
+    from driver.gpu.kinds.mpspod import MpsPodConfig
     from kubeletplugin.cohost import Guest
     from kubeletplugin.gpu.node import NodeConfig
 
@@ -25,6 +27,10 @@ FLAG_NAMES = (
     "--sysfs-root",
     "--nvidia-smi",
     "--mps-control",
+    "--mps-daemon",
+    "--image",
+    "--image-pull-policy",
+    "--image-pull-secrets",
     "--consumable-capacity",
     "--dynamic-mig",
     "--compute-domains",
@@ -64,6 +70,20 @@ def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
 
+def _mps_pod(args: argparse.Namespace) -> "MpsPodConfig | None":
+    from driver.gpu.kinds.mpspod import MpsPodConfig
+
+    if args.mps_daemon != "pod":
+        return None
+    return MpsPodConfig(
+        namespace=os.environ.get("POD_NAMESPACE", ""),
+        image=args.image or "",
+        pull_policy=args.image_pull_policy,
+        pull_secrets=tuple(args.image_pull_secrets or ()),
+        driver_name=args.driver_name,
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -73,6 +93,13 @@ def _run(args: argparse.Namespace) -> int:
     if not args.node_name:
         print(
             "gpu-dra kubelet-plugin: --node-name (or GPU_DRA_NODE_NAME) is required",
+            file=sys.stderr,
+        )
+        return 2
+    if args.mps_daemon == "pod" and not (os.environ.get("POD_NAMESPACE") and args.image):
+        print(
+            "gpu-dra kubelet-plugin: --mps-daemon=pod needs POD_NAMESPACE (the plugin's "
+            "namespace, where the daemon pods run) and --image (or IMAGE_NAME, their image)",
             file=sys.stderr,
         )
         return 2
@@ -91,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         sysfs_root=Path(args.sysfs_root),
         nvidia_smi=_path(args.nvidia_smi),
         mps_control=_path(args.mps_control),
+        mps_pod=_mps_pod(args),
         consumable_capacity=bool(args.consumable_capacity),
         dynamic_mig=bool(args.dynamic_mig),
         pod_uid=args.pod_uid or None,

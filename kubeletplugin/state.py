@@ -42,7 +42,9 @@ from driver.gpu.kinds import (
     PreparedDevice,
     capacity,
 )
+from driver.gpu.kinds.mpspod import MpsPodConfig, MpsPods
 from driver.gpu.migmake import Maker
+from driver.kube.rest import Client
 from driver.nvml import library
 from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
@@ -138,6 +140,8 @@ class StateConfig:
     nvml: Any = None  # the loaded NVML (driver.nvml.Nvml), for kinds that make MIG instances
     proc_root: Path = Path("/")  # where the driver's /proc/driver/nvidia lies
     flavor: Flavor = GPU  # the node driver's names on disk, kinds and configs
+    # MPS control daemons as pods of their own (driver.gpu.kinds.mpspod); None: processes.
+    mps_pod: MpsPodConfig | None = None
 
 
 class RollbackError(RetryableError):
@@ -166,7 +170,7 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
     return tuple(d.reservation for d in claim.devices)
 
 
-def _attach_kinds(config: StateConfig, records: Records) -> None:
+def _attach_kinds(config: StateConfig, records: Records, mps_pods: MpsPods | None) -> None:
     for kind in config.flavor.kinds().values():
         state_dir = records.kind_dir(kind.name)
         ensure_dir(state_dir, dirs.PRIVATE, ours=True)
@@ -179,6 +183,8 @@ def _attach_kinds(config: StateConfig, records: Records) -> None:
                 mps_control=config.mps_control,
                 nvml_library=library.find(config.container_driver_root),
                 mig_maker=None if config.nvml is None else Maker(config.nvml, config.proc_root),
+                mps_pods=mps_pods,
+                nvidia_driver_root=config.nvidia_driver_root,
             )
         )
 
@@ -238,7 +244,11 @@ class DeviceState:
             )
         records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id, flavor=config.flavor)
         await asyncio.to_thread(records.make_dirs)
-        await asyncio.to_thread(_attach_kinds, config, records)
+        mps_pods = None
+        if config.mps_pod is not None:
+            loop = asyncio.get_running_loop()
+            mps_pods = MpsPods(Client(api_client), loop, config.mps_pod, config.node_name)
+        await asyncio.to_thread(_attach_kinds, config, records, mps_pods)
         claims = await asyncio.to_thread(recovery.recover, records)
         state = cls(config, api_client, devices, records=records, base_edits=base_edits)
         state._held = {uid: _device_names(claim) for uid, claim in claims.items()}

@@ -301,16 +301,19 @@ async def create_claim(
     return ClaimRef(uid=claim["metadata"]["uid"], namespace=namespace, name=name)
 
 
-async def die_at(doomed: PluginProcess, step: str, claim: ClaimRef) -> None:
+async def die_at(
+    doomed: PluginProcess, step: str, claim: ClaimRef, *, in_unprepare: bool | None = None
+) -> None:
     """Drive ``claim`` through ``doomed`` (started with crashpoint ``step``) until the plugin
-    kills itself there: a prepare, then an unprepare when ``step`` is one of unprepare's."""
+    kills itself there: a prepare, then an unprepare when ``step`` is one of unprepare's
+    (``in_unprepare`` says so for a step of a kind's own)."""
     import pytest
 
     from sandbox.kubeletsim import KubeletSim
 
     await doomed.wait_ready()
     async with await KubeletSim.register(doomed.paths.registration) as kubelet:
-        if step in UNPREPARE_STEPS:
+        if step in UNPREPARE_STEPS if in_unprepare is None else in_unprepare:
             assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
             with pytest.raises(grpc.aio.AioRpcError):  # the socket dies with the plugin
                 await kubelet.unprepare([claim])

@@ -90,6 +90,8 @@ def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # leases
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # MPS control daemon pods
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # users' GpuConfigs
             "ValidatingAdmissionPolicyBinding",
         ]
@@ -174,6 +176,9 @@ def test_daemonset_runs_the_kubelet_plugin(default: list[dict[str, Any]]) -> Non
         "--healthcheck-port=51515",
         "--metrics-port=9401",
         "--metrics-address=$(POD_IP)",
+        "--mps-daemon=pod",
+        "--image=gpu-dra-driver:0.1.0",
+        "--image-pull-policy=IfNotPresent",
     ]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
     assert env == {
@@ -319,7 +324,7 @@ def test_cluster_role_is_least_privilege(default: list[dict[str, Any]]) -> None:
     assert rbac_grants(default) == slices | claims | {("get", "", "nodes")}
     assert rbac_grants(default, "Role") == {
         (v, "coordination.k8s.io", "leases") for v in ("get", "create", "update")
-    }
+    } | {(v, "", "pods") for v in ("get", "list", "create", "delete")}  # MPS daemon pods
     sa = one(default, "ServiceAccount")["metadata"]
     for binding in by_kind(default, "ClusterRoleBinding") + by_kind(default, "RoleBinding"):
         assert binding["subjects"] == [
@@ -404,7 +409,7 @@ def test_policy_can_be_turned_off() -> None:
 def test_config_admission_can_be_turned_off() -> None:
     objects = render((), ("configAdmission.enabled=false",))
     assert "gpu-dra-driver-gpuconfig" not in _policy_names(objects)
-    assert len(_policy_names(objects)) == 2
+    assert len(_policy_names(objects)) == 3
 
 
 def test_config_admission_matches_claims_and_templates_of_this_driver_on_create(
@@ -665,3 +670,19 @@ def test_device_taint_rule_is_off_by_default_and_absent_where_not_served() -> No
     assert not by_kind(render((), TAINT_RULE), "DeviceTaintRule")
     with pytest.raises(helm_python.HelmRenderError, match=r"deviceTaintRule\.pool must name"):
         render((), ("deviceTaintRule.enabled=true",), api_versions=served)
+
+
+def test_mps_daemon_pods_are_the_default_and_process_mode_grants_no_pods() -> None:
+    """The MPS daemons run as pods from the plugin's own image and pull secrets, which the
+    plugin may make and delete in its namespace alone; ``process`` takes both away."""
+    pods = {(verb, "", "pods") for verb in ("get", "list", "create", "delete")}
+    objects = render([], ["image.tag=0.2.0", "imagePullSecrets[0].name=regcred"])
+    args = plugin_container(objects)["args"]
+    assert "--mps-daemon=pod" in args and "--image=gpu-dra-driver:0.2.0" in args
+    assert "--image-pull-secrets=regcred" in args
+    assert rbac_grants(objects, "Role") >= pods
+    assert not rbac_grants(objects, "ClusterRole") & pods  # never cluster-wide
+    objects = render([], ["kubeletPlugin.mpsDaemon=process"])
+    args = plugin_container(objects)["args"]
+    assert "--mps-daemon=process" in args and not any(a.startswith("--image") for a in args)
+    assert not rbac_grants(objects, "Role") & pods

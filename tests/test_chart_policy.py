@@ -5,6 +5,7 @@ the way the API server's admission plugin does: variables in order, then the mat
 then every validation. Request and objects are dynamic maps, as the API server presents them.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from cel_expr_python import cel
 
+from driver.gpu.kinds.mpspod import DaemonSpec, MpsPodConfig, daemon_pod
 from driver.gpu.resourceslice import build_resource_slices
 from driver.kube.lease import lease_name
 from tests.chart_render import render
@@ -405,3 +407,76 @@ def test_the_lease_policy_leaves_other_users_alone(lease_policy: Policy) -> None
 def test_the_lease_name_the_policy_allows_is_the_controllers() -> None:
     """The policy and the controller must agree on the name, or every node would be denied."""
     assert lease_name("gpu.nvidia.com", "node-a") == "gpu.nvidia.com-node-a"
+
+
+# -- the MPS control daemon pods ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pod_policy() -> Policy:
+    return _policy("pods")
+
+
+def _daemon(node: str, image: str = "gpu-dra-driver:0.1.0") -> dict[str, Any]:
+    """The pod the plugin sends (driver.gpu.kinds.mpspod), as the chart's flags configure it."""
+    config = MpsPodConfig(namespace="gpu-dra-driver", image=image, pull_policy="IfNotPresent")
+    spec = DaemonSpec(node, "GPU-9b7e2a4c-1111-2222-3333-444455556666",
+                      Path("/driver-root/usr/bin/nvidia-cuda-mps-control"),
+                      Path("/var/lib/kubelet/plugins/gpu.nvidia.com/kinds/gpu/mps/GPU-9b7e"),
+                      Path("/"), Path("/driver-root"))  # fmt: skip
+    return daemon_pod(config, spec)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "DELETE"])
+def test_a_plugin_makes_and_deletes_the_daemon_pods_of_its_own_node(
+    pod_policy: Policy, operation: str
+) -> None:
+    assert (
+        evaluate(pod_policy, operation=operation, obj=_daemon("node-a"), user_node="node-a") == []
+    )
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "DELETE"])
+def test_another_nodes_pod_or_another_pod_is_denied(pod_policy: Policy, operation: str) -> None:
+    name = _daemon("node-b")["metadata"]["name"]
+    assert evaluate(pod_policy, operation=operation, obj=_daemon("node-b"), user_node="node-a") == [
+        "the kubelet plugin on node node-a may only create and delete MPS control daemon pods "
+        f"(app.kubernetes.io/component=mps-control-daemon) of its own node, not pod {name} "
+        "of node node-b"
+    ]
+    other = _daemon("node-a")
+    other["metadata"]["labels"] = {"app.kubernetes.io/component": "compute-domain-controller"}
+    assert evaluate(pod_policy, operation=operation, obj=other, user_node="node-a")
+
+
+def _denied(pod: dict[str, Any]) -> list[str]:
+    return evaluate(_policy("pods"), operation="CREATE", obj=pod, user_node="node-a")
+
+
+def test_a_daemon_pod_that_could_reach_more_than_its_node_is_denied() -> None:
+    """Another image, a service account's token, a secret by volume or environment, an init
+    container: each would give the plugin more than its node's root."""
+    changes: list[Callable[[dict[str, Any]], object]] = [
+        lambda p: p["spec"]["containers"][0].update(image="busybox"),
+        lambda p: p["spec"].pop("automountServiceAccountToken"),
+        lambda p: p["spec"].update(serviceAccountName="x", automountServiceAccountToken=True),
+        lambda p: p["spec"]["volumes"].append({"name": "s", "secret": {"secretName": "x"}}),
+        lambda p: p["spec"]["containers"][0]["env"].append(
+            {"name": "T", "valueFrom": {"secretKeyRef": {"name": "x", "key": "t"}}}),
+        lambda p: p["spec"]["containers"][0].update(envFrom=[{"secretRef": {"name": "x"}}]),
+        lambda p: p["spec"].update(initContainers=[{"name": "i", "image": "busybox"}]),
+    ]  # fmt: skip
+    for change in changes:
+        pod = _daemon("node-a")
+        change(pod)
+        assert _denied(pod) == [
+            "an MPS control daemon pod runs the chart's image, with no service account token, "
+            "no init or ephemeral container, no value from another object and hostPath volumes "
+            "only"
+        ], pod
+
+
+def test_the_pod_policy_leaves_other_users_alone(pod_policy: Policy) -> None:
+    user = "system:serviceaccount:gpu-dra-driver:compute-domain-controller"
+    pod = _daemon("node-b", image="other")
+    assert evaluate(pod_policy, operation="CREATE", obj=pod, user_node=None, user=user) == []

@@ -217,6 +217,10 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
         ("kubeletPlugin.nvml=simulated", "kubeletPlugin.profile=p5.48xlarge"),
         lambda o: "--profile=p5.48xlarge" in args(o),
     ),
+    "kubeletPlugin.mpsDaemon": (
+        ("kubeletPlugin.mpsDaemon=process",),
+        lambda o: "--mps-daemon=process" in args(o) and "--image" not in str(args(o)),
+    ),
     "kubeletPlugin.healthcheckPort": (
         ("kubeletPlugin.healthcheckPort=6000",),
         lambda o: (
@@ -324,7 +328,7 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
     ),
     "configAdmission.enabled": (
         ("configAdmission.enabled=false",),
-        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 2,
+        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 3,
     ),
     "configAdmission.failurePolicy": (
         ("configAdmission.failurePolicy=Ignore",),

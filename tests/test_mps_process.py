@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import (
     PREPARE_STEPS,
@@ -22,6 +23,7 @@ from tests.pluginharness import (
     create_node,
     die_at,
 )
+from tests.podrunner import PodRunner
 from tests.test_mps import Control, daemon_pids, mps
 from tests.test_timeslicing import Smi
 
@@ -43,10 +45,13 @@ async def kube(kube: tuple[Any, Path]) -> tuple[Any, Path]:
     return kube
 
 
-def _starter(dirs: NodeDirs, kubeconfig: Path, processes: list[PluginProcess]) -> Any:
+def _starter(
+    dirs: NodeDirs, kubeconfig: Path, processes: list[PluginProcess], more: Any = None
+) -> Any:
     env = {
         "GPU_DRA_NVIDIA_SMI": str(Smi(dirs.root / "smi").path),
         "GPU_DRA_MPS_CONTROL": str(Control(dirs.root / "mps").path),
+        **(more or {}),
     }
 
     def start(**kwargs: Any) -> PluginProcess:
@@ -119,3 +124,40 @@ async def test_daemons_outlive_a_killed_plugin_and_are_adopted(
         assert (await kubelet.unprepare([second])).claims[second.uid].error == ""
     assert daemon_pids(dirs.root) == []
     assert await new.terminate() == 0
+
+
+POD_STEPS = ["after-mps-pod-created", "after-side-effects"]
+POD_UNPREPARE_STEPS = ["after-mps-holder-removed", "after-side-effects-undone"]
+
+
+@pytest.mark.parametrize("step", POD_STEPS + POD_UNPREPARE_STEPS)
+async def test_sigkill_with_daemon_pods_leaves_a_pod_only_for_a_prepared_claim(
+    kube: tuple[Any, Path],
+    apiserver: LocalApiServer,
+    dirs: NodeDirs,
+    processes: list[PluginProcess],
+    step: str,
+) -> None:
+    """``--mps-daemon=pod``: killed after the pod's create (before it served) or between the
+    last holder's removal and the pod's deletion, the next plugin leaves a daemon pod
+    exactly where a claim is prepared; the kubelet's retries then go through."""
+    api, kubeconfig = kube
+    apiserver.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu-dra"}})
+    env = {"GPU_DRA_MPS_DAEMON": "pod", "POD_NAMESPACE": "gpu-dra", "GPU_DRA_IMAGE": "img:1"}
+    start = _starter(dirs, kubeconfig, processes, env)
+    claim = await create_claim(api, "mps", node=NODE, devices=["gpu-0"], config=[mps()])
+    async with PodRunner(apiserver, NODE) as runner:
+        await die_at(start(crashpoint=step), step, claim, in_unprepare=step in POD_UNPREPARE_STEPS)
+        plugin = start()
+        await plugin.wait_ready()
+        # No step here leaves a claim prepared (the spec comes after them, or went before):
+        # recovery leaves no pod and no daemon, and nothing but it runs before the kubelet.
+        assert not any(dirs.cdi.glob("*.json"))
+        assert runner.pods() == [] and daemon_pids(dirs.root) == []
+        async with await KubeletSim.register(plugin.paths.registration) as kubelet:
+            if step in POD_STEPS:
+                assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
+                assert len(runner.pods()) == 1 and len(daemon_pids(dirs.root)) == 1
+            assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
+        assert runner.pods() == [] and daemon_pids(dirs.root) == []
+        assert await plugin.terminate() == 0

@@ -3,7 +3,8 @@
 The node process (``gpu-dra kubelet-plugin``, in-process here) runs through
 everything it does in a cluster's life: publish a pool, tidy an obsolete slice,
 restore a slice someone deleted, follow a GPU that disappears, fetch claims to
-prepare them, and notice a claim deleted behind its back. The local API server
+prepare them, run an MPS claim's daemon as a pod, and notice a claim deleted behind its
+back. The local API server
 logs every request with its User-Agent; the set of (verb, group, resource) the
 node process sent must equal what the rendered ClusterRole and Role grant:
 nothing used without a grant, nothing granted without use.
@@ -14,13 +15,17 @@ from typing import Any
 
 from kubernetes.aio import client as kclient
 
+from driver.gpu.kinds.mpspod import MpsPodConfig
 from driver.kube.client import user_agent
 from driver.nvml.faults import write_state_file
 from kubeletplugin.gpu import node
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
-from tests.chart_render import rbac_grants, render
+from tests.chart_render import NAMESPACE, rbac_grants, render
 from tests.pluginharness import NodeDirs, api_client, create_claim, create_node, wait_for
+from tests.podrunner import PodRunner
+from tests.test_mps import Control, mps
+from tests.test_timeslicing import Smi
 
 NODE = "node-rbac"
 DRIVER = "gpu.nvidia.com"
@@ -75,6 +80,9 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
         }
     )
     claim = await create_claim(api, "train", node=NODE, devices=["gpu-0"])
+    # An MPS claim: its daemon a pod in the driver's namespace (the chart's default).
+    shared = await create_claim(api, "shared", node=NODE, devices=["gpu-1"], config=[mps()])
+    apiserver.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     config = dirs.node_config(
         kubeconfig,
         node_name=NODE,
@@ -82,9 +90,14 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
         sim_state=state_file,
         slice_resync_period=0.2,
         reconcile_period=0.2,
+        nvidia_smi=Smi(dirs.root / "smi").path,
+        mps_control=Control(dirs.root / "mps").path,
+        mps_pod=MpsPodConfig(namespace=NAMESPACE, image="gpu-dra-driver:test"),
     )
     stop, hup = asyncio.Event(), asyncio.Event()
     running = asyncio.create_task(node.run(config, stop, hup=hup))
+    pods = PodRunner(apiserver, NODE)
+    await pods.__aenter__()
     try:
         full = {f"gpu-{i}" for i in range(8)}
         await wait_for(lambda: _devices(apiserver) == full, "the pool published")
@@ -102,8 +115,11 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
         # The kubelet prepares a claim (the plugin fetches it) ...
         await wait_for(dirs.paths().registration.is_socket, "registration socket")
         async with await KubeletSim.register(dirs.paths().registration) as kubelet:
-            response = await kubelet.prepare([claim])
-            assert response.claims[claim.uid].error == ""
+            response = await kubelet.prepare([claim, shared])
+            assert [response.claims[c.uid].error for c in (claim, shared)] == ["", ""]
+            assert len(pods.pods()) == 1
+            assert (await kubelet.unprepare([shared])).claims[shared.uid].error == ""
+            assert pods.pods() == []
         assert len(list(dirs.cdi.iterdir())) == 1
         # ... whose ResourceClaim is then deleted without an unprepare: the reconciler
         # sees the 404 and cleans up.
@@ -121,6 +137,7 @@ async def test_node_process_uses_exactly_what_the_chart_grants(
     finally:
         stop.set()
         assert await asyncio.wait_for(running, 30) == 0
+        await pods.__aexit__()
         await api.close()
 
     objects = render()

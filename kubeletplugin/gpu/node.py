@@ -31,6 +31,7 @@ from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XI
 from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import NodeDevices
+from driver.gpu.kinds.mpspod import MpsPodConfig
 from driver.kube import client as kubeclient
 from driver.kube.rest import errors_of
 from driver.slices import SliceController
@@ -73,6 +74,8 @@ class NodeConfig:
     sysfs_root: Path = Path("/")
     nvidia_smi: Path | None = None
     mps_control: Path | None = None
+    # MPS control daemons as pods of their own (the chart's way); None: plugin processes.
+    mps_pod: MpsPodConfig | None = None
     # Publish GPUs for consumable capacity (driver.gpu.kinds.capacity).
     consumable_capacity: bool = False
     # Publish GPUs in MIG mode as partitions, made at prepare (driver.gpu.kinds.dynmig).
@@ -304,6 +307,7 @@ class _Node:
             container_driver_root=cfg.container_driver_root,
             nvidia_smi=cfg.nvidia_smi,
             mps_control=cfg.mps_control,
+            mps_pod=cfg.mps_pod,
             pod_uid=cfg.pod_uid,
             nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
             nvml=backend,

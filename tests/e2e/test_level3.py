@@ -80,7 +80,9 @@ SELECTOR = "app.kubernetes.io/component%3Dkubelet-plugin"
 
 
 # The image has no shell (a real nvidia-smi is an ELF binary): level 2's stand-ins, in the
-# image's Python. Each call is one line of {log}; the MPS daemon runs until SIGTERM.
+# image's Python. Each call is one line of {log}. The MPS daemon runs until SIGTERM or a
+# `quit`, which reaches it through its pipe directory as the real one's does: the daemon's
+# pod is in the host's PID namespace, the plugin that sends `quit` is not.
 SMI = """#!/usr/bin/python3
 import sys
 with open("{log}", "a") as log:
@@ -90,8 +92,14 @@ MPS_CONTROL = """#!/usr/bin/python3
 import os, signal, sys, time
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
 if sys.argv[1:] == ["-f"]:
-    with open("{log}", "a") as log:
-        log.write("-f CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "") + "\\n")
+    line = "-f CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "") + "\\n"
+    try:  # the daemon's pod mounts no log of the stand-ins
+        with open("{log}", "a") as log:
+            log.write(line)
+    except OSError:
+        pass
+    if os.path.exists(os.path.join(pipe, "quit")):  # a quit that found no daemon
+        os.unlink(os.path.join(pipe, "quit"))
     with open(os.path.join(pipe, "daemon.pid"), "w") as f:
         f.write(str(os.getpid()))
     open(os.path.join(pipe, "control"), "w").close()
@@ -99,13 +107,15 @@ if sys.argv[1:] == ["-f"]:
         os.unlink(os.path.join(pipe, "control"))
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
-    while True:
+    while not os.path.exists(os.path.join(pipe, "quit")):
         time.sleep(0.05)
+    os.unlink(os.path.join(pipe, "quit"))
+    stop()
 command = sys.stdin.readline().strip()
 with open("{log}", "a") as log:
     log.write(command + "\\n")
 if command == "quit":
-    os.kill(int(open(os.path.join(pipe, "daemon.pid")).read()), signal.SIGTERM)
+    open(os.path.join(pipe, "quit"), "w").close()
 """
 
 
@@ -409,8 +419,15 @@ def _inside(marker: str) -> dict[str, Any]:
                 continue
             devices = sorted(p.name for p in (entry / "root" / "dev").iterdir()
                              if p.name.startswith("nvidia"))  # fmt: skip
-            return {"uuids": env.get("GPU_DRA_VISIBLE_GPU_UUIDS", ""), "devices": devices,
-                    "mps_pipe": env.get("CUDA_MPS_PIPE_DIRECTORY", "")}  # fmt: skip
+            pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
+            seen: dict[str, Any] = {"uuids": env.get("GPU_DRA_VISIBLE_GPU_UUIDS", ""),
+                                    "devices": devices, "mps_pipe": pipe}  # fmt: skip
+            if pipe:  # what an MPS client reaches: its server's control pipe, and which one
+                inside = entry / "root" / pipe.lstrip("/")
+                seen["mps_control"] = (inside / "control").exists()
+                with contextlib.suppress(OSError, ValueError):
+                    seen["mps_daemon_pid"] = int((inside / "daemon.pid").read_text())
+            return seen
     return {}
 
 
@@ -441,6 +458,14 @@ def _start_holder(cp: ControlPlane, ns: str, example: str = "single-gpu.yaml") -
     wait_until(f"{ns}/holder seen", lambda: _inside(ns), 30)
     (claim,) = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
     return str(claim["metadata"]["uid"])
+
+
+def mps_pods(cp: ControlPlane) -> list[tuple[str, str, str]]:
+    """(name, uid, phase) of the MPS control daemon pods in the driver's namespace."""
+    items = cp.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector="
+                    "app.kubernetes.io/component%3Dmps-control-daemon")["items"]  # fmt: skip
+    return sorted((p["metadata"]["name"], p["metadata"]["uid"], p["status"].get("phase", ""))
+                  for p in items)  # fmt: skip
 
 
 def mps_daemons() -> dict[str, int]:
@@ -515,7 +540,8 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
     await asyncio.to_thread(_start_holder, cp, sliced_ns, "time-sliced-gpu-two-pods.yaml")
     mps_gpu, sliced_gpu = _inside(mps_ns)["uuids"], _inside(sliced_ns)["uuids"]
     release.smi.calls()
-    mps_before = mps_daemons()
+    mps_before, mps_pods_before = mps_daemons(), mps_pods(cp)
+    mps_client_before = _inside(mps_ns)
     (old,) = release.ready_pods()
     prober = Prober(cp, f"probe-{tag.replace('.', '-')}")
     await asyncio.to_thread(prober.setup)
@@ -538,7 +564,8 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
         await asyncio.to_thread(worker.join, 240)
     (new,) = release.ready_pods()
     after = _inside(holder_ns)  # the old plugin pod is gone now
-    mps_after = mps_daemons()
+    mps_after, mps_pods_after = mps_daemons(), mps_pods(cp)
+    mps_client_after = _inside(mps_ns)
     smi_during = [c for c in release.smi.calls() if sliced_gpu in c]
     for ns in (mps_ns, sliced_ns):
         await delete_namespace_claims(cp, ns)
@@ -553,6 +580,8 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
     await delete_namespace_claims(cp, holder_ns)
     await delete_namespace_claims(cp, prober.ns)
     await await_until("no spec left", lambda: not spec_files(node), 60)
+    # The spec goes first at unprepare; the daemon's pod is deleted after it.
+    await await_until("no MPS daemon pod left", lambda: not mps_pods(cp), 60)
     return {
         "old_pod": old["metadata"]["name"], "new_pod": new["metadata"]["name"],
         "probes": prober.created, "probes_ok": prober.succeeded, "probes_failed": prober.failed,
@@ -562,7 +591,9 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
         "longest_gap_s": longest_gap(events, {f"dra-{old['metadata']['uid']}.sock"}),
         "orphans": _orphans(release),
         "mps_daemon": {"gpu": mps_gpu, "before": mps_before.get(mps_gpu),
-                       "after_old_pod_gone": mps_after.get(mps_gpu)},
+                       "after_old_pod_gone": mps_after.get(mps_gpu),
+                       "pods_before": mps_pods_before, "pods_after": mps_pods_after,
+                       "client_before": mps_client_before, "client_after": mps_client_after},
         "before_sliced": sliced_gpu,
         "time_slice_calls_during": smi_during,
         "time_slice_reset_after": [c for c in release.smi.calls() if sliced_gpu in c],
@@ -593,23 +624,24 @@ async def test_helm_upgrade_then_rollback_keep_claims_and_the_pool(release: Inst
         # The time slice set at prepare is kept through the upgrade, reset at unprepare.
         assert got["time_slice_calls_during"] == [], got
         assert got["time_slice_reset_after"] == sliced(got["before_sliced"], 0), got
-        # The MPS claim keeps a daemon: the new pod starts one where the old pod's died.
         assert got["mps_daemon"]["before"] and got["mps_daemon"]["after_old_pod_gone"], got
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect found here: the MPS control daemon is a process of the plugin's container, "
-    "so it dies with the old plugin pod (its PID namespace ends) and the new pod starts another; "
-    "CUDA clients of the first lose their server. It must run outside the plugin's pod (NVIDIA "
-    "runs one Deployment per daemon)",
-)
 async def test_an_mps_daemon_outlives_the_plugin_pod_that_started_it() -> None:
+    """The daemon is a pod of its own (the chart's kubeletPlugin.mpsDaemon=pod): the same
+    process (host PID) and pod through the upgrade and the rollback, its client still
+    reaching its control pipe after the plugin pod that started it is gone."""
     if not ROLLS:
         pytest.skip("needs the figures of test_helm_upgrade_then_rollback_keep_claims_and_the_pool")
     for name, got in ROLLS.items():
         daemon = got["mps_daemon"]
         assert daemon["after_old_pod_gone"] == daemon["before"], (name, daemon)  # the same PID
+        (pod,) = daemon["pods_before"]  # (name, uid, phase): the same pod, still running
+        (after,) = daemon["pods_after"]
+        assert after[:2] == pod[:2] and after[2] == "Running", (name, daemon)
+        client = daemon["client_after"]
+        assert client["mps_control"] and client == daemon["client_before"], (name, daemon)
+        assert client["mps_daemon_pid"] == daemon["before"], (name, daemon)
 
 
 async def test_helm_uninstall_with_a_gpu_pod_running(release: Installed) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from driver.gpu import nvidiasmi
 from driver.gpu.inventory import Inventory
+from driver.gpu.kinds.mpspod import MpsPods
 from driver.gpu.nvidiasmi import NvidiaSmi
 
 
@@ -94,6 +95,10 @@ class KindContext:
     # What makes and removes MIG instances (``driver.gpu.migmake.Maker`` over the node's NVML;
     # None where no NVML is loaded): for the dynamic MIG kind, which imports no NVML code.
     mig_maker: Any = None
+    # The MPS control daemons as pods (``driver.gpu.kinds.mpspod.MpsPods``); None: each a
+    # process of the plugin's own (a plugin run on the host: tests, e2e levels 1 and 2).
+    mps_pods: MpsPods | None = None
+    nvidia_driver_root: Path = Path("/")  # the host's, which a daemon pod mounts
 
     def nvidia_smi_tool(self) -> NvidiaSmi:
         """The driver root's nvidia-smi (or the one named), with the driver root's NVML."""

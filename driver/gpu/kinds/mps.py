@@ -8,9 +8,11 @@ daemon's, which no container sees), ``pid`` (the daemon,
 so that the next plugin adopts it after a restart: the pid and the binary in
 ``/proc/<pid>/cmdline`` must both match) and ``holders/<claim uid>``, written before
 the daemon starts and removed before it stops, which counts the claims. A daemon runs
-in its own session, so it outlives the plugin: clients keep working across an upgrade
-or a SIGKILL. The recovery is the unprepare, so a crash at any step ends with a daemon
-exactly where a holder is.
+in its own session, so it outlives the plugin process: clients keep working across a
+SIGKILL of a plugin run on the host. In a pod it would not outlive the pod (its PID
+namespace ends with it), so there the daemon is a pod of its own (``--mps-daemon=pod``,
+:mod:`driver.gpu.kinds.mpspod`), named in a ``pod`` file instead of ``pid``. The recovery
+is the unprepare, so a crash at any step ends with a daemon exactly where a holder is.
 
 One GPU per MPS claim: a client reaches one pipe directory (``CUDA_MPS_PIPE_DIRECTORY``),
 and a daemon per GPU keeps the count per GPU.
@@ -33,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from driver.common.crashpoints import crashpoint
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.logs import kv
@@ -40,6 +43,14 @@ from driver.common.quantity import Quantity
 from driver.gpu.inventory import is_gpu_uuid
 from driver.gpu.kinds.base import KindContext, PreparedClaim
 from driver.gpu.kinds.files import PRIVATE, SHARED, exists, open_dir, open_regular, remove_entry
+from driver.gpu.kinds.mpspod import (
+    GPU_ANNOTATION,
+    DaemonSpec,
+    MpsPods,
+    failure,
+    pod_name,
+    terminating,
+)
 from driver.gpu.nvidiasmi import NvidiaSmi
 
 log = logging.getLogger(__name__)
@@ -47,6 +58,9 @@ log = logging.getLogger(__name__)
 STRATEGY = "MPS"
 _START_WAIT_S = 10.0
 _STOP_WAIT_S = 10.0
+# A pod: the kubelet's sandbox and container start too, inside the kubelet's 45 s.
+_POD_START_WAIT_S = 30.0
+_POD_GONE_WAIT_S = 30.0
 _POLL_S = 0.02
 _LOG_CHARS = 400
 
@@ -117,6 +131,9 @@ class Mps:
         self._smi: NvidiaSmi | None = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped when they exit
         self._failing: dict[str, str] = {}  # GPU UUID -> the watchdog's last restart error
+        self._pods: MpsPods | None = None  # the daemons run as pods (driver.gpu.kinds.mpspod)
+        self._driver_roots = (Path("/"), Path("/"))  # the host's, and where the plugin sees it
+        self._swept = False  # the node's daemon pods held to the holders once, at start
 
     def attach(self, context: KindContext) -> None:
         self._dir = context.state_dir / "mps"
@@ -125,6 +142,9 @@ class Mps:
         root = context.container_driver_root
         self._control = context.mps_control or default_control(root)
         self._smi = context.nvidia_smi_tool()
+        self._pods = context.mps_pods
+        self._swept = False
+        self._driver_roots = (context.nvidia_driver_root, root)
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         return bool(wanted(claim, self._uuid_key))
@@ -168,6 +188,7 @@ class Mps:
             with self._locked(uuid):
                 holders = self._gpu_dir(uuid) / "holders"
                 (holders / claim.uid).unlink(missing_ok=True)
+                crashpoint("after-mps-holder-removed")
                 if not (holders.exists() and any(holders.iterdir())):
                     self._stop(uuid, claim)
 
@@ -193,6 +214,12 @@ class Mps:
         crash, an OOM kill), each reported in one line; returns those GPUs' UUIDs."""
         if self._dir is None:
             return []
+        if self._pods is not None and not self._swept:
+            try:
+                self.sweep_pods()
+                self._swept = True
+            except Exception as exc:  # the API server away: the next round tries again
+                log.warning("MPS control daemon pods not swept", extra=kv(error=exc))
         restarted: list[str] = []
         for gpu_dir in sorted(p for p in self._dir.iterdir() if p.is_dir()):
             uuid = gpu_dir.name
@@ -218,7 +245,11 @@ class Mps:
     def _restart_if_gone(self, uuid: str) -> bool:
         with self._locked(uuid):
             holders = sorted((self._gpu_dir(uuid) / "holders").glob("*"))
-            if not holders or self.running_pid(uuid) is not None:
+            if not holders:
+                if self._pods is not None:
+                    self._stop_orphan(uuid)
+                return False
+            if self._alive(uuid):
                 return False
             namespace, _, name = holders[0].read_text().strip().partition("/")
             claim = PreparedClaim(holders[0].name, namespace, name, ())
@@ -261,7 +292,16 @@ class Mps:
 
     # ---- the daemon -------------------------------------------------------------------
 
+    def _alive(self, uuid: str) -> bool:
+        if self._pods is None:
+            return self.running_pid(uuid) is not None
+        pod = self._pods.get(uuid)
+        return pod is not None and not terminating(pod) and failure(pod) is None
+
     def _ensure_running(self, uuid: str, claim: PreparedClaim) -> None:
+        if self._pods is not None:
+            self._ensure_pod(uuid, claim, self._pods)
+            return
         if self.running_pid(uuid) is not None:
             return  # another claim's, or adopted from the plugin before us
         gpu_dir = self._gpu_dir(uuid)
@@ -338,15 +378,13 @@ class Mps:
         )  # fmt: skip
 
     def _stop(self, uuid: str, claim: PreparedClaim) -> None:
+        if self._pods is not None:
+            self._stop_pod(uuid, claim, self._pods)
+            return
         gpu_dir = self._gpu_dir(uuid)
         pid = self.running_pid(uuid)
         if pid is not None and self._control is not None:
-            env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe")}
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(
-                    [str(self._control)], input=b"quit\n", env=env, timeout=_STOP_WAIT_S,
-                    capture_output=True, check=False,
-                )  # fmt: skip
+            self._quit(uuid)
             deadline = time.monotonic() + _STOP_WAIT_S
             while self.running_pid(uuid) is not None:
                 if time.monotonic() > deadline:
@@ -362,6 +400,139 @@ class Mps:
         (gpu_dir / "pid").unlink(missing_ok=True)
         if self._smi is not None and gpu_dir.exists():
             self._smi.run("-i", uuid, "-c", "DEFAULT")
+
+    # ---- the daemon as a pod (driver.gpu.kinds.mpspod) ----------------------------------
+
+    def _ensure_pod(self, uuid: str, claim: PreparedClaim, pods: MpsPods) -> None:
+        """The GPU's daemon pod serving: adopted when one serves or is starting (a plugin
+        restarted, the other plugin pod of a surge, a create whose answer was lost),
+        replaced when one will not serve, else created. The ``pod`` file names it from
+        before the create until it is gone, so the watchdog finds a pod whose last claim
+        went with a crash."""
+        if self._control is None or self._smi is None:
+            raise MpsError("MPS used before the claim state attached it")
+        gpu_dir = self._gpu_dir(uuid)
+        pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
+        for d in (pipe, logs):
+            ensure_dir(d, SHARED, parent_mode=PRIVATE)
+        pod = pods.get(uuid)
+        if pod is not None and (terminating(pod) or failure(pod) is not None):
+            log.warning(
+                "MPS control daemon pod does not serve; replacing it",
+                extra=kv(gpu_uuid=uuid, pod=pod["metadata"]["name"],
+                         why=failure(pod) or "deleted", **_claim_kv(claim)),
+            )  # fmt: skip
+            pods.delete(uuid)
+            pods.wait_gone(uuid, _POD_GONE_WAIT_S)
+            pod = None
+        with contextlib.ExitStack() as stack:
+            try:
+                pipe_fd = open_dir(pipe)
+                stack.callback(os.close, pipe_fd)
+                if pod is None:
+                    remove_entry(pipe_fd, "control")  # a dead daemon's, see _open_for_start
+            except OSError as exc:
+                raise MpsDaemonError(
+                    f"claim {claim}: the MPS directories of GPU {uuid} cannot be used: {exc}"
+                ) from exc
+            created = pod is None
+            if pod is None:
+                self._smi.run("-i", uuid, "-c", "EXCLUSIVE_PROCESS")
+                spec = DaemonSpec(pods.node_name, uuid, self._control, gpu_dir, *self._driver_roots)
+                write_atomic(gpu_dir / "pod", f"{uuid}\n")
+                pod = pods.create(spec)
+                crashpoint("after-mps-pod-created")
+            self._await_pod(uuid, claim, pods, pipe_fd, pod["metadata"]["name"])
+        if created:
+            log.info(
+                "MPS control daemon started",
+                extra=kv(gpu_uuid=uuid, pod=pod["metadata"]["name"], **_claim_kv(claim)),
+            )
+
+    def _await_pod(
+        self, uuid: str, claim: PreparedClaim, pods: MpsPods, pipe_fd: int, name: str
+    ) -> None:
+        """Until the daemon made its control pipe; a pod that will not serve, or none in
+        time, is deleted (the rollback's unprepare sets the compute mode back)."""
+        deadline = time.monotonic() + _POD_START_WAIT_S
+        next_look = 0.0
+        why = ""
+        while not exists(pipe_fd, "control"):
+            now = time.monotonic()
+            if now > deadline:
+                why = f"not serving after {_POD_START_WAIT_S:.0f} s"
+            elif now >= next_look:
+                next_look = now + 0.5
+                pod = pods.get(uuid)
+                why = "its pod was deleted" if pod is None else (failure(pod) or "")
+            if why:
+                pods.delete(uuid)
+                raise MpsDaemonError(
+                    f"claim {claim}: the MPS control daemon for GPU {uuid} did not start "
+                    f"(pod {name}): {why}"
+                )
+            time.sleep(_POLL_S)
+
+    def _stop_pod(self, uuid: str, claim: PreparedClaim | None, pods: MpsPods) -> None:
+        """``quit`` through the pipe, as to a daemon of the plugin's own, then the pod
+        deleted and gone; then the compute mode back to DEFAULT."""
+        gpu_dir = self._gpu_dir(uuid)
+        pod = pods.get(uuid)
+        if pod is not None:
+            if not terminating(pod) and failure(pod) is None:
+                self._quit(uuid)
+                deadline = time.monotonic() + _STOP_WAIT_S
+                while (pod := pods.get(uuid)) is not None and failure(pod) is None:
+                    if time.monotonic() > deadline:
+                        break  # the deletion's SIGTERM, then the kubelet's SIGKILL
+                    time.sleep(_POLL_S * 10)
+            pods.delete(uuid)
+            pods.wait_gone(uuid, _POD_GONE_WAIT_S)
+            log.info(
+                "MPS control daemon stopped",
+                extra=kv(gpu_uuid=uuid, pod=pod_name_of(pods, uuid),
+                         **(_claim_kv(claim) if claim is not None else {})),
+            )  # fmt: skip
+        (gpu_dir / "pod").unlink(missing_ok=True)
+        if self._smi is not None and gpu_dir.exists():
+            self._smi.run("-i", uuid, "-c", "DEFAULT")
+
+    def _stop_orphan(self, uuid: str) -> None:
+        """A pod named by a GPU without holders: its last claim's unprepare, or the claim's
+        recovery, was killed between the holder's removal and the pod's deletion."""
+        if not (self._gpu_dir(uuid) / "pod").exists() or self._pods is None:
+            return
+        log.warning("MPS control daemon pod without a claim; deleting it",
+                    extra=kv(gpu_uuid=uuid, pod=pod_name_of(self._pods, uuid)))  # fmt: skip
+        self._stop_pod(uuid, None, self._pods)
+
+    def sweep_pods(self) -> list[str]:
+        """Delete this node's daemon pods whose GPU has no holder (a state directory lost
+        with its pod files, a pod made for a GPU this node no longer has); their UUIDs."""
+        if self._pods is None or self._dir is None:
+            return []
+        swept = []
+        for pod in self._pods.on_node():
+            uuid = str((pod["metadata"].get("annotations") or {}).get(GPU_ANNOTATION, ""))
+            if not is_gpu_uuid(uuid) or pod["metadata"]["name"] != pod_name_of(self._pods, uuid):
+                continue  # another driver's, or another node's name: not ours to judge
+            with self._locked(uuid):
+                holders = self._gpu_dir(uuid) / "holders"
+                if holders.is_dir() and any(holders.iterdir()):
+                    continue
+                log.warning("MPS control daemon pod without a claim; deleting it",
+                            extra=kv(gpu_uuid=uuid, pod=pod["metadata"]["name"]))  # fmt: skip
+                self._stop_pod(uuid, None, self._pods)
+                swept.append(uuid)
+        return swept
+
+    def _quit(self, uuid: str) -> None:
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self._gpu_dir(uuid) / "pipe")}
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [str(self._control)], input=b"quit\n", env=env, timeout=_STOP_WAIT_S,
+                capture_output=True, check=False,
+            )  # fmt: skip
 
     def _reap(self) -> None:
         # Called from worker threads side by side (two claims' unprepares, the watchdog):
@@ -384,3 +555,11 @@ def _tail(fd: int) -> str:
     size = os.fstat(fd).st_size
     start = max(0, size - 4 * _LOG_CHARS)
     return os.pread(fd, size - start, start).decode(errors="replace")[-_LOG_CHARS:].strip()
+
+
+def pod_name_of(pods: MpsPods, uuid: str) -> str:
+    return pod_name(pods.node_name, uuid)
+
+
+def _claim_kv(claim: PreparedClaim) -> dict[str, Any]:
+    return dict(kv(claim_uid=claim.uid, claim_namespace=claim.namespace, claim_name=claim.name))
