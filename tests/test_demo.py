@@ -32,6 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 _WAIT_S = 60.0
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class DemoRun:
     """``gpu-dra demo`` in a subprocess; output collected by a thread as it comes."""
 
@@ -42,6 +46,9 @@ class DemoRun:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            # A test run started in the background (`make test &`) inherits SIGINT ignored,
+            # and so would the demo: these tests are about a user's Ctrl-C, so undo that.
+            preexec_fn=_sigint_default,
         )
         self._lines: list[str] = []
         self._changed = threading.Condition()
