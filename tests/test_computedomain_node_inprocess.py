@@ -248,7 +248,11 @@ async def test_a_start_the_api_server_refuses_is_retried_while_the_gpu_driver_se
             lambda: cdnode.cd_paths(dirs).registration.exists(), "the ComputeDomain socket"
         )
         assert cdnode.clique_label(apiserver) == cdnode.clique_id(NODE)
-        assert any("after a failed start" in r.getMessage() for r in caplog.records)
+        # The socket is up inside the start, the line comes once the start has returned.
+        await wait_for(
+            lambda: any("after a failed start" in r.getMessage() for r in caplog.records),
+            "the line that says the driver serves after a failed start",
+        )
         assert not running.done()
     finally:
         stop.set()
