@@ -6,6 +6,7 @@ text: the daemon itself imports no node code.
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,8 @@ from cli import _nvmlargs as nvml_args
 from cli import flags, flagtable
 
 if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
-    from cluster.imexdaemon.peers import PeerSource
+    from cluster.imexdaemon.daemon import DaemonConfig
+    from cluster.imexdaemon.membership import Member
 
 COMMAND = "compute-domain-daemon"
 FLAG_NAMES = (
@@ -28,6 +30,10 @@ FLAG_NAMES = (
     "--nvidia-imex",
     "--nvidia-imex-ctl",
     "--peers-file",
+    "--kubeconfig",
+    "--driver-namespace",
+    "--pod-name",
+    "--pod-uid",
     *nvml_args.FLAG_NAMES,
 )
 EXIT_FAILURE = 1
@@ -88,22 +94,40 @@ def _require_driver(args: argparse.Namespace) -> None:
     require_floor(found)
 
 
-def _source(args: argparse.Namespace) -> "PeerSource":
-    from cluster.imexdaemon.sources import FileSource
+def _member(args: argparse.Namespace) -> "Member":
+    from cluster.imexdaemon.membership import Member
     from driver.common.errors import PermanentError
 
-    if args.peers_file:
-        return FileSource(Path(args.peers_file))
-    raise PermanentError(
-        "no peer source: the ComputeDomainClique watch is not built yet; give --peers-file"
+    missing = [
+        flag
+        for flag, value in (
+            ("--driver-namespace (POD_NAMESPACE)", args.driver_namespace),
+            ("--pod-name (POD_NAME)", args.pod_name),
+            ("--pod-uid (POD_UID)", args.pod_uid),
+        )
+        if not value
+    ]
+    if missing:
+        raise PermanentError(
+            f"{', '.join(missing)} required: the daemon writes itself into its clique in the "
+            "API server (or give --peers-file to follow a file instead)"
+        )
+    return Member(
+        namespace=args.driver_namespace,
+        domain_uid=args.compute_domain_uuid,
+        clique_id=args.clique_id or "",
+        node_name=nvml_args.node_name(args),
+        pod_name=args.pod_name,
+        pod_uid=args.pod_uid,
+        pod_ip=args.pod_ip or "",
+        max_nodes=args.max_nodes_per_imex_domain,
     )
 
 
 async def _run(args: argparse.Namespace) -> int:
     from cli._running import until_stopped
     from cluster.imexdaemon.daemon import DaemonConfig, ImexDaemon
-    from cluster.imexdaemon.peers import has_clique
-    from cluster.imexdaemon.sources import MemorySource
+    from cluster.imexdaemon.sources import FileSource
 
     config = DaemonConfig(
         clique_id=args.clique_id or "",
@@ -114,11 +138,46 @@ async def _run(args: argparse.Namespace) -> int:
         hosts_file=Path(args.hosts_file),
         imex=args.nvidia_imex,
     )
-    # A node without a clique follows no peers.
-    source = _source(args) if has_clique(config.clique_id) else MemorySource()
-    daemon = ImexDaemon(config, source)
-    await until_stopped(daemon.run(), COMMAND)
+    if args.peers_file:
+        daemon = ImexDaemon(config, FileSource(Path(args.peers_file)))
+        await until_stopped(daemon.run(), COMMAND)
+        return 0
+    await _run_with_api(args, config)
     return 0
+
+
+async def _run_with_api(args: argparse.Namespace, config: "DaemonConfig") -> None:
+    """NVIDIA's daemon: its pod labelled with the clique, itself listed in the clique (which
+    gives its peers), and its entry removed at stop."""
+    from cli._running import until_stopped
+    from cluster.imexdaemon.cliquesource import CliqueSource, label_pod
+    from cluster.imexdaemon.daemon import ImexDaemon
+    from cluster.imexdaemon.peers import has_clique
+    from cluster.imexdaemon.sources import MemorySource
+    from driver.kube import client as kubeclient
+    from driver.kube.rest import Client
+
+    member = _member(args)
+    api_client = await kubeclient.api_client(
+        args.kubeconfig or os.environ.get("KUBECONFIG"), component=COMMAND
+    )
+    try:
+        client = Client(api_client)
+        # A node without a clique runs no IMEX and joins no clique: the daemon idles.
+        source = CliqueSource(client, member) if has_clique(member.clique_id) else None
+        daemon = ImexDaemon(config, source or MemorySource())
+
+        async def serve() -> None:
+            await label_pod(client, member)
+            await daemon.run()
+
+        try:
+            await until_stopped(serve(), COMMAND)
+        finally:
+            if source is not None:
+                await source.leave()
+    finally:
+        await kubeclient.close(api_client)
 
 
 async def _check(args: argparse.Namespace) -> int:

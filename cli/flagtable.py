@@ -60,7 +60,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--pod-uid",
-        "UID of this plugin pod (downward API): enables side-by-side sockets for surge upgrades",
+        "UID of this pod (downward API): the kubelet plugin's side-by-side sockets in a surge "
+        "upgrade; the IMEX daemon's owner reference on its ComputeDomainClique",
         also_env="POD_UID",
         metavar="UID",
     ),
@@ -259,8 +260,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--pod-name",
-        "name of this controller pod (downward API): its identity in the leader Lease, with a "
-        "random suffix; default: the host name",
+        "name of this pod (downward API): the controller's identity in its leader Lease, with "
+        "a random suffix (default: the host name); the pod the IMEX daemon labels with its "
+        "clique",
         also_env="POD_NAME",
         metavar="NAME",
     ),

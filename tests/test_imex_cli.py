@@ -82,14 +82,15 @@ async def test_without_cdi_edits_it_says_so_as_nvidia_does(tmp_path: Path) -> No
     )
 
 
-async def test_without_a_peer_source_it_says_which_to_give(tmp_path: Path) -> None:
+async def test_without_its_pod_it_says_which_variables_to_set(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, node="n", ip=loopback_block(1)[0])
     await daemon.start(tmp_path / "unused", "--peers-file", "")
     code, log = await _exits(daemon)
     assert code == 1
     assert _error_lines(log) == [
-        "gpu-dra compute-domain-daemon: no peer source: the ComputeDomainClique watch is not "
-        "built yet; give --peers-file"
+        "gpu-dra compute-domain-daemon: --driver-namespace (POD_NAMESPACE), --pod-name "
+        "(POD_NAME), --pod-uid (POD_UID) required: the daemon writes itself into its clique in "
+        "the API server (or give --peers-file to follow a file instead)"
     ]
 
 

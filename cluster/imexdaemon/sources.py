@@ -1,7 +1,8 @@
 """Peer sources that need no API server: a list in memory, and a ComputeDomainClique in a file.
 
 The file holds a ComputeDomainClique object (JSON or YAML, its top-level ``daemons``), the
-shape the API source will read, so a test writes what the controller would. The file is
+shape the API source (:mod:`cluster.imexdaemon.cliquesource`) reads, so a test or a person can
+drive a daemon without an API server. The file is
 looked at every ``interval`` seconds and a new list is yielded when its text changes; a file
 that is missing or does not parse is logged once and the last good list stands.
 """

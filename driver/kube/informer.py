@@ -45,7 +45,8 @@ def version_of(obj: Obj) -> int:
 
 
 class Informer:
-    """``path`` (a collection URL), narrowed by ``label_selector``; ``resource`` names it in
+    """``path`` (a collection URL), narrowed by ``label_selector`` and ``field_selector``
+    (``metadata.name=...`` follows one object); ``resource`` names it in
     errors and RBAC messages. ``items`` is the current view; ``synced`` is set after the first
     list; ``seen`` is the highest resourceVersion the view reflects (lists, events, bookmarks).
     """
@@ -59,6 +60,7 @@ class Informer:
         on_change: OnChange,
         on_progress: Callable[[int], None] | None = None,
         label_selector: str = "",
+        field_selector: str = "",
         page_size: int = 500,
         backoff_cap: float = 30.0,
     ) -> None:
@@ -68,6 +70,8 @@ class Informer:
         self._on_change = on_change
         self._on_progress = on_progress
         self._selector = [("labelSelector", label_selector)] if label_selector else []
+        if field_selector:
+            self._selector.append(("fieldSelector", field_selector))
         self._page = page_size
         self._backoff_cap = backoff_cap
         self.items: dict[Key, Obj] = {}
