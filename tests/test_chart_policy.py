@@ -35,17 +35,19 @@ class Policy:
     plugin_user: str  # the username of the chart's service account
 
 
-def _policy(resource: str) -> Policy:
-    objects = render()
+def _policy(resource: str, *sets: str) -> Policy:
+    objects = render((), sets)
     (found,) = [
         o
         for o in objects
         if o["kind"] == "ValidatingAdmissionPolicy"
         and o["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == [resource]
     ]
-    (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
-    meta = account["metadata"]
-    return Policy(found["spec"], f"system:serviceaccount:{meta['namespace']}:{meta['name']}")
+    (plugin,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    account = plugin["spec"]["template"]["spec"]["serviceAccountName"]
+    return Policy(
+        found["spec"], f"system:serviceaccount:{plugin['metadata']['namespace']}:{account}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -480,3 +482,44 @@ def test_the_pod_policy_leaves_other_users_alone(pod_policy: Policy) -> None:
     user = "system:serviceaccount:gpu-dra-driver:compute-domain-controller"
     pod = _daemon("node-b", image="other")
     assert evaluate(pod_policy, operation="CREATE", obj=pod, user_node=None, user=user) == []
+
+
+CD = ("computeDomains.enabled=true",)  # the plugin also serves compute-domain.nvidia.com
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+@pytest.mark.parametrize("driver", ["gpu.nvidia.com", "compute-domain.nvidia.com"])
+def test_with_compute_domains_both_drivers_slices_and_leases_of_its_node_are_admitted(
+    operation: str, driver: str
+) -> None:
+    slices, leases = _policy("resourceslices", *CD), _policy("leases", *CD)
+    assert (
+        admit(slices, operation=operation, slice_node="node-a", user_node="node-a", driver=driver)
+        == []
+    )
+    assert (
+        lease_request(leases, operation=operation, name=f"{driver}-node-a", user_node="node-a")
+        == []
+    )
+
+
+def test_with_compute_domains_other_drivers_and_nodes_stay_denied() -> None:
+    slices, leases = _policy("resourceslices", *CD), _policy("leases", *CD)
+    assert admit(
+        slices, operation="CREATE", slice_node="node-a", user_node="node-a", driver="x.example.com"
+    ) == [
+        "the kubelet plugin of gpu.nvidia.com, compute-domain.nvidia.com may not modify "
+        "ResourceSlices of driver x.example.com"
+    ]
+    assert admit(
+        slices,
+        operation="CREATE",
+        slice_node="node-b",
+        user_node="node-a",
+        driver="compute-domain.nvidia.com",
+    ) == ["the kubelet plugin on node node-a may not modify ResourceSlices of node node-b"]
+    name = "compute-domain.nvidia.com-node-b"
+    assert lease_request(leases, operation="UPDATE", name=name, user_node="node-a") == [
+        "the kubelet plugin on node node-a may only modify the Lease gpu.nvidia.com-node-a or "
+        f"compute-domain.nvidia.com-node-a, not {name}"
+    ]

@@ -52,3 +52,16 @@ device.driver == {{ .Values.driverName | quote }} && device.attributes[{{ .Value
 {{- define "gpu-dra.migSelector" -}}
 device.driver == {{ .Values.driverName | quote }} && device.attributes[{{ .Values.driverName | quote }}].type == "mig"
 {{- end }}
+
+{{- /*
+The DRA drivers the kubelet plugin serves, as a JSON (and CEL) list: its GPU driver, and with
+computeDomains.enabled the ComputeDomain node driver it serves from the same process. The
+admission policies let it write those drivers' slices and publisher Leases only.
+*/}}
+{{- define "gpu-dra.pluginDrivers" -}}
+{{- $drivers := list .Values.driverName }}
+{{- if .Values.computeDomains.enabled }}
+{{- $drivers = append $drivers "compute-domain.nvidia.com" }}
+{{- end }}
+{{- toJson $drivers }}
+{{- end }}
