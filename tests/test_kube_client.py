@@ -132,3 +132,34 @@ def test_daemon_start_leaves_the_kubernetes_package_inits_unrun(tmp_path: Path) 
         "later True Watch CoreV1Api",
         "deferred False False",
     ]
+
+
+async def test_request_bodies_are_compact_json_as_the_api_server_compares_them() -> None:
+    """An opaque config's parameters are kept as the bytes sent; the server re-encodes them
+    compactly when it checks a template's immutable spec, so anything else breaks every later
+    patch of that template (seen on kube-apiserver 1.36)."""
+    from aiohttp import web
+    from kubernetes.aio import client
+
+    from driver.kube.rest import Client
+
+    bodies: list[bytes] = []
+
+    async def record(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        return web.json_response({"kind": "Status"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")) as api:
+            body = {"spec": {"config": [{"opaque": {"parameters": {"a": 1, "b": "x"}}}]}}
+            await Client(api).request("POST", "/x", verb="create", resource="x", body=body)
+    finally:
+        await runner.cleanup()
+    assert bodies == [b'{"spec":{"config":[{"opaque":{"parameters":{"a":1,"b":"x"}}}]}}']

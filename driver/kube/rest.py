@@ -42,6 +42,7 @@ from typing import ClassVar
 
 import aiohttp
 from kubernetes.aio.client import ApiClient
+from kubernetes.aio.client import rest as _transport
 from kubernetes.aio.client.exceptions import ApiException
 
 from driver.common.errors import DriverError, PermanentError, RetryableError
@@ -53,6 +54,28 @@ MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: a null removes a field
 # client-go's reflector asks for a server-side watch timeout between 5 and 10 minutes.
 WATCH_TIMEOUT_SECONDS = 300
 _DEFAULT_POOL = 100  # kubernetes.aio's default connection_pool_maxsize
+
+
+class _CompactJson:
+    """The JSON the client's transport writes request bodies with: compact, as Go clients and
+    kubectl send them.
+
+    The API server keeps a RawExtension (an opaque config's ``parameters``) as the bytes it
+    received, and on an update or a patch compares the immutable spec of a ResourceClaimTemplate
+    byte for byte with its own compact re-encoding. With the transport's ``json.dumps`` (a space
+    after each separator), a template our controller created could never be patched again: its
+    finalizer could not be removed and the domain's deletion hung (seen on kube-apiserver 1.36:
+    "spec: field is immutable" for a patch of metadata alone).
+    """
+
+    loads = staticmethod(json.loads)
+
+    @staticmethod
+    def dumps(obj: object) -> str:
+        return json.dumps(obj, separators=(",", ":"))
+
+
+setattr(_transport, "json", _CompactJson)  # noqa: B010 (a module attribute the stubs do not name)
 
 
 class ApiError(DriverError):
