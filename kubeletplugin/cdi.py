@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.common.errors import PermanentError
-from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice
+from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.gpu.kinds.gpu import CONTROL_NODES, VISIBLE_UUIDS_ENV
 from kubeletplugin import names
 from kubeletplugin.flavor import GPU, Flavor

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
-from driver.gpu.kinds import DeviceKind, by_name
+from driver.devicekind import AnyKind
+from driver.gpu.kinds import by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class Flavor:
     # The ``kind`` of its per-claim side-effect records (``claims/<uid>.json``).
     record_kind: str
     # Its device kinds by name; a function, so a test that swaps the GPU table is seen.
-    kinds: Callable[[], Mapping[str, DeviceKind]]
+    kinds: Callable[[], Mapping[str, AnyKind]]
     # Its opaque configs.
     configs: ConfigRules = GPU_CONFIGS
     # A device another claim holds: permanent for the GPU driver (the scheduler never

@@ -33,15 +33,8 @@ from driver.common.errors import DriverError, RetryableError
 from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
-from driver.gpu.kinds import (
-    DeviceKind,
-    KindContext,
-    NodeDevice,
-    NodeDevices,
-    PreparedClaim,
-    PreparedDevice,
-    capacity,
-)
+from driver.devicekind import AnyKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
+from driver.gpu.kinds import GpuNode, NodeDevices, capacity
 from driver.gpu.kinds.mpspod import MpsPodConfig, MpsPods
 from driver.gpu.migmake import Maker
 from driver.kube.rest import Client
@@ -174,22 +167,20 @@ def _attach_kinds(config: StateConfig, records: Records, mps_pods: MpsPods | Non
     for kind in config.flavor.kinds().values():
         state_dir = records.kind_dir(kind.name)
         ensure_dir(state_dir, dirs.PRIVATE, ours=True)
-        kind.attach(
-            KindContext(
-                state_dir=state_dir,
-                boot_id=records.boot_id,
-                container_driver_root=config.container_driver_root,
-                nvidia_smi=config.nvidia_smi,
-                mps_control=config.mps_control,
-                nvml_library=library.find(config.container_driver_root),
-                mig_maker=None if config.nvml is None else Maker(config.nvml, config.proc_root),
-                mps_pods=mps_pods,
-                nvidia_driver_root=config.nvidia_driver_root,
-            )
+        given = KindContext(state_dir=state_dir, boot_id=records.boot_id)
+        node = GpuNode(
+            container_driver_root=config.container_driver_root,
+            nvidia_smi=config.nvidia_smi,
+            mps_control=config.mps_control,
+            nvml_library=library.find(config.container_driver_root),
+            mig_maker=None if config.nvml is None else Maker(config.nvml, config.proc_root),
+            mps_pods=mps_pods,
+            nvidia_driver_root=config.nvidia_driver_root,
         )
+        kind.attach(node.context(given))
 
 
-def _kinds_of(claim: PreparedClaim, flavor: Flavor) -> list[DeviceKind]:
+def _kinds_of(claim: PreparedClaim, flavor: Flavor) -> list[AnyKind]:
     kinds = flavor.kinds()
     return [kinds[name] for name in sorted({d.kind for d in claim.devices})]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice
 from driver.gpu.kinds.gpu import node_device
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits, translate_edits

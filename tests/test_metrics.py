@@ -13,7 +13,7 @@ from kubernetes.aio import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.gen import dra_v1_pb2 as v1
-from driver.gpu.kinds import PreparedClaim
+from driver.devicekind import PreparedClaim
 from driver.kube import client as kubeclient
 from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError, errors_of
 from kubeletplugin.draservice import DraService

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu.kinds import KindContext, NodeDevices, PreparedClaim, PreparedDevice
+from driver.devicekind import PreparedClaim, PreparedDevice
+from driver.gpu.kinds import GpuKindContext, GpuNode, NodeDevices
 from driver.gpu.kinds.gpu import UUID_KEY
 from driver.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
 from driver.gpu.nvidiasmi import TIMESLICE_LEVELS
@@ -341,9 +342,10 @@ def _instance(
     """One plugin instance of a node (a surge upgrade): its own process, the node's files."""
     kind = TimeSlicing(UUID_KEY)
     kind.attach(
-        KindContext(state_dir=state_dir, boot_id="boot-1", container_driver_root=Path("/"),
-                    nvidia_smi=smi)
-    )  # fmt: skip
+        GpuKindContext(
+            state_dir, "boot-1", GpuNode(container_driver_root=Path("/"), nvidia_smi=smi)
+        )
+    )
     outcomes = []
     for n, (gpu, interval) in enumerate(rounds):
         barrier.wait(timeout=60)  # both instances prepare their share of round n at once
