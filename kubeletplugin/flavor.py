@@ -8,13 +8,14 @@ flavor is optional: the GPU driver's names on disk are release 0.1.0's and never
 (upgrade tests read them).
 """
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
-from driver.devicekind import AnyKind
-from driver.gpu.kinds import by_name
+from driver.devicekind import AnyKind, KindContext
+from driver.gpu.kinds import GpuNode, by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,10 @@ GPU_CONFIGS = ConfigRules(
 )
 
 
+def _as_given(context: KindContext) -> KindContext:
+    return context
+
+
 @dataclass(frozen=True, slots=True)
 class Flavor:
     # CDI vendor: spec files ``<vendor>-claim_<uid>.json``, kind ``<vendor>/claim``.
@@ -63,6 +68,9 @@ class Flavor:
     toolkit_edits: bool = True
     # Kinds of specs that, without our owner marker, are another driver's (NVIDIA's).
     foreign_kinds: tuple[str, ...] = ()
+    # What each kind is attached with, from what the claim state made for it (its directory,
+    # the boot): the driver's own context where its kinds need more of the node.
+    kind_context: Callable[[KindContext], Any] = _as_given
 
     @property
     def cdi_kind(self) -> str:
@@ -78,4 +86,11 @@ GPU = Flavor(
     record_kind="GpuDraClaimRecord",
     kinds=by_name,
     foreign_kinds=("k8s.gpu.nvidia.com/", "nvidia.com/gpu"),
+    kind_context=GpuNode().context,
 )
+
+
+def gpu(node: GpuNode) -> Flavor:
+    """The GPU driver's flavor, its kinds given ``node`` (the node wiring's driver roots,
+    tools, NVML and MPS pods) instead of the defaults."""
+    return dataclasses.replace(GPU, kind_context=node.context)
