@@ -34,7 +34,6 @@ from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.devicekind import AnyKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
-from driver.gpu.kinds import capacity
 from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
@@ -44,6 +43,7 @@ from kubeletplugin.claims import (
     claim_is_gone,
     fetch_claim,
     plan_claim,
+    share_problem,
 )
 from kubeletplugin.flavor import GPU, Flavor
 from kubeletplugin.records import (
@@ -491,7 +491,7 @@ class DeviceState:
                     f"does not exist on node {self._config.node_name}"
                 )
             if planned.share_id is not None:
-                problem = capacity.share_problem(device.published, dict(planned.consumed))
+                problem = share_problem(device.published, dict(planned.consumed))
                 if problem is None and planned.share_id in shares:
                     problem = f'field "shareID": {planned.share_id} is used by two results'
                 if problem is not None:
