@@ -1,11 +1,12 @@
 """What makes one node driver itself to the shared framework: its CDI vendor, the kind of
-its side-effect records, and its table of device kinds.
+its side-effect records, its table of device kinds and what they are attached with.
 
 Records, recovery, the CDI writer and the claim state take a :class:`Flavor`; each node
 driver (``kubeletplugin/gpu/``, ``kubeletplugin/computedomain/``) passes its own, so the two
 share those modules without either naming the other. :data:`GPU` is the default wherever a
 flavor is optional: the GPU driver's names on disk are release 0.1.0's and never change
-(upgrade tests read them).
+(upgrade tests read them). The GPU node process attaches its kinds with what it knows of
+the node (:func:`gpu`); the default gives them the defaults, as tests want.
 """
 
 import dataclasses
