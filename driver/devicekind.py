@@ -45,9 +45,9 @@ class PreparedDevice:
     cdi_device_ids: tuple[str, ...]
     share_id: str | None = None
     admin_access: bool = False
-    # The GPU driver's full GPU by default: the only kind of release 0.1.0, whose records
-    # name none.
-    kind: str = "gpu"
+    # Its kind's name; always given (a record of release 0.1.0, which names none, is read
+    # as the GPU driver's full GPU by that driver's readers).
+    kind: str = field(kw_only=True)
     identity: tuple[tuple[str, str], ...] = ()
     # What the claim's opaque config asks of the device (its model's ``sharing_settings``),
     # kept in the side-effect record so an unprepare or a recovery knows what to undo.

@@ -39,6 +39,7 @@ class _Preparer:
             pool_name="node-a",
             device_name="gpu-0",
             cdi_device_ids=(),
+            kind="gpu",
             identity=(("gpu-uuid", "GPU-1234"),),
         )
         for c in claims:

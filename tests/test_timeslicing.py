@@ -330,6 +330,7 @@ def _claim(uid: str, gpu: str, interval: str) -> PreparedClaim:
         pool_name=NODE,
         device_name="gpu-0",
         cdi_device_ids=(),
+        kind="gpu",
         identity=((UUID_KEY, gpu),),
         sharing=(("strategy", "TimeSlicing"), ("interval", interval)),
     )
