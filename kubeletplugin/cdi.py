@@ -20,11 +20,8 @@ from typing import Any
 
 from driver.common.errors import PermanentError
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
-from driver.gpu.kinds.gpu import CONTROL_NODES, VISIBLE_UUIDS_ENV
 from kubeletplugin import names
 from kubeletplugin.flavor import GPU, Flavor
-
-__all__ = ["CONTROL_NODES", "VISIBLE_UUIDS_ENV"]
 
 # The GPU driver's names (kubeletplugin.flavor.GPU); another driver passes its flavor.
 VENDOR = GPU.cdi_vendor
