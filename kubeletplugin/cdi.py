@@ -9,7 +9,7 @@ so :func:`claim_from_spec` rebuilds exactly what was prepared. An owner marker t
 our specs apart from the NVIDIA driver's, which use the same kind and file names.
 
 Containers get each device's edits and its kind's claim-wide edits (see
-``driver.gpu.kinds``), and the driver libraries and hooks of the host's container
+``driver.devicekind``), and the driver libraries and hooks of the host's container
 toolkit (``base_edits``).
 """
 
@@ -19,12 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from driver.common.errors import PermanentError
-from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice
-from driver.gpu.kinds.gpu import CONTROL_NODES, VISIBLE_UUIDS_ENV
+from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from kubeletplugin import names
 from kubeletplugin.flavor import GPU, Flavor
-
-__all__ = ["CONTROL_NODES", "VISIBLE_UUIDS_ENV"]
 
 # The GPU driver's names (kubeletplugin.flavor.GPU); another driver passes its flavor.
 VENDOR = GPU.cdi_vendor

@@ -3,7 +3,8 @@
 ``fetch_claim`` and ``claim_is_gone`` talk to the API server; ``plan_claim`` is a
 pure function from the claim object (wire-form dict) to what this node must prepare:
 the allocation results whose driver is ours and whose pool is this node's, each with
-the opaque config that applies to it.
+the opaque config that applies to it; ``share_problem`` (pure) checks a result's share of
+a device (consumable capacity) against what the device publishes.
 """
 
 import functools
@@ -17,6 +18,7 @@ from kubernetes.aio.client import ApiClient
 from api.config import API_GROUP, ConfigError
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import is_uid
+from driver.common.quantity import Quantity
 from driver.kube.rest import ApiError, Client, NotFoundError
 from kubeletplugin.flavor import GPU_CONFIGS, ConfigRules
 
@@ -267,3 +269,39 @@ def plan_claim(
     except ConfigError as exc:
         raise ClaimError(f"claim {ref}: {exc}") from exc
     return ClaimPlan(ref=ref, devices=tuple(devices))
+
+
+def share_problem(published: Mapping[str, Any], consumed: Mapping[str, str]) -> str | None:
+    """Why a share with ``consumed`` (its allocation result's ``consumedCapacity``) is not
+    one this device, as published, hands out; None when it is. The scheduler only writes
+    shares that fit; this catches an allocation written by hand, or by a scheduler that
+    saw another policy than this plugin publishes."""
+    if not published.get("allowMultipleAllocations"):
+        return (
+            'field "shareID": the device is not published for sharing '
+            "(the plugin runs without --consumable-capacity)"
+        )
+    capacity: Mapping[str, Any] = published.get("capacity") or {}
+    for name, text in consumed.items():
+        field = f'field "consumedCapacity.{name}"'
+        if name not in capacity:
+            return f"{field}: the device has no capacity {name}"
+        try:
+            amount = Quantity.parse(text).value
+        except ValueError as exc:
+            return f"{field}: {exc}"
+        policy = capacity[name].get("requestPolicy") or {}
+        valid_range = policy.get("validRange")
+        if valid_range is not None:
+            low = Quantity.parse(str(valid_range["min"])).value
+            high = valid_range.get("max")
+            step = valid_range.get("step")
+            if amount < low or (high is not None and amount > Quantity.parse(str(high)).value):
+                return f"{field}: {text} is outside the device's valid range"
+            if step is not None and (amount - low) % Quantity.parse(str(step)).value:
+                low_text = valid_range["min"]
+                return f"{field}: {text} is not on the device's step of {step} from {low_text}"
+        values = policy.get("validValues")
+        if values and amount not in {Quantity.parse(str(v)).value for v in values}:
+            return f"{field}: {text} is not one of the device's valid values"
+    return None

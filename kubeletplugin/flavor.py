@@ -1,19 +1,22 @@
 """What makes one node driver itself to the shared framework: its CDI vendor, the kind of
-its side-effect records, and its table of device kinds.
+its side-effect records, its table of device kinds and what they are attached with.
 
 Records, recovery, the CDI writer and the claim state take a :class:`Flavor`; each node
 driver (``kubeletplugin/gpu/``, ``kubeletplugin/computedomain/``) passes its own, so the two
 share those modules without either naming the other. :data:`GPU` is the default wherever a
 flavor is optional: the GPU driver's names on disk are release 0.1.0's and never change
-(upgrade tests read them).
+(upgrade tests read them). The GPU node process attaches its kinds with what it knows of
+the node (:func:`gpu`); the default gives them the defaults, as tests want.
 """
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
-from driver.gpu.kinds import DeviceKind, by_name
+from driver.devicekind import AnyKind, KindContext
+from driver.gpu.kinds import GpuNode, by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,10 @@ GPU_CONFIGS = ConfigRules(
 )
 
 
+def _as_given(context: KindContext) -> KindContext:
+    return context
+
+
 @dataclass(frozen=True, slots=True)
 class Flavor:
     # CDI vendor: spec files ``<vendor>-claim_<uid>.json``, kind ``<vendor>/claim``.
@@ -50,7 +57,7 @@ class Flavor:
     # The ``kind`` of its per-claim side-effect records (``claims/<uid>.json``).
     record_kind: str
     # Its device kinds by name; a function, so a test that swaps the GPU table is seen.
-    kinds: Callable[[], Mapping[str, DeviceKind]]
+    kinds: Callable[[], Mapping[str, AnyKind]]
     # Its opaque configs.
     configs: ConfigRules = GPU_CONFIGS
     # A device another claim holds: permanent for the GPU driver (the scheduler never
@@ -62,6 +69,9 @@ class Flavor:
     toolkit_edits: bool = True
     # Kinds of specs that, without our owner marker, are another driver's (NVIDIA's).
     foreign_kinds: tuple[str, ...] = ()
+    # What each kind is attached with, from what the claim state made for it (its directory,
+    # the boot): the driver's own context where its kinds need more of the node.
+    kind_context: Callable[[KindContext], Any] = _as_given
 
     @property
     def cdi_kind(self) -> str:
@@ -77,4 +87,11 @@ GPU = Flavor(
     record_kind="GpuDraClaimRecord",
     kinds=by_name,
     foreign_kinds=("k8s.gpu.nvidia.com/", "nvidia.com/gpu"),
+    kind_context=GpuNode().context,
 )
+
+
+def gpu(node: GpuNode) -> Flavor:
+    """The GPU driver's flavor, its kinds given ``node`` (the node wiring's driver roots,
+    tools, NVML and MPS pods) instead of the defaults."""
+    return dataclasses.replace(GPU, kind_context=node.context)

@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 from driver.common.metricsserver import CONTENT_TYPE as CONTENT_TYPE
 from driver.common.metricsserver import MetricsServer as MetricsServer
 from driver.common.metricsserver import counted
-from driver.gpu.kinds import PreparedClaim, gpu_uuid
+from driver.devicekind import PreparedClaim
+from driver.gpu.kinds import gpu_uuid
 from driver.kube.rest import ERROR_CLASSES as _API_ERRORS
 from kubeletplugin.healthstream import HealthBoard
 

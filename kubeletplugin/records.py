@@ -64,7 +64,7 @@ from typing import Any
 
 from driver.common.errors import PermanentError
 from driver.common.fsutil import TEMP_SUFFIX, ensure_dir, write_atomic
-from driver.gpu.kinds import PreparedClaim, PreparedDevice
+from driver.devicekind import PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, dirs, names
 from kubeletplugin.flavor import GPU, Flavor
 

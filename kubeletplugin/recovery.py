@@ -37,7 +37,7 @@ import yaml
 from driver.common.errors import DriverError, PermanentError
 from driver.common.fsutil import write_atomic
 from driver.common.logs import kv
-from driver.gpu.kinds import DeviceKind, PreparedClaim, PreparedDevice
+from driver.devicekind import AnyKind, PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, checkpoint
 from kubeletplugin.records import (
     Holder,
@@ -272,7 +272,7 @@ def _judge_claim_records(
     return unrecovered
 
 
-def _recovered(claim: PreparedClaim, kinds: Mapping[str, DeviceKind]) -> bool:
+def _recovered(claim: PreparedClaim, kinds: Mapping[str, AnyKind]) -> bool:
     """Each of the claim's kinds undoes its side effects; False (logged) when one cannot.
 
     One claim's failure is that claim's: its GPU's nvidia-smi failing (a GPU lost after an

@@ -33,19 +33,7 @@ from driver.common.errors import DriverError, RetryableError
 from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
-from driver.gpu.kinds import (
-    DeviceKind,
-    KindContext,
-    NodeDevice,
-    NodeDevices,
-    PreparedClaim,
-    PreparedDevice,
-    capacity,
-)
-from driver.gpu.kinds.mpspod import MpsPodConfig, MpsPods
-from driver.gpu.migmake import Maker
-from driver.kube.rest import Client
-from driver.nvml import library
+from driver.devicekind import AnyKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, containertoolkit, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
@@ -55,6 +43,7 @@ from kubeletplugin.claims import (
     claim_is_gone,
     fetch_claim,
     plan_claim,
+    share_problem,
 )
 from kubeletplugin.flavor import GPU, Flavor
 from kubeletplugin.records import (
@@ -110,6 +99,14 @@ class PrepareResult:
     error: str = ""
 
 
+class NodeDevices(Protocol):
+    """The node's devices of the driver's kinds, as its last discovery found them (the
+    publisher rediscovers; a prepare plans against what it found)."""
+
+    @property
+    def current(self) -> Mapping[str, NodeDevice]: ...
+
+
 class ClaimObserver(Protocol):
     """Told what is prepared on the node (the metrics): every path that changes it, this
     process's and, at each reconcile, another instance's (its records are the node's)."""
@@ -128,6 +125,8 @@ class StateConfig:
     cdi_root: Path
     driver_name: str
     node_name: str
+    # The host's driver root and where this container sees it: device nodes in CDI specs
+    # and the container toolkit's edits are written for them.
     nvidia_driver_root: Path = Path("/")
     container_driver_root: Path = Path("/driver-root")
     pod_uid: str | None = None
@@ -135,13 +134,8 @@ class StateConfig:
     # "system": CDI specs need the host's container toolkit; "simulated": they do without.
     nvml_mode: Literal["system", "simulated"] = "system"
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
-    nvidia_smi: Path | None = None  # for GPU settings NVML cannot make; default under the root
-    mps_control: Path | None = None  # nvidia-cuda-mps-control; default under the root
-    nvml: Any = None  # the loaded NVML (driver.nvml.Nvml), for kinds that make MIG instances
-    proc_root: Path = Path("/")  # where the driver's /proc/driver/nvidia lies
-    flavor: Flavor = GPU  # the node driver's names on disk, kinds and configs
-    # MPS control daemons as pods of their own (driver.gpu.kinds.mpspod); None: processes.
-    mps_pod: MpsPodConfig | None = None
+    # The node driver's names on disk, kinds, configs, and what its kinds are given.
+    flavor: Flavor = GPU
 
 
 class RollbackError(RetryableError):
@@ -170,26 +164,14 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
     return tuple(d.reservation for d in claim.devices)
 
 
-def _attach_kinds(config: StateConfig, records: Records, mps_pods: MpsPods | None) -> None:
-    for kind in config.flavor.kinds().values():
+def _attach_kinds(flavor: Flavor, records: Records) -> None:
+    for kind in flavor.kinds().values():
         state_dir = records.kind_dir(kind.name)
         ensure_dir(state_dir, dirs.PRIVATE, ours=True)
-        kind.attach(
-            KindContext(
-                state_dir=state_dir,
-                boot_id=records.boot_id,
-                container_driver_root=config.container_driver_root,
-                nvidia_smi=config.nvidia_smi,
-                mps_control=config.mps_control,
-                nvml_library=library.find(config.container_driver_root),
-                mig_maker=None if config.nvml is None else Maker(config.nvml, config.proc_root),
-                mps_pods=mps_pods,
-                nvidia_driver_root=config.nvidia_driver_root,
-            )
-        )
+        kind.attach(flavor.kind_context(KindContext(state_dir, records.boot_id)))
 
 
-def _kinds_of(claim: PreparedClaim, flavor: Flavor) -> list[DeviceKind]:
+def _kinds_of(claim: PreparedClaim, flavor: Flavor) -> list[AnyKind]:
     kinds = flavor.kinds()
     return [kinds[name] for name in sorted({d.kind for d in claim.devices})]
 
@@ -244,11 +226,7 @@ class DeviceState:
             )
         records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id, flavor=config.flavor)
         await asyncio.to_thread(records.make_dirs)
-        mps_pods = None
-        if config.mps_pod is not None:
-            loop = asyncio.get_running_loop()
-            mps_pods = MpsPods(Client(api_client), loop, config.mps_pod, config.node_name)
-        await asyncio.to_thread(_attach_kinds, config, records, mps_pods)
+        await asyncio.to_thread(_attach_kinds, config.flavor, records)
         claims = await asyncio.to_thread(recovery.recover, records)
         state = cls(config, api_client, devices, records=records, base_edits=base_edits)
         state._held = {uid: _device_names(claim) for uid, claim in claims.items()}
@@ -513,7 +491,7 @@ class DeviceState:
                     f"does not exist on node {self._config.node_name}"
                 )
             if planned.share_id is not None:
-                problem = capacity.share_problem(device.published, dict(planned.consumed))
+                problem = share_problem(device.published, dict(planned.consumed))
                 if problem is None and planned.share_id in shares:
                     problem = f'field "shareID": {planned.share_id} is used by two results'
                 if problem is not None:

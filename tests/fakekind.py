@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from driver.devicekind import NodeDevice, PreparedClaim
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import HealthTarget, KindContext, NodeDevice, PreparedClaim
+from driver.gpu.kinds import GpuKindContext, HealthTarget
 
 NAME = "fake-accelerator"
 
@@ -40,7 +41,7 @@ class FakeAccelerator:
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         return {}
 
-    def attach(self, context: KindContext) -> None:
+    def attach(self, context: GpuKindContext) -> None:
         pass  # its marks go where the test says
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:

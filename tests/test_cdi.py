@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.kinds import NodeDevice, PreparedClaim, PreparedDevice
-from driver.gpu.kinds.gpu import node_device
+from driver.gpu.kinds.gpu import CONTROL_NODES, node_device
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits, translate_edits
 from kubeletplugin.records import Records
@@ -100,7 +100,7 @@ def test_claim_spec_contents() -> None:
     assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-1", f"{UID}-gpu-3"]
     assert spec["devices"][0]["containerEdits"] == {"deviceNodes": [{"path": "/dev/nvidia1"}]}
     edits = spec["containerEdits"]
-    assert [n["path"] for n in edits["deviceNodes"]] == list(cdi.CONTROL_NODES)
+    assert [n["path"] for n in edits["deviceNodes"]] == list(CONTROL_NODES)
     assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
     assert f"GPU_DRA_VISIBLE_GPU_UUIDS={GPUS['gpu-1'].uuid},{GPUS['gpu-3'].uuid}" in edits["env"]
     assert spec["annotations"][cdi.CLAIM_UID] == UID

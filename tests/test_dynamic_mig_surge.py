@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from driver.devicekind import PreparedClaim, PreparedDevice
 from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import KindContext, PreparedClaim, PreparedDevice, dynmig
+from driver.gpu.kinds import GpuKindContext, GpuNode, dynmig
 from driver.gpu.kinds.dynmig import NAME, DynamicMigKind
 from driver.gpu.migmake import MadeMig, Maker
 from driver.nvml.simulated import SimulatedNode
@@ -35,11 +36,13 @@ def _attached(node: SimulatedNode, state_dir: Path, maker: Any = None) -> Dynami
     """A kind as a plugin instance's process has it: its own object, the node's directory."""
     kind = DynamicMigKind()
     kind.attach(
-        KindContext(
+        GpuKindContext(
             state_dir=state_dir,
             boot_id="boot-1",
-            container_driver_root=node.root,
-            mig_maker=maker or Maker(node.nvml, node.sysfs_root),
+            node=GpuNode(
+                container_driver_root=node.root,
+                mig_maker=maker or Maker(node.nvml, node.sysfs_root),
+            ),
         )
     )
     return kind

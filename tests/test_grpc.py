@@ -102,6 +102,7 @@ def _device(name: str, *requests: str, share_id: str | None = None) -> PreparedD
         device_name=name,
         cdi_device_ids=(f"k8s.gpu.nvidia.com/claim=uid-{name}",),
         share_id=share_id,
+        kind="gpu",
     )
 
 

@@ -14,12 +14,13 @@ from typing import Any
 import pynvml
 import pytest
 
+from driver.devicekind import NodeDevice
 from driver.gpu import devicehealth
 from driver.gpu.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
 from driver.gpu.discovery import discover
 from driver.gpu.events import EventWatcher
 from driver.gpu.inventory import MigDevice
-from driver.gpu.kinds import NodeDevice, NodeDevices, dynmig
+from driver.gpu.kinds import NodeDevices, dynmig
 from driver.nvml.faults import Faults, SimulationConfigError, XidEvent, write_state_file
 from driver.nvml.simulated import SimulatedNode
 from kubeletplugin.gpu import node as gpunode

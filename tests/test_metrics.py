@@ -13,7 +13,7 @@ from kubernetes.aio import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.gen import dra_v1_pb2 as v1
-from driver.gpu.kinds import PreparedClaim
+from driver.devicekind import PreparedClaim
 from driver.kube import client as kubeclient
 from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError, errors_of
 from kubeletplugin.draservice import DraService
@@ -39,6 +39,7 @@ class _Preparer:
             pool_name="node-a",
             device_name="gpu-0",
             cdi_device_ids=(),
+            kind="gpu",
             identity=(("gpu-uuid", "GPU-1234"),),
         )
         for c in claims:

@@ -5,6 +5,7 @@ stand-in daemon of :mod:`tests.test_mps`). A plugin that restarts, or a second p
 the node, adopts the pod; the last unprepare deletes it; a pod that will not serve fails
 its claim alone and is deleted; a pod that lost its last claim to a crash is deleted."""
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -20,10 +21,12 @@ from driver.gpu.kinds import NodeDevices
 from driver.gpu.kinds.mpspod import (
     DaemonSpec,
     MpsPodConfig,
+    MpsPods,
     daemon_pod,
     failure,
     pod_name,
 )
+from driver.kube.rest import Client
 from kubeletplugin.state import DeviceState
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for
@@ -54,7 +57,8 @@ async def runner(apiserver: LocalApiServer) -> AsyncIterator[PodRunner]:
 
 
 async def _state(api: k8s.ApiClient, tmp_path: Path, smi: Smi, control: Control) -> DeviceState:
-    config = _config(tmp_path, nvidia_smi=smi.path, mps_control=control.path, mps_pod=POD_CONFIG,
+    pods = MpsPods(Client(api), asyncio.get_running_loop(), POD_CONFIG, NODE)
+    config = _config(tmp_path, nvidia_smi=smi.path, mps_control=control.path, mps_pods=pods,
                      nvidia_driver_root=Path("/host/driver"))  # fmt: skip
     devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     return await DeviceState.open(config, api, devices)

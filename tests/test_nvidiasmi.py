@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.gpu.kinds.base import KindContext
+from driver.gpu.kinds import GpuKindContext, GpuNode
 from driver.gpu.nvidiasmi import NvidiaSmi, NvidiaSmiError, NvidiaSmiMissingError
 from driver.nvml import library
 
@@ -28,7 +28,9 @@ def test_the_driver_roots_library_is_preloaded(tmp_path: Path) -> None:
     real.write_bytes(b"")  # never loaded: the stand-in is a shell script
     (root / "usr" / "lib64" / "libnvidia-ml.so.1").symlink_to(real.name)
     _stand_in(root, tmp_path / "seen")
-    smi = KindContext(tmp_path, "", root, nvml_library=library.find(root)).nvidia_smi_tool()
+    smi = GpuKindContext(
+        tmp_path, "", GpuNode(container_driver_root=root, nvml_library=library.find(root))
+    ).nvidia_smi_tool()
     assert smi.path == root / "usr" / "bin" / "nvidia-smi" and smi.preload == real
     smi.run("-L")
     assert (tmp_path / "seen").read_text().strip() == str(real)
@@ -36,7 +38,9 @@ def test_the_driver_roots_library_is_preloaded(tmp_path: Path) -> None:
 
 def test_without_a_library_in_the_root_nothing_is_preloaded(tmp_path: Path) -> None:
     named = _stand_in(tmp_path / "elsewhere", tmp_path / "seen")
-    smi = KindContext(tmp_path, "", tmp_path, nvidia_smi=named).nvidia_smi_tool()
+    smi = GpuKindContext(
+        tmp_path, "", GpuNode(container_driver_root=tmp_path, nvidia_smi=named)
+    ).nvidia_smi_tool()
     assert smi.path == named and smi.preload is None
     smi.run("-L")
     assert (tmp_path / "seen").read_text().strip() == ""

@@ -15,9 +15,9 @@ from kubernetes.aio import client as k8s
 
 from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import NodeDevices
+from driver.gpu.kinds import GpuNode, NodeDevices
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin import cdi, checkpoint
+from kubeletplugin import cdi, checkpoint, flavor
 from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
 from kubeletplugin.containertoolkit import ToolkitError
 from kubeletplugin.records import Records
@@ -159,7 +159,19 @@ async def delete_claim(api: k8s.ApiClient, ref: ClaimRef) -> None:
     await k8s.ResourceV1Api(api).delete_namespaced_resource_claim(ref.name, ref.namespace)
 
 
+# What only the GPU kinds are given (GpuNode), beside the driver roots both take.
+_KINDS_ONLY = ("nvidia_smi", "mps_control", "nvml_library", "mig_maker", "mps_pods")
+_ROOTS = ("nvidia_driver_root", "container_driver_root")
+
+
 def _config(tmp_path: Path, **overrides: Any) -> StateConfig:
+    """A GPU driver's claim state config; ``overrides`` of StateConfig, or of the GPU
+    kinds' node (``GpuNode``: its driver roots also go to the config, as the node process
+    passes them)."""
+    kinds = {k: overrides.pop(k) for k in _KINDS_ONLY if k in overrides}
+    kinds |= {k: overrides[k] for k in _ROOTS if k in overrides}
+    if kinds:
+        overrides.setdefault("flavor", flavor.gpu(GpuNode(**kinds)))
     boot_id = tmp_path / "boot_id"
     if not boot_id.exists():
         boot_id.write_text("boot-1\n")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu.kinds import KindContext, NodeDevices, PreparedClaim, PreparedDevice
+from driver.devicekind import PreparedClaim, PreparedDevice
+from driver.gpu.kinds import GpuKindContext, GpuNode, NodeDevices
 from driver.gpu.kinds.gpu import UUID_KEY
 from driver.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
 from driver.gpu.nvidiasmi import TIMESLICE_LEVELS
@@ -329,6 +330,7 @@ def _claim(uid: str, gpu: str, interval: str) -> PreparedClaim:
         pool_name=NODE,
         device_name="gpu-0",
         cdi_device_ids=(),
+        kind="gpu",
         identity=((UUID_KEY, gpu),),
         sharing=(("strategy", "TimeSlicing"), ("interval", interval)),
     )
@@ -341,9 +343,10 @@ def _instance(
     """One plugin instance of a node (a surge upgrade): its own process, the node's files."""
     kind = TimeSlicing(UUID_KEY)
     kind.attach(
-        KindContext(state_dir=state_dir, boot_id="boot-1", container_driver_root=Path("/"),
-                    nvidia_smi=smi)
-    )  # fmt: skip
+        GpuKindContext(
+            state_dir, "boot-1", GpuNode(container_driver_root=Path("/"), nvidia_smi=smi)
+        )
+    )
     outcomes = []
     for n, (gpu, interval) in enumerate(rounds):
         barrier.wait(timeout=60)  # both instances prepare their share of round n at once

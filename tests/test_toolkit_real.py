@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from driver.gpu.kinds.gpu import CONTROL_NODES
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits
 from tests.simroot import ctk_binary, fake_root, install_driver_files
@@ -53,7 +54,7 @@ async def test_real_toolkit_output_translates_into_the_host_driver_root(
     assert outside == OUTSIDE_THE_ROOT
     assert str(root) not in json.dumps(edits)  # no path of this container is left
     # Our claim spec adds its own GPU and control nodes; the toolkit's are dropped.
-    assert all(n["path"] not in cdi.CONTROL_NODES for n in edits.get("deviceNodes", []))
+    assert all(n["path"] not in CONTROL_NODES for n in edits.get("deviceNodes", []))
 
     spec = cdi.build_claim_spec(_record("gpu-0", "gpu-1"), DEVICES, edits)
     assert_valid_spec(spec)

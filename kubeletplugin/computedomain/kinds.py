@@ -50,15 +50,7 @@ from driver.common.errors import PermanentError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.limits import is_uid
 from driver.computedomain import names
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import (
-    DeviceKind,
-    HealthTarget,
-    KindContext,
-    NodeDevice,
-    PreparedClaim,
-    PreparedDevice,
-)
+from driver.devicekind import DeviceKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
 from kubeletplugin.computedomain import nvcaps
 from kubeletplugin.computedomain.domains import Domains, NotReadyError
@@ -176,11 +168,8 @@ class _Kind:
         """Run an API call on the node's loop from this worker thread, and wait for it."""
         return asyncio.run_coroutine_threadsafe(work, self._loop).result(_CALL_TIMEOUT_S)
 
-    def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
+    def devices(self, inventory: object, *, node_name: str) -> Sequence[NodeDevice]:
         return [NodeDevice(self.name, self.device, _published(self.device, self.name), {})]
-
-    def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
-        return None  # no GPU behind it
 
     def attach(self, context: KindContext) -> None:
         self._state_dir = context.state_dir
@@ -333,7 +322,9 @@ class DaemonKind(_Kind):
 
 
 def flavor(channel: ChannelKind, daemon: DaemonKind) -> Flavor:
-    table: Mapping[str, DeviceKind] = MappingProxyType({channel.name: channel, daemon.name: daemon})
+    table: Mapping[str, DeviceKind[object, KindContext]] = MappingProxyType(
+        {channel.name: channel, daemon.name: daemon}
+    )
     return Flavor(
         cdi_vendor=CDI_VENDOR,
         record_kind=RECORD_KIND,

@@ -37,11 +37,11 @@ from driver.common.errors import PermanentError, RetryableError
 from driver.common.fsutil import write_atomic
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
+from driver.devicekind import NodeDevice
 from driver.gpu import devicehealth
 from driver.gpu.devicehealth import Event, MigPlacement, Taint, Xid
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import by_name
-from driver.gpu.kinds.base import NodeDevice
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 
 log = logging.getLogger(__name__)

@@ -30,12 +30,14 @@ from driver.common.logs import kv
 from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS, Taint
 from driver.gpu.discovery import discover
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import NodeDevices
-from driver.gpu.kinds.mpspod import MpsPodConfig
+from driver.gpu.kinds import GpuNode, NodeDevices
+from driver.gpu.kinds.mpspod import MpsPodConfig, MpsPods
+from driver.gpu.migmake import Maker
 from driver.kube import client as kubeclient
-from driver.kube.rest import errors_of
+from driver.kube.rest import Client, errors_of
+from driver.nvml import library
 from driver.slices import SliceController
-from kubeletplugin import draservice
+from kubeletplugin import draservice, flavor
 from kubeletplugin import healthstream as health
 from kubeletplugin.cohost import Guest, Host
 from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
@@ -251,8 +253,6 @@ class _Node:
 
     async def _device_plugin_present(self) -> str | None:
         # Raw JSON: importing CoreV1Api and its models costs 24 MiB of RSS.
-        from driver.kube.rest import Client
-
         node = await Client(self._api).request(
             "GET", f"/api/v1/nodes/{self._config.node_name}", verb="get", resource="nodes"
         )
@@ -298,6 +298,19 @@ class _Node:
         cfg = self._config
         assert self._devices is not None and self._backend is not None, "_discover first"
         backend, sysfs_root = self._backend
+        mps_pods = None
+        if cfg.mps_pod is not None:
+            loop = asyncio.get_running_loop()
+            mps_pods = MpsPods(Client(self._api), loop, cfg.mps_pod, cfg.node_name)
+        kinds_node = GpuNode(
+            container_driver_root=cfg.container_driver_root,
+            nvidia_driver_root=cfg.nvidia_driver_root,
+            nvidia_smi=cfg.nvidia_smi,
+            mps_control=cfg.mps_control,
+            nvml_library=await asyncio.to_thread(library.find, cfg.container_driver_root),
+            mig_maker=Maker(backend, sysfs_root),
+            mps_pods=mps_pods,
+        )
         state_config = StateConfig(
             plugin_dir=cfg.plugins_dir / cfg.driver_name,
             cdi_root=cfg.cdi_root,
@@ -305,13 +318,9 @@ class _Node:
             node_name=cfg.node_name,
             nvidia_driver_root=cfg.nvidia_driver_root,
             container_driver_root=cfg.container_driver_root,
-            nvidia_smi=cfg.nvidia_smi,
-            mps_control=cfg.mps_control,
-            mps_pod=cfg.mps_pod,
             pod_uid=cfg.pod_uid,
             nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
-            nvml=backend,
-            proc_root=sysfs_root,
+            flavor=flavor.gpu(kinds_node),
         )
         state = await DeviceState.open(state_config, self._api, self._devices)
         if cfg.dynamic_mig:
@@ -336,8 +345,6 @@ class _Node:
                 )
             )
             if cfg.nvml == "system":
-                from driver.nvml import library
-
                 # Which copy serves this node: the first thing to know when discovery looks
                 # wrong (load is idempotent: the path of the copy already loaded).
                 path = library.load(cfg.container_driver_root)

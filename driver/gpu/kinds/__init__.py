@@ -1,7 +1,8 @@
 """Device kinds: the one table of them, and the node's devices of every kind.
 
-A new kind is one module implementing :class:`~driver.gpu.kinds.base.DeviceKind`
-and one entry in :data:`KINDS`; nothing else names a kind but the readers of release 0.1.0's
+A new kind is one module implementing :class:`~driver.gpu.kinds.base.GpuDeviceKind` (the
+seam of ``driver.devicekind`` over the GPU inventory, and its devices' health) and one entry
+in :data:`KINDS`; nothing else names a kind but the readers of release 0.1.0's
 records (``kubeletplugin/recovery.py``, ``kubeletplugin/cdi.py``), which know that release had
 only the full GPU.
 """
@@ -11,39 +12,33 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from driver.devicekind import DeviceKind, NodeDevice
 from driver.gpu.inventory import Inventory
 from driver.gpu.kinds import capacity, dynmig, gpu, mig
-from driver.gpu.kinds.base import (
-    DeviceKind,
-    HealthTarget,
-    KindContext,
-    NodeDevice,
-    PreparedClaim,
-    PreparedDevice,
-)
+from driver.gpu.kinds.base import GpuDeviceKind, GpuKindContext, GpuNode, HealthTarget
 
 __all__ = [
     "KINDS",
-    "DeviceKind",
+    "GpuDeviceKind",
+    "GpuKindContext",
+    "GpuNode",
     "HealthTarget",
-    "KindContext",
-    "NodeDevice",
     "NodeDevices",
-    "PreparedClaim",
-    "PreparedDevice",
     "by_name",
     "counter_sets",
     "gpu_uuid",
     "node_devices",
 ]
 
-KINDS: tuple[DeviceKind, ...] = (gpu.KIND, mig.KIND, dynmig.KIND)
+KINDS: tuple[GpuDeviceKind, ...] = (gpu.KIND, mig.KIND, dynmig.KIND)
+
+# Another driver's kinds whose devices the GPU inventory is handed to (they may ignore it).
+InventoryKind = DeviceKind[Inventory, Any]
+
+_index: tuple[tuple[GpuDeviceKind, ...], Mapping[str, GpuDeviceKind]] = ((), {})
 
 
-_index: tuple[tuple[DeviceKind, ...], Mapping[str, DeviceKind]] = ((), {})
-
-
-def by_name() -> Mapping[str, DeviceKind]:
+def by_name() -> Mapping[str, GpuDeviceKind]:
     """The table by kind name; rebuilt only when the table is replaced (a test's kind)."""
     global _index
     if _index[0] is not KINDS:
@@ -56,7 +51,7 @@ def node_devices(
     *,
     node_name: str,
     consumable_capacity: bool = False,
-    kinds: Sequence[DeviceKind] | None = None,
+    kinds: Sequence[InventoryKind] | None = None,
 ) -> list[NodeDevice]:
     """Every kind's devices on the node, kind by kind in table order (``kinds``: another
     driver's table instead of this one); with ``consumable_capacity``, published for
@@ -102,7 +97,7 @@ class NodeDevices:
         *,
         node_name: str,
         consumable_capacity: bool = False,
-        kinds: Sequence[DeviceKind] | None = None,
+        kinds: Sequence[InventoryKind] | None = None,
     ) -> None:
         # None: the GPU table (and its counter sets); another driver's kinds share the one
         # inventory and publish no counters.

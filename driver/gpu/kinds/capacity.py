@@ -11,7 +11,8 @@ GiB (``20.5Gi`` takes 21Gi); more than the max never fits. The default is the wh
 on purpose: a claim that asks for no memory (every claim written before sharing) keeps
 getting a GPU of its own, as without the switch, instead of silently sharing one with
 no limit enforced. So two claims of ``20Gi`` fit on one 80 GB GPU (with room for two
-more), and a plain claim fits only on a GPU no share uses.
+more), and a plain claim fits only on a GPU no share uses. A prepare checks each share
+against the published policy (``kubeletplugin.claims.share_problem``, any driver's).
 """
 
 from collections.abc import Mapping
@@ -55,39 +56,3 @@ def shareable(device: Mapping[str, Any]) -> dict[str, Any]:
             return dict(device)
         shared[name] = {**entry, "requestPolicy": policy}
     return {**device, "allowMultipleAllocations": True, "capacity": shared}
-
-
-def share_problem(published: Mapping[str, Any], consumed: Mapping[str, str]) -> str | None:
-    """Why a share with ``consumed`` (its allocation result's ``consumedCapacity``) is not
-    one this device, as published, hands out; None when it is. The scheduler only writes
-    shares that fit; this catches an allocation written by hand, or by a scheduler that
-    saw another policy than this plugin publishes."""
-    if not published.get("allowMultipleAllocations"):
-        return (
-            'field "shareID": the device is not published for sharing '
-            "(the plugin runs without --consumable-capacity)"
-        )
-    capacity: Mapping[str, Any] = published.get("capacity") or {}
-    for name, text in consumed.items():
-        field = f'field "consumedCapacity.{name}"'
-        if name not in capacity:
-            return f"{field}: the device has no capacity {name}"
-        try:
-            amount = Quantity.parse(text).value
-        except ValueError as exc:
-            return f"{field}: {exc}"
-        policy = capacity[name].get("requestPolicy") or {}
-        valid_range = policy.get("validRange")
-        if valid_range is not None:
-            low = Quantity.parse(str(valid_range["min"])).value
-            high = valid_range.get("max")
-            step = valid_range.get("step")
-            if amount < low or (high is not None and amount > Quantity.parse(str(high)).value):
-                return f"{field}: {text} is outside the device's valid range"
-            if step is not None and (amount - low) % Quantity.parse(str(step)).value:
-                low_text = valid_range["min"]
-                return f"{field}: {text} is not on the device's step of {step} from {low_text}"
-        values = policy.get("validValues")
-        if values and amount not in {Quantity.parse(str(v)).value for v in values}:
-            return f"{field}: {text} is not one of the device's valid values"
-    return None

@@ -41,14 +41,9 @@ from driver.common.errors import PermanentError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.limits import is_uid
 from driver.common.logs import kv
+from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.gpu.inventory import Gpu, Inventory, MigDevice, MigPartition
-from driver.gpu.kinds.base import (
-    HealthTarget,
-    KindContext,
-    NodeDevice,
-    PreparedClaim,
-    PreparedDevice,
-)
+from driver.gpu.kinds.base import GpuKindContext, HealthTarget
 from driver.gpu.kinds.files import PRIVATE
 from driver.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
 from driver.gpu.kinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV
@@ -325,11 +320,11 @@ class DynamicMigKind:
             edits["env"] = ["NVIDIA_VISIBLE_DEVICES=void", f"{VISIBLE_UUIDS_ENV}={','.join(uuids)}"]
         return edits
 
-    def attach(self, context: KindContext) -> None:
+    def attach(self, context: GpuKindContext) -> None:
         self._dir = context.state_dir
         ensure_dir(self._dir, PRIVATE)
         self._boot = context.boot_id
-        self._maker = context.mig_maker
+        self._maker = context.node.mig_maker
         if not self._boot:
             return
         for path in [*self._dir.glob(f"*{RECORD_SUFFIX}"), *self._dir.glob(f"*{TOMBSTONE_SUFFIX}")]:

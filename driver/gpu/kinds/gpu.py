@@ -14,8 +14,9 @@ from typing import Any
 
 from driver.common.limits import MAX_VALUE_LENGTH
 from driver.common.semver import Semver, SemverError
+from driver.devicekind import NodeDevice, PreparedClaim
 from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.kinds.base import HealthTarget, KindContext, NodeDevice, PreparedClaim
+from driver.gpu.kinds.base import GpuKindContext, HealthTarget
 from driver.gpu.kinds.mps import Mps
 from driver.gpu.kinds.timeslicing import TimeSlicing
 
@@ -156,7 +157,7 @@ class GpuKind:
             **({"mounts": mps["mounts"]} if "mounts" in mps else {}),
         }
 
-    def attach(self, context: KindContext) -> None:
+    def attach(self, context: GpuKindContext) -> None:
         self.timeslicing.attach(context)
         self.mps.attach(context)
 

@@ -20,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from driver.common.errors import PermanentError
+from driver.devicekind import NodeDevice, PreparedClaim
 from driver.gpu.inventory import Gpu, Inventory, MigDevice
-from driver.gpu.kinds.base import HealthTarget, KindContext, NodeDevice, PreparedClaim
+from driver.gpu.kinds.base import GpuKindContext, HealthTarget
 from driver.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
 
 NAME = "mig"
@@ -116,7 +117,7 @@ class MigKind:
             "deviceNodes": [{"path": path} for path in CONTROL_NODES],
         }
 
-    def attach(self, context: KindContext) -> None:
+    def attach(self, context: GpuKindContext) -> None:
         pass
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:

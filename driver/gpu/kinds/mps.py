@@ -40,8 +40,9 @@ from driver.common.errors import PermanentError, RetryableError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.logs import kv
 from driver.common.quantity import Quantity
+from driver.devicekind import PreparedClaim
 from driver.gpu.inventory import is_gpu_uuid
-from driver.gpu.kinds.base import KindContext, PreparedClaim
+from driver.gpu.kinds.base import GpuKindContext
 from driver.gpu.kinds.files import PRIVATE, SHARED, exists, open_dir, open_regular, remove_entry
 from driver.gpu.kinds.mpspod import (
     GPU_ANNOTATION,
@@ -135,16 +136,17 @@ class Mps:
         self._driver_roots = (Path("/"), Path("/"))  # the host's, and where the plugin sees it
         self._swept = False  # the node's daemon pods held to the holders once, at start
 
-    def attach(self, context: KindContext) -> None:
+    def attach(self, context: GpuKindContext) -> None:
         self._dir = context.state_dir / "mps"
         ensure_dir(self._dir, PRIVATE)
         self._failing = {}
-        root = context.container_driver_root
-        self._control = context.mps_control or default_control(root)
+        node = context.node
+        root = node.container_driver_root
+        self._control = node.mps_control or default_control(root)
         self._smi = context.nvidia_smi_tool()
-        self._pods = context.mps_pods
+        self._pods = node.mps_pods
         self._swept = False
-        self._driver_roots = (context.nvidia_driver_root, root)
+        self._driver_roots = (node.nvidia_driver_root, root)
 
     def has_side_effects(self, claim: PreparedClaim) -> bool:
         return bool(wanted(claim, self._uuid_key))

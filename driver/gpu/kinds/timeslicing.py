@@ -29,8 +29,9 @@ from pathlib import Path
 from driver.common.errors import PermanentError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.logs import kv
+from driver.devicekind import PreparedClaim
 from driver.gpu.inventory import is_gpu_uuid
-from driver.gpu.kinds.base import KindContext, PreparedClaim
+from driver.gpu.kinds.base import GpuKindContext
 from driver.gpu.kinds.files import PRIVATE
 from driver.gpu.nvidiasmi import NvidiaSmi
 
@@ -69,7 +70,7 @@ class TimeSlicing:
         self._boot = ""
         self._smi: NvidiaSmi | None = None
 
-    def attach(self, context: KindContext) -> None:
+    def attach(self, context: GpuKindContext) -> None:
         self._dir = context.state_dir / "timeslice"
         ensure_dir(self._dir, PRIVATE)
         self._boot = context.boot_id
