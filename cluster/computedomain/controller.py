@@ -334,14 +334,21 @@ class ComputeDomainController:
                 informer.remember(answer)
             elif write.verb == "patch":
                 suffix = "/status" if write.resource == planning.DOMAIN_STATUS else ""
-                answer = await self._client.request(
-                    "PATCH",
-                    f"{path}/{write.name}{suffix}",
-                    verb="patch",
-                    resource=resource + suffix,
-                    body=write.body,
-                    content_type=MERGE_PATCH,
-                )
+                try:
+                    answer = await self._client.request(
+                        "PATCH",
+                        f"{path}/{write.name}{suffix}",
+                        verb="patch",
+                        resource=resource + suffix,
+                        body=write.body,
+                        content_type=MERGE_PATCH,
+                    )
+                except NotFoundError:
+                    # Gone before the watch said so: the next plan works from that.
+                    cached = informer.items.get((write.namespace, write.name))
+                    if cached is not None:
+                        informer.forget(cached)
+                    raise
                 informer.remember(answer)
             else:
                 await self._delete(informer, path, resource, write)

@@ -10,7 +10,8 @@ The caller's own writes go in at once (:meth:`remember`, :meth:`forget`), so a p
 after a write sees it; the watch's echo of it, or any older news, is ignored by comparing
 resourceVersions (integers in etcd, one counter across resources, as client-go's mutation
 cache also assumes). A deleted name is tombstoned with the delete's version until the next
-event for it, so the echo of a delete does not bring the object back.
+event for it, so neither the echo of our delete nor the late answer to a write that deleted
+the object (its last finalizer removed) brings it back.
 
 ``on_change(old, new)`` is called for every change (``old`` None: added; ``new`` None: gone),
 and ``on_progress(seen)`` whenever :attr:`Informer.seen` grows (a bookmark among them), from
@@ -160,6 +161,9 @@ class Informer:
             return  # the echo of our own delete
         cached = self.items.get(key)
         if kind == "DELETED":
+            # Kept until the next event of that name or the next list: an answer to our own
+            # write that arrives after this event must not bring the object back.
+            self._tombstones[key] = max(version_of(obj), version_of(cached or {}))
             if cached is not None:
                 del self.items[key]
                 self._on_change(cached, None)
@@ -170,8 +174,14 @@ class Informer:
         self._on_change(cached, obj)
 
     def remember(self, obj: Obj) -> None:
-        """The answer to our own write: the object as the server now has it."""
-        self._tombstones.pop(key_of(obj), None)
+        """The answer to our own write: the object as the server now has it, unless the watch
+        has already seen it deleted (removing its last finalizer deletes it, and the watch's
+        DELETED event can come before the answer)."""
+        key = key_of(obj)
+        deleted = self._tombstones.get(key)
+        if deleted is not None and 0 <= version_of(obj) <= deleted:
+            return
+        self._tombstones.pop(key, None)
         self._apply("MODIFIED", obj)
 
     def forget(self, obj: Obj) -> None:
