@@ -1,14 +1,17 @@
 """The one API client: each answer of a real HTTP API server becomes one error class."""
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError, RetryableError
 from driver.kube.rest import (
+    COMPACT,
     ApiError,
     Client,
     ConflictError,
@@ -104,3 +107,37 @@ async def test_budget_starts_when_a_connection_is_free(
     failures = [r for r in results if isinstance(r, BaseException)]
     assert failures == []
     assert apiserver.requests.count("get", "resourceslices") == 10
+
+
+async def test_a_compact_body_goes_as_go_clients_send_it() -> None:
+    """The API server keeps an opaque config's parameters as the bytes sent and compares them
+    byte for byte; kubernetes.aio spaces every JSON body, so COMPACT must bypass it."""
+    seen: list[tuple[str, bytes]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append((request.content_type, await request.read()))
+        return web.json_response({"kind": "ResourceClaimTemplate"}, status=201)
+
+    app = web.Application()
+    app.router.add_post("/t", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    body = {"spec": {"parameters": {"kind": "K", "apiVersion": "a/v1", "domainID": "d"}}}
+    try:
+        async with k8s.ApiClient(k8s.Configuration(host=f"http://127.0.0.1:{port}")) as api:
+            client = Client(api)
+            await client.request("POST", "/t", verb="create", resource="t", body=body)
+            await client.request(
+                "POST", "/t", verb="create", resource="t", body=body, content_type=COMPACT
+            )
+    finally:
+        await runner.cleanup()
+    spaced, compact = seen
+    assert spaced == ("application/json", json.dumps(body).encode())  # what a patch can't keep
+    assert compact == (
+        "application/yaml",
+        b'{"spec":{"parameters":{"apiVersion":"a/v1","domainID":"d","kind":"K"}}}',
+    )

@@ -41,7 +41,14 @@ from driver.computedomain import names
 from driver.kube.backoff import Backoff
 from driver.kube.informer import Informer, Key, key_of, version_of
 from driver.kube.leader import LeaderElection
-from driver.kube.rest import MERGE_PATCH, ApiError, Client, ForbiddenError, NotFoundError
+from driver.kube.rest import (
+    COMPACT,
+    MERGE_PATCH,
+    ApiError,
+    Client,
+    ForbiddenError,
+    NotFoundError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -328,8 +335,15 @@ class ComputeDomainController:
         informer = self._informers[write.resource.partition("/")[0]]
         try:
             if write.verb == "create":
+                # Compact: a template's opaque parameters are kept as sent, and a spaced copy
+                # would refuse every later patch of it (the finalizer's release included).
                 answer = await self._client.request(
-                    "POST", path, verb="create", resource=resource, body=write.body
+                    "POST",
+                    path,
+                    verb="create",
+                    resource=resource,
+                    body=write.body,
+                    content_type=COMPACT,
                 )
                 informer.remember(answer)
             elif write.verb == "patch":

@@ -50,6 +50,13 @@ from driver.common.wire import Obj
 _Query = Sequence[tuple[str, str]]
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
 MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: a null removes a field
+# A body sent as compact JSON with sorted keys, as Go clients send it. The API server keeps an
+# opaque config's parameters (a RawExtension) as the bytes it was sent and holds a template's
+# spec immutable by comparing them byte for byte; a patch re-encodes them compact, so an object
+# created through kubernetes.aio's spaced ``json.dumps`` can never be patched again (422 "field
+# is immutable" on a patch of its metadata alone). That client spaces every JSON body, but
+# passes a YAML one through as given; JSON is YAML, which the server decodes into compact JSON.
+COMPACT = "application/yaml"
 # client-go's reflector asks for a server-side watch timeout between 5 and 10 minutes.
 WATCH_TIMEOUT_SECONDS = 300
 _DEFAULT_POOL = 100  # kubernetes.aio's default connection_pool_maxsize
@@ -227,7 +234,8 @@ class Client:
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
-        """One call; ``content_type`` names a PATCH body's kind (``MERGE_PATCH``)."""
+        """One call; ``content_type`` names a PATCH body's kind (``MERGE_PATCH``), or asks for
+        a compact body (``COMPACT``)."""
         try:
             return await self._request(method, path, verb, resource, query, body, content_type)
         except ApiError as exc:
@@ -244,12 +252,15 @@ class Client:
         body: Obj | None,
         content_type: str,
     ) -> Obj:
+        payload: Obj | str | None = body
+        if content_type == COMPACT and body is not None:
+            payload = json.dumps(body, separators=(",", ":"), sort_keys=True)
         params = await self._api.param_serialize(
             method=method,
             resource_path=path,
             query_params=list(query),
             header_params={**_JSON_HEADERS, "Content-Type": content_type},
-            body=body,
+            body=payload,
             auth_settings=["BearerToken"],
         )
         async with self._slots:  # waiting here is not part of the call's budget
