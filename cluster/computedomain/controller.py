@@ -356,7 +356,14 @@ class ComputeDomainController:
                     body=write.body,
                     content_type=MERGE_PATCH,
                 )
-                informer.remember(answer)
+                meta = answer.get("metadata") or {}
+                if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                    # Its last finalizer went: the server deleted it. Forgotten, not remembered:
+                    # the watch's DELETED event may have come before this answer, and the
+                    # answer would bring back an object that no event will ever remove.
+                    informer.forget(answer)
+                else:
+                    informer.remember(answer)
             else:
                 await self._delete(informer, path, resource, write)
         except ApiError as exc:
