@@ -208,6 +208,24 @@ async def test_deletion_leaves_nothing_and_keeps_other_domains_labels(
     assert labels == {"gb-1": {}, "gb-2": {LABEL: other}}
 
 
+async def test_a_release_answered_after_its_deleted_event_leaves_no_ghost(
+    apiserver: LocalApiServer, running: Running
+) -> None:
+    """A real server's watch may bring a template's DELETED event before the answer to the
+    patch that removed its last finalizer. That answer must not put the template back into
+    the cache: no event would ever remove it, and the domain's teardown would wait on it."""
+    ctl = running.start()
+    uid = created(apiserver)
+    await settled(ctl, lambda: apiserver.objects("daemonsets"))
+    apiserver.faults.drop_response(
+        "patch", "resource.k8s.io/resourceclaimtemplates", times=-1, mode="late"
+    )
+    apiserver.delete("computedomains", "cd1", "default")
+    await settled(ctl, lambda: not apiserver.objects("computedomains"))
+    assert [o for r in OURS for o in apiserver.objects(r) if uid in str(o["metadata"])] == []
+    assert ctl.domains_by_status() == {"Ready": 0, "NotReady": 0}  # no ghost domain either
+
+
 async def test_a_create_whose_answer_is_lost_is_not_made_twice(
     apiserver: LocalApiServer, running: Running
 ) -> None:

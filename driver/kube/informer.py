@@ -177,6 +177,10 @@ class Informer:
         """The answer to our own write: the object as the server now has it, unless the watch
         has already seen it deleted (removing its last finalizer deletes it, and the watch's
         DELETED event can come before the answer)."""
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self.forget(obj)  # the write removed its last finalizer: the server deleted it
+            return
         key = key_of(obj)
         deleted = self._tombstones.get(key)
         if deleted is not None and 0 <= version_of(obj) <= deleted:

@@ -129,7 +129,7 @@ class Injected:
     code: int = 0
     message: str = ""
     retry_after: int | None = None
-    drop: str = ""  # "", "reset" or "timeout": after the write commits
+    drop: str = ""  # "", "reset", "timeout" or "late": after the write commits
     forbidden_user: str = ""
 
 
@@ -149,6 +149,7 @@ class Faults:
         self._forbidden: list[tuple[_Rule, str]] = []
         self.serve_resource_v1 = serve_resource_v1
         self.hold_seconds = 30.0
+        self.late_seconds = 0.5
         self._drop_hook: Callable[[], None] | None = None
 
     def fail(
@@ -193,9 +194,11 @@ class Faults:
         mode: str = "reset",
     ) -> None:
         """Commit matching writes, then lose the response: ``reset`` closes the connection,
-        ``timeout`` holds it open, unanswered, for ``hold_seconds`` (the client gives up first)."""
-        if mode not in ("reset", "timeout"):
-            raise ValueError(f"mode must be 'reset' or 'timeout', not {mode!r}")
+        ``timeout`` holds it open, unanswered, for ``hold_seconds`` (the client gives up first);
+        or hold it back: ``late`` answers after ``late_seconds``, when the write's watch events
+        have gone out (a real server promises no order between the two)."""
+        if mode not in ("reset", "timeout", "late"):
+            raise ValueError(f"mode must be 'reset', 'timeout' or 'late', not {mode!r}")
         with self._lock:
             self._drops.append((_Rule(verb, resource, name, times), mode))
 

@@ -296,7 +296,9 @@ class LocalApiServer:
             error = ApiError(500, f"Internal error occurred: {exc}")
             self._record(route, request, 500, agent)
             return _json_response(error.body, 500)
-        if injected.drop:
+        if injected.drop == "late":
+            await asyncio.sleep(self.faults.late_seconds)
+        elif injected.drop:
             self._record(route, request, response.status, agent, dropped=True)
             return await self._drop(request, injected)
         self._record(route, request, response.status, agent)
