@@ -155,7 +155,9 @@ def build_claim_spec(
             **({BOOT_ID: boot_id} if boot_id else {}),
         },
         "devices": spec_devices,
-        "containerEdits": _merge_edits(base_edits, *kind_edits),
+        "containerEdits": _merge_edits(
+            base_edits if flavor.starts_from_toolkit(of_kind) else {}, *kind_edits
+        ),
     }
     if dev_root != "/":
         spec = _device_nodes_under(spec, dev_root)

@@ -10,7 +10,7 @@ the node (:func:`gpu`); the default gives them the defaults, as tests want.
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,14 +64,20 @@ class Flavor:
     # allocates it twice), retryable where the driver expects the holder to go (NVIDIA's
     # ComputeDomain channel 0, held by the node's previous workload until its unprepare).
     device_taken_is_retryable: bool = False
-    # Every claim's spec starts from the host container toolkit's edits (the driver's
-    # libraries and hooks): a GPU's claims need them, an IMEX channel's do not.
-    toolkit_edits: bool = True
+    # The kinds whose claims' specs start from the host container toolkit's edits (the
+    # driver's libraries, binaries and hooks); None: every kind. A GPU's claims need them; of
+    # the ComputeDomain kinds, the daemon's (nvidia-imex and nvidia-imex-ctl come from the
+    # host's driver, as in NVIDIA's daemon spec), not a channel's.
+    toolkit_kinds: frozenset[str] | None = None
     # Kinds of specs that, without our owner marker, are another driver's (NVIDIA's).
     foreign_kinds: tuple[str, ...] = ()
     # What each kind is attached with, from what the claim state made for it (its directory,
     # the boot): the driver's own context where its kinds need more of the node.
     kind_context: Callable[[KindContext], Any] = _as_given
+
+    def starts_from_toolkit(self, kinds: Iterable[str]) -> bool:
+        """Whether a spec of devices of ``kinds`` starts from the toolkit's edits."""
+        return self.toolkit_kinds is None or not self.toolkit_kinds.isdisjoint(kinds)
 
     @property
     def cdi_kind(self) -> str:

@@ -218,7 +218,7 @@ class DeviceState:
         """
         boot_id = await asyncio.to_thread(_read_boot_id, config.boot_id_path)
         base_edits: Mapping[str, Any] = {}
-        if config.flavor.toolkit_edits:
+        if config.flavor.toolkit_kinds is None or config.flavor.toolkit_kinds:
             base_edits = await containertoolkit.base_edits(
                 config.nvml_mode,
                 container_root=config.container_driver_root,

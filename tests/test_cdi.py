@@ -273,3 +273,18 @@ def test_schema_check_is_not_vacuous() -> None:
     spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {})
     spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"hostPath": "/dev/nvidia0"}]
     assert list(_validator().iter_errors(spec)), "a device node without path must fail"
+
+
+def test_which_specs_start_from_the_toolkits_edits() -> None:
+    """Every GPU claim's; of the ComputeDomain driver's, the daemon's alone (its pod runs the
+    host driver's nvidia-imex and nvidia-imex-ctl, which come with those edits), never a
+    channel's (a channel is one device node)."""
+    import dataclasses
+
+    from kubeletplugin.flavor import GPU
+
+    assert GPU.starts_from_toolkit({"gpu"}) and GPU.starts_from_toolkit(())
+    cd = dataclasses.replace(GPU, toolkit_kinds=frozenset({"daemon"}))
+    assert cd.starts_from_toolkit({"daemon"})
+    assert not cd.starts_from_toolkit({"channel"})
+    assert not dataclasses.replace(GPU, toolkit_kinds=frozenset()).starts_from_toolkit({"gpu"})

@@ -178,6 +178,7 @@ async def test_daemon_claim_and_a_domain_deleted_before_its_daemon(
     edits = spec(dirs, claim.uid)["containerEdits"]
     assert sorted(edits["env"]) == sorted(
         [
+            "NVIDIA_VISIBLE_DEVICES=void",
             f"CLIQUE_ID={cdnode.clique_id('rack-a')}",
             f"COMPUTE_DOMAIN_UUID={CD_UID}",
             "COMPUTE_DOMAIN_NAME=cd1",

@@ -269,6 +269,9 @@ class DaemonKind(_Kind):
             who = {}  # before its prepare: the spec is built again after it
         edits: dict[str, Any] = {
             "env": [
+                # The driver's binaries and libraries come with the toolkit's edits; no GPU
+                # is the daemon's (NVIDIA's daemon spec says the same).
+                "NVIDIA_VISIBLE_DEVICES=void",
                 f"CLIQUE_ID={clique}",
                 f"COMPUTE_DOMAIN_UUID={uid}",
                 f"COMPUTE_DOMAIN_NAME={who.get('name', '')}",
@@ -331,6 +334,6 @@ def flavor(channel: ChannelKind, daemon: DaemonKind) -> Flavor:
         kinds=lambda: table,
         configs=CONFIGS,
         device_taken_is_retryable=True,
-        toolkit_edits=False,
+        toolkit_kinds=frozenset({daemon.name}),
         foreign_kinds=(f"{CDI_VENDOR}/",),
     )
