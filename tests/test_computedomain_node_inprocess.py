@@ -47,6 +47,21 @@ def _with_cluster(inventory: Inventory, cluster: str, *, gpus: int | None = None
     return dataclasses.replace(inventory, gpus=tuple(changed))
 
 
+def _domain_driver(dirs: NodeDirs, driver_root: Path, **settings: float) -> ComputeDomainDriver:
+    """The ComputeDomain driver of this test's node, in its directories."""
+    return ComputeDomainDriver(
+        DomainConfig(
+            node_name=NODE,
+            namespace=DRIVER_NAMESPACE,
+            registrar_dir=dirs.registry,
+            plugins_dir=dirs.plugins,
+            cdi_root=dirs.cdi,
+            container_driver_root=driver_root,
+            **settings,  # type: ignore[arg-type]
+        )
+    )
+
+
 class _Host:
     def __init__(self, api: Any, inventory: Inventory, root: Path) -> None:
         self.now = inventory
@@ -73,18 +88,7 @@ async def driver(
     api, _ = kube
     inventory, root = gb200
     host = _Host(api, inventory, root)
-    cd = ComputeDomainDriver(
-        DomainConfig(
-            node_name=NODE,
-            namespace=DRIVER_NAMESPACE,
-            registrar_dir=dirs.registry,
-            plugins_dir=dirs.plugins,
-            cdi_root=dirs.cdi,
-            container_driver_root=root,
-            gate_timeout=0.5,
-            clique_period=0.05,
-        )
-    )
+    cd = _domain_driver(dirs, root, gate_timeout=0.5, clique_period=0.05)
     await cd.start(host.host)
     try:
         yield cd, host
@@ -219,16 +223,7 @@ async def test_a_start_the_api_server_refuses_is_retried_while_the_gpu_driver_se
     cdnode.seed(apiserver)
     _, kubeconfig = kube
     config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE)
-    cd = ComputeDomainDriver(
-        DomainConfig(
-            node_name=NODE,
-            namespace=DRIVER_NAMESPACE,
-            registrar_dir=dirs.registry,
-            plugins_dir=dirs.plugins,
-            cdi_root=dirs.cdi,
-            container_driver_root=config.container_driver_root,
-        )
-    )
+    cd = _domain_driver(dirs, config.container_driver_root)
     apiserver.faults.fail("patch", "nodes", code=503, times=-1)
     stop = asyncio.Event()
     caplog.set_level(logging.INFO)
@@ -266,16 +261,7 @@ async def test_a_stop_during_the_retries_leaves_nothing_served(
     cdnode.seed(apiserver)
     _, kubeconfig = kube
     config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE)
-    cd = ComputeDomainDriver(
-        DomainConfig(
-            node_name=NODE,
-            namespace=DRIVER_NAMESPACE,
-            registrar_dir=dirs.registry,
-            plugins_dir=dirs.plugins,
-            cdi_root=dirs.cdi,
-            container_driver_root=config.container_driver_root,
-        )
-    )
+    cd = _domain_driver(dirs, config.container_driver_root)
     apiserver.faults.fail("patch", "nodes", code=503, times=-1)
     stop = asyncio.Event()
     running = asyncio.create_task(node.run(config, stop, guests=[cd]))
@@ -295,16 +281,7 @@ async def test_its_prepares_are_counted_beside_the_gpu_drivers_on_one_port(
     cdnode.seed(apiserver)
     api, kubeconfig = kube
     config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE, metrics_port=0)
-    cd = ComputeDomainDriver(
-        DomainConfig(
-            node_name=NODE,
-            namespace=DRIVER_NAMESPACE,
-            registrar_dir=dirs.registry,
-            plugins_dir=dirs.plugins,
-            cdi_root=dirs.cdi,
-            container_driver_root=config.container_driver_root,
-        )
-    )
+    cd = _domain_driver(dirs, config.container_driver_root)
     stop = asyncio.Event()
     caplog.set_level(logging.INFO)
     running = asyncio.create_task(node.run(config, stop, guests=[cd]))
