@@ -24,8 +24,8 @@ from driver.tools.cel._runtime import (
     check_uint,
     compare,
     equals,
-    format_double,
     no_overload,
+    to_string,
     type_name,
 )
 from driver.tools.cel._values import UInt
@@ -247,18 +247,17 @@ def quote(s: Any) -> str:
 _CLAUSE = re.compile(r"%(?:\.([0-9]+))?(.)?", re.DOTALL)
 
 
+_SCALARS = (str, bool, int, UInt, float, Semver, Quantity)
+
+
 def _format_plain(value: Any) -> str:
-    if type(value) is str:
-        return value
+    """``%s``: scalars as ``string()`` converts them; bytes never fail here (``string()``
+    refuses invalid UTF-8); null, lists and maps as cel-go's formatter writes them."""
     t = type(value)
-    if t is bool:
-        return "true" if value else "false"
-    if t is int or t is UInt:
-        return str(int(value))
-    if t is float:
-        return format_double(value)
-    if type(value) is bytes:
-        return value.decode("utf-8", errors="replace")
+    if t in _SCALARS:
+        return to_string(value)
+    if t is bytes:
+        return bytes(value).decode("utf-8", errors="replace")
     if value is None:
         return "null"
     if t is list:
@@ -266,8 +265,6 @@ def _format_plain(value: Any) -> str:
     if t is dict or isinstance(value, LazyMap):
         items = sorted(as_dict(value).items(), key=lambda kv: _format_plain(kv[0]))
         return "{" + ", ".join(f"{_format_plain(k)}: {_format_plain(v)}" for k, v in items) + "}"
-    if t is Semver or t is Quantity:
-        return str(value)
     if hasattr(value, "name"):
         return str(value.name)
     raise CelEvalError(f"format: no string form for type '{type_name(value)}'")
