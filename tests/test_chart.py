@@ -358,7 +358,7 @@ def test_resourceslice_policy_binds_writes_to_own_node(default: list[dict[str, A
         "oldObject" in variables["slice"] and 'request.operation == "DELETE"' in variables["slice"]
     )
     checks = " ".join(v["expression"] for v in spec["validations"])
-    assert 'variables.slice.spec.driver == "gpu.nvidia.com"' in checks
+    assert 'variables.slice.spec.driver in ["gpu.nvidia.com"]' in checks
     assert "variables.sliceNodeName == variables.userNodeName" in checks
     assert "variables.slicePoolName == variables.userNodeName" in checks
 
@@ -394,7 +394,10 @@ def test_lease_policy_binds_writes_to_own_lease(default: list[dict[str, Any]]) -
     (condition,) = spec["matchConditions"]
     assert f'"system:serviceaccount:{sa["namespace"]}:{sa["name"]}"' in condition["expression"]
     checks = " ".join(v["expression"] for v in spec["validations"])
-    assert 'variables.leaseName == "gpu.nvidia.com-" + variables.userNodeName' in checks
+    assert (
+        '["gpu.nvidia.com"].exists(d, variables.leaseName == d + "-" + variables.userNodeName)'
+        in checks
+    )
 
 
 def _policy_names(objects: list[dict[str, Any]]) -> set[str]:
