@@ -94,8 +94,8 @@ def _explain_claim(
     shared = share_holders(allocated, exclude=claim)
     seed = _share_seed(claim)
     shapes = Shapes(parsed, in_use, shared)
-    found: dict[str, _Found | None] = {}  # search shape -> the solution, None for none
-    unfit: dict[str, NodeExplanation] = {}  # exact shape -> why not
+    found: dict[bytes, _Found | None] = {}  # search shape -> the solution, None for none
+    unfit: dict[bytes, NodeExplanation] = {}  # exact shape -> why not
     results: list[NodeExplanation] = []
     for n in nodes:
         pools = cluster.pools(n)
