@@ -21,17 +21,15 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError
 
-from api.config import API_VERSION, ConfigError, _describe, _Model
+from api.config import ConfigError, _describe, _Model
+from api.names import ALLOCATION_ALL as ALLOCATION_ALL
+from api.names import ALLOCATION_MODES as ALLOCATION_MODES
+from api.names import ALLOCATION_SINGLE as ALLOCATION_SINGLE
+from api.names import API_VERSION
+from api.names import CHANNEL_CONFIG_KIND as CHANNEL_CONFIG_KIND
+from api.names import DAEMON_CONFIG_KIND as DAEMON_CONFIG_KIND
 
-CHANNEL_CONFIG_KIND: Final = "ComputeDomainChannelConfig"
-DAEMON_CONFIG_KIND: Final = "ComputeDomainDaemonConfig"
 KINDS: Final = (CHANNEL_CONFIG_KIND, DAEMON_CONFIG_KIND)
-
-# spec.channel.allocationMode of a ComputeDomain, copied into its channel config: one IMEX
-# channel per claim, or every channel of the node.
-ALLOCATION_ALL: Final = "All"
-ALLOCATION_SINGLE: Final = "Single"
-ALLOCATION_MODES: Final = (ALLOCATION_ALL, ALLOCATION_SINGLE)
 
 # metadata.uid as the API server writes it (google/uuid, lowercase); the same rule as
 # driver.common.limits.is_uid, which this layer cannot import.

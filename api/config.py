@@ -14,9 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-API_GROUP = "resource.nvidia.com"
-API_VERSION = f"{API_GROUP}/v1beta1"
-GPU_CONFIG_KIND = "GpuConfig"
+from api.names import API_GROUP as API_GROUP
+from api.names import API_VERSION as API_VERSION
+from api.names import GPU_CONFIG_KIND as GPU_CONFIG_KIND
 
 TIME_SLICING = "TimeSlicing"
 MPS = "MPS"

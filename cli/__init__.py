@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from cli import (
     computedomaincontroller,
@@ -63,10 +63,20 @@ def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
         )
 
 
-def _version() -> str:
-    from driver.kube.client import release
+class _Version(argparse.Action):
+    """``--version``, the release looked up only when asked: the lookup reads the installed
+    package's metadata, which no other command needs."""
 
-    return f"gpu-dra {release()}"
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        from driver.kube.client import release
+
+        print(f"gpu-dra {release()}")
+        parser.exit()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_global_options(parser, defaults=True)
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_Version)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in _COMMANDS:
         command.register(subparsers)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, cast
 
 from cli import _nvmlargs as nvml_args
 from cli import flags, flagtable
-from driver.kube import client as kubeclient
 
 if TYPE_CHECKING:  # imported inside the command, so `gpu-dra --help` stays fast
     from driver.slices import SliceController
@@ -64,6 +63,7 @@ async def _main(args: argparse.Namespace) -> int:
     from driver.gpu.discovery import discover
     from driver.gpu.inventory import Inventory
     from driver.gpu.kinds import NodeDevices
+    from driver.kube import client as kubeclient
     from driver.slices import SliceController
 
     node_name = nvml_args.node_name(args)

@@ -156,9 +156,14 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 def run(args: argparse.Namespace) -> int:
     from driver.common.errors import DriverError
+    from driver.common.gcpause import gc_paused
 
     try:
-        return _run(args, sys.stdout)
+        # Inputs, explanation and output are acyclic, and the collector's passes over a
+        # big cluster's objects (every container made since, again and again) would take
+        # longer than decoding them.
+        with gc_paused():
+            return _run(args, sys.stdout)
     except DriverError as exc:
         print(f"gpu-dra explain: {exc}", file=sys.stderr)
         return 2

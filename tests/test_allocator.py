@@ -6,6 +6,7 @@ and its table tests in .../structured/internal/allocatortesting/allocator_testin
 each test names the upstream function or case it mirrors.
 """
 
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,10 @@ def test_duplicate_device_names_make_a_pool_invalid() -> None:
         slice_("n1", device("gpu-0"), name="s2", count=2),
     ]
     out = explain_claim(claim(exactly("gpus")), slices=slices, classes=[device_class()])
+    assert "skipped: invalid (duplicate device name gpu-0)" in reasons(out)
+    # Twice in one slice (the API server refuses it; a hand-written file may not).
+    alone = [slice_("n1", device("gpu-0"), device("gpu-1"), device("gpu-0"), name="s1")]
+    out = explain_claim(claim(exactly("gpus")), slices=alone, classes=[device_class()])
     assert "skipped: invalid (duplicate device name gpu-0)" in reasons(out)
 
 
@@ -775,3 +780,22 @@ def test_the_diagnostics_example_tolerates_an_xid_but_not_a_lost_gpu() -> None:
     plain = claim(exactly("gpu", cls="gpu.nvidia.com"))
     out = explain_claim(plain, slices=[slice_("n1", device("gpu-0", [xid]))], classes=classes)
     assert f"[gpu-0 ({XID_KEY}=79:NoSchedule)]" in reasons(out)
+
+
+def test_nodes_with_values_a_shape_cannot_hold_are_each_searched() -> None:
+    # YAML reads an unquoted 2024-01-01 as a date, which marshal cannot write: such a node
+    # gets no shape and its own search, with the same answer.
+    slices = [
+        slice_(node, device("gpu-0", model="a"), device("gpu-1", model="b"))
+        for node in ("n1", "n2")
+    ]
+    for s in slices:
+        s["spec"]["devices"][0]["attributes"]["built"] = {"string": datetime.date(2024, 1, 1)}
+    selector = 'has(device.attributes["gpu.nvidia.com"].built) == false'
+    out = explain_claim(
+        claim(exactly("gpus", 1, selector)), slices=slices, classes=[device_class()]
+    )
+    assert [(n.node, [r.device for r in n.results]) for n in out.nodes] == [
+        ("n1", ["gpu-1"]),
+        ("n2", ["gpu-1"]),
+    ]

@@ -127,6 +127,15 @@ def test_a_device_consuming_a_counter_the_pool_lacks_makes_the_pool_invalid() ->
     assert any("invalid" in r and "counter set nope" in r for r in node.reasons), node.reasons
 
 
+def test_a_device_consuming_counters_of_a_pool_without_any_makes_it_invalid() -> None:
+    slices = _slices("1.34")
+    del slices[0]["spec"]["sharedCounters"]
+    result = explain_claim(_claim("1g"), slices=slices, classes=[CLASS])
+    node = result.node(NODE)
+    assert not node.allocatable
+    assert any("invalid" in r and f"counter set {SET}" in r for r in node.reasons), node.reasons
+
+
 def test_a_repeated_counter_set_makes_the_pool_invalid() -> None:
     slices = _slices("1.35")
     slices[1]["spec"]["sharedCounters"] = slices[0]["spec"]["sharedCounters"]

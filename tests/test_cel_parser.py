@@ -6,15 +6,20 @@ words, positions Lark drops), each checked against the C++ runtime where it pars
 """
 
 import json
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from lark.parsers import lalr_analysis
 
+from driver.common.cachedir import CACHE_ENV, private_dir
 from driver.tools.cel import CelCompileError, CelDevice, CelUnsupportedError, compile_selector
 from driver.tools.cel._ast import Call, Ident, Index, Lit, Select
-from driver.tools.cel._parser import parse
+from driver.tools.cel._parser import _grammar, parse
 from tests.cel_cases import COMPILE_ERROR, UNSUPPORTED, VALUE, Case, bad, t, unsupported
 
 _DEV = CelDevice.from_api("example.com", {"name": "d"})
@@ -185,5 +190,63 @@ def test_commands_without_cel_do_not_load_cel_python() -> None:
     assert stages["help"] == []
     assert stages["discover"] == [0, []]
     assert stages["tools"] == []
-    # The probe can see it: compiling a selector loads cel-python.
-    assert stages["compile"] == ["celpy", "lark"]
+    # The probe can see it: compiling a selector loads Lark, and only cel-python's grammar
+    # file, not its modules.
+    assert stages["compile"] == ["lark"]
+
+
+# --- the parser's tables: built once per user, then loaded --------------------------------
+
+
+@pytest.fixture
+def fresh_grammar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The parser made anew in this process, with its cache in ``tmp_path``."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    _grammar.cache_clear()
+    yield tmp_path / "cel"
+    _grammar.cache_clear()
+
+
+def _never_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    def build(self: object) -> None:
+        raise AssertionError("the parser's tables were built, not loaded")
+
+    monkeypatch.setattr(lalr_analysis.LALR_Analyzer, "compute_lalr", build)
+
+
+def test_the_tables_are_built_once_then_loaded(
+    fresh_grammar: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = parse("device.attributes['a'].b == true")
+    (cached,) = fresh_grammar.glob("*.lark")
+    assert stat.S_IMODE(fresh_grammar.stat().st_mode) == 0o700
+    _grammar.cache_clear()
+    _never_build(monkeypatch)
+    # The same tree, positions included, from the loaded tables.
+    assert parse("device.attributes['a'].b == true") == first
+    assert list(fresh_grammar.glob("*.lark")) == [cached]
+
+
+def test_the_probe_sees_a_build(fresh_grammar: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _never_build(monkeypatch)
+    with pytest.raises(AssertionError, match="built, not loaded"):
+        parse("1 == 1")
+
+
+def test_a_damaged_cache_file_is_built_anew(fresh_grammar: Path) -> None:
+    parse("1 == 1")
+    (cached,) = fresh_grammar.glob("*.lark")
+    cached.write_bytes(b"not a pickle")
+    _grammar.cache_clear()
+    assert parse("x == 1") == Call(2, "_==_", None, (Ident(0, "x"), Lit(5, 1)))
+
+
+def test_a_cache_directory_others_can_write_to_is_not_used(
+    fresh_grammar: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Someone else could have planted the pickle there: it is neither read nor written.
+    fresh_grammar.mkdir()
+    fresh_grammar.chmod(0o777)
+    assert private_dir("cel") is None
+    assert parse("x == 1") == Call(2, "_==_", None, (Ident(0, "x"), Lit(5, 1)))
+    assert list(fresh_grammar.iterdir()) == []

@@ -54,7 +54,7 @@ def test_a_missing_section_is_an_error_not_a_silent_skip() -> None:
 
 def test_the_tables_cover_their_sources() -> None:
     from cli.flagtable import FLAGS
-    from driver.gpu.resourceslice import DRIVER_ATTRIBUTES
+    from driver.gpu.published import DRIVER_ATTRIBUTES
 
     text = docs_reference.REFERENCE.read_text()
     assert all(f"`{flag.name}`" in text for flag in FLAGS)

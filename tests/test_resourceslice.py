@@ -169,7 +169,7 @@ def test_long_node_name_keeps_domain_within_64_and_unique() -> None:
 def test_every_published_attribute_is_in_the_table_validate_checks_against(
     tmp_path: Path,
 ) -> None:
-    from driver.gpu.resourceslice import (
+    from driver.gpu.published import (
         DRIVER_ATTRIBUTES,
         DRIVER_CAPACITIES,
         STANDARD_ATTRIBUTES,

@@ -235,7 +235,12 @@ class Quantity:
                 object.__setattr__(self, "_dec", True)
 
     def __str__(self) -> str:
-        return self._text if self._text is not None else _canonical(self.value, self.format)
+        text = self._text
+        if text is None:
+            # Kept once written: explain writes the same share on every node of a shape.
+            text = _canonical(self.value, self.format)
+            object.__setattr__(self, "_text", text)
+        return text
 
     def __repr__(self) -> str:
         return f"Quantity({str(self)!r})"

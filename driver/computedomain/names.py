@@ -10,13 +10,13 @@ DeviceClass templates (kubernetes-sigs/dra-driver-nvidia-gpu at 95932046, v0.5.0
 from typing import Final
 
 # Re-exported, so that the controller and the node code import every name from here.
-from api.computedomain import ALLOCATION_ALL as ALLOCATION_ALL
-from api.computedomain import ALLOCATION_MODES as ALLOCATION_MODES
-from api.computedomain import ALLOCATION_SINGLE as ALLOCATION_SINGLE
-from api.computedomain import CHANNEL_CONFIG_KIND as CHANNEL_CONFIG_KIND
-from api.computedomain import DAEMON_CONFIG_KIND as DAEMON_CONFIG_KIND
-from api.config import API_GROUP
-from api.config import API_VERSION as API_VERSION
+from api.names import ALLOCATION_ALL as ALLOCATION_ALL
+from api.names import ALLOCATION_MODES as ALLOCATION_MODES
+from api.names import ALLOCATION_SINGLE as ALLOCATION_SINGLE
+from api.names import API_GROUP
+from api.names import API_VERSION as API_VERSION
+from api.names import CHANNEL_CONFIG_KIND as CHANNEL_CONFIG_KIND
+from api.names import DAEMON_CONFIG_KIND as DAEMON_CONFIG_KIND
 
 # The DRA driver: the driver of its ResourceSlices and opaque configs, and its plugin's name.
 DRIVER_NAME: Final = "compute-domain.nvidia.com"

@@ -14,47 +14,9 @@ from typing import Any
 
 from driver.common.limits import MAX_COUNTER_SETS, max_devices
 from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import counter_sets, gpu, node_devices
+from driver.gpu.kinds import counter_sets, node_devices
 
 API_VERSION = "resource.k8s.io/v1"
-STANDARD_DOMAIN = gpu.STANDARD_DOMAIN
-
-# Every attribute a GPU device may carry, by domain, with its value type (the key of the
-# v1 DeviceAttribute: "string", "int", "bool", "version"). Unqualified names belong to the
-# driver's domain. `gpu-dra validate` checks selectors and constraints against this table,
-# and a test checks every device this module builds against it.
-DRIVER_ATTRIBUTES: dict[str, str] = {
-    "architecture": "string",
-    "brand": "string",
-    "cudaComputeCapability": "version",
-    "cudaDriverVersion": "version",
-    "driverVersion": "version",
-    "index": "int",
-    "memory": "int",
-    "minor": "int",
-    "model": "string",
-    "numaNode": "int",
-    "nvlinkDomain": "string",
-    "parentUUID": "string",  # MIG devices
-    "productName": "string",
-    "profile": "string",  # MIG devices: "1g.10gb"
-    "type": "string",
-    "uuid": "string",
-}
-STANDARD_ATTRIBUTES: dict[str, str] = {
-    "numaNode": "int",
-    "pciBusID": "string",
-    "pcieRoot": "string",
-}
-DRIVER_CAPACITIES = frozenset(
-    {"memory"}
-    # MIG devices, with the names NVIDIA's driver publishes.
-    | {"multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines"}
-    | {f"memorySlice{i}" for i in range(8)}
-)
-# Absent on hardware without them (no NUMA information, no PCIe root, no NVLink peer): a
-# selector that reads one fails on such a GPU unless it guards with `in` or has().
-OPTIONAL_ATTRIBUTES = frozenset({"numaNode", "pcieRoot", "nvlinkDomain"})
 
 
 def build_devices(

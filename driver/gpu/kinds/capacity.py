@@ -19,10 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from driver.common.quantity import Quantity
-
-GIB = 1 << 30
-STEP = GIB
-MIN = GIB
+from driver.gpu.published import GIB
+from driver.gpu.published import MEMORY_MIN as MIN
+from driver.gpu.published import MEMORY_STEP as STEP
 
 
 def request_policy(value: int) -> dict[str, Any] | None:

@@ -19,9 +19,7 @@ from driver.gpu.inventory import Gpu, Inventory
 from driver.gpu.kinds.base import GpuKindContext, HealthTarget
 from driver.gpu.kinds.mps import Mps
 from driver.gpu.kinds.timeslicing import TimeSlicing
-
-# The attributes Kubernetes itself names (pciBusID, pcieRoot, numaNode).
-STANDARD_DOMAIN = "resource.kubernetes.io"
+from driver.gpu.published import STANDARD_DOMAIN
 
 NAME = "gpu"
 UUID_KEY = "gpu-uuid"

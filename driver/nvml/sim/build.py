@@ -12,10 +12,11 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
+from driver.common.cachedir import CACHE_ENV as CACHE_ENV
+from driver.common.cachedir import cache_root
 from driver.common.errors import PermanentError
 from driver.nvml.library import SONAME
 
-CACHE_ENV = "GPU_DRA_CACHE"
 _FLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden")
 
 
@@ -28,8 +29,7 @@ def source() -> bytes:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get(CACHE_ENV) or str(Path.home() / ".cache" / "gpu-dra")
-    return Path(base) / "sim-nvml"
+    return cache_root() / "sim-nvml"
 
 
 def library(*, omit: tuple[str, ...] = ()) -> Path:

@@ -8,12 +8,11 @@ already searched gets that outcome with its own devices.
 """
 
 import contextlib
-import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from driver.common.gcpause import gc_paused
 from driver.common.quantity import Quantity
 from driver.tools.allocation.capacity import CapacityProblem, Use, quantity
 from driver.tools.allocation.claims import (
@@ -58,7 +57,9 @@ def explain_claim(
     without it label requirements are assumed to hold. ``budget`` bounds the
     search steps per node.
     """
-    with _gc_paused():
+    # The search makes many short-lived objects and no cycles; with tens of thousands of
+    # slice dicts alive, the collector's passes cost up to a third of a large explain.
+    with gc_paused():
         return _explain_claim(claim, slices, classes, allocated, node_labels, budget)
 
 
@@ -93,8 +94,8 @@ def _explain_claim(
     shared = share_holders(allocated, exclude=claim)
     seed = _share_seed(claim)
     shapes = Shapes(parsed, in_use, shared)
-    found: dict[str, _Found | None] = {}  # search shape -> the solution, None for none
-    unfit: dict[str, NodeExplanation] = {}  # exact shape -> why not
+    found: dict[bytes, _Found | None] = {}  # search shape -> the solution, None for none
+    unfit: dict[bytes, NodeExplanation] = {}  # exact shape -> why not
     results: list[NodeExplanation] = []
     for n in nodes:
         pools = cluster.pools(n)
@@ -120,20 +121,6 @@ def _explain_claim(
     if any(o.allocatable for o in outcomes):
         return Explanation(ref, outcomes)
     return Explanation(ref, outcomes, advice=advice(o.reasons for o in outcomes))
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    # The search allocates many short-lived objects and no reference cycles; with tens of
-    # thousands of slice dicts alive, the cyclic collector's passes cost up to a third of
-    # a large explain and find nothing to free. Refcounting still frees everything.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @dataclass(frozen=True, slots=True)

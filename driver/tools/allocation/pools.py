@@ -131,6 +131,10 @@ class _Slice:
     per_device: bool
     devices: list[Device]
     counter_sets: list[Mapping[str, Any]] = field(default_factory=list)
+    # Learnt while its devices are read, so that a pool of this slice alone needs no pass
+    # over them again for every node that sees it.
+    duplicate: str | None = None  # a device name that appears twice
+    consuming: bool = False  # whether a device consumes counters
 
 
 @dataclass(slots=True)
@@ -255,19 +259,21 @@ class Cluster:
             devices=[],
             counter_sets=list(spec.get("sharedCounters") or ()),
         )
+        every, own, seen = self.devices, parsed.devices, set()
+        driver, pool_name, where, selected = parsed.driver, parsed.pool, node_name, selector
         for raw in spec.get("devices") or ():
+            if per_device:
+                where, selected = raw.get("nodeName") or None, raw.get("nodeSelector")
             device = Device(
-                index=len(self.devices),
-                driver=parsed.driver,
-                pool=parsed.pool,
-                name=str(raw.get("name", "")),
-                data=raw,
-                slice_name=name,
-                node_name=(raw.get("nodeName") or None) if per_device else node_name,
-                node_selector=raw.get("nodeSelector") if per_device else selector,
+                len(every), driver, pool_name, str(raw.get("name", "")), raw, name, where, selected
             )
-            parsed.devices.append(device)
-            self.devices.append(device)
+            own.append(device)
+            every.append(device)
+            if device.name in seen:
+                parsed.duplicate = device.name
+            seen.add(device.name)
+            if "consumesCounters" in raw:
+                parsed.consuming = True
         return parsed
 
     def labels(self, node: str | None) -> Mapping[str, str] | None:
@@ -298,13 +304,18 @@ class Cluster:
         for pool in result:
             # The newest slice decides how many slices make the pool complete.
             pool.expected_slices = pool.slices[0].count
-            seen: set[str] = set()
-            for s in pool.slices:
-                for d in s.devices:
-                    if d.name in seen:
-                        pool.invalid = f"duplicate device name {d.name}"
-                    seen.add(d.name)
-            _gather_counters(pool)
+            duplicate = pool.slices[0].duplicate
+            if len(pool.slices) > 1:
+                seen: set[str] = set()
+                for s in pool.slices:
+                    for d in s.devices:
+                        if d.name in seen:
+                            duplicate = d.name
+                        seen.add(d.name)
+            if duplicate is not None:
+                pool.invalid = f"duplicate device name {duplicate}"
+            if any(s.counter_sets or s.consuming for s in pool.slices):
+                _gather_counters(pool)
         return result
 
 

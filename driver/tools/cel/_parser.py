@@ -16,13 +16,19 @@ cel-python's tree leaves out or takes more loosely than the CEL specification (l
 - the optional syntax of Kubernetes CEL (``a.?b``, ``a[?k]``, ``[?x]``, ``{?k: v}``), a
   parse error to cel-python, recognised at that error and reported as not supported.
 
-cel-python is imported and its grammar built on the first parse only (about 0.25 s), so no
-daemon path and no command without CEL pays for it.
+Lark is imported and cel-python's grammar loaded on the first parse only, so no daemon path
+and no command without CEL pays for it; the parser's tables are built once per user and
+Lark version, then loaded from ``$GPU_DRA_CACHE/cel`` (:func:`_cache_file`).
 """
 
+import fcntl
+import importlib.util
 import re
+import sys
+from collections.abc import Mapping
 from functools import cache
-from typing import TYPE_CHECKING, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from driver.tools.cel._ast import Call, Ident, Index, ListLit, Lit, MapLit, Node, Select
 from driver.tools.cel._errors import CelCompileError, CelUnsupportedError, position
@@ -102,27 +108,59 @@ def parse(text: str) -> Node:
 
 @cache
 def _grammar() -> "Lark":
-    """cel-python's parser, built once per process, with a position on every token."""
-    from celpy.celparser import CELParser
-    from lark import Token
+    """cel-python's grammar with its parser options, and a position on every token."""
+    from lark import Lark, Token
 
-    class _Positioned(CELParser):
-        @staticmethod
-        def ambiguous_literals(t: Token) -> Token:
-            # cel-python's own callback makes its true/false tokens without a position.
-            if t.value in ("true", "false"):
-                return Token.new_borrow_pos("BOOL_LIT", t.value, t)
-            return t
+    def bool_literal(t: Token) -> Token:
+        # cel-python's own lexer callback makes its true/false tokens without a position.
+        if t.value in ("true", "false"):
+            return Token.new_borrow_pos("BOOL_LIT", t.value, t)
+        return t
 
-    # CELParser keeps one Lark per process in a class attribute; build ours aside from it.
-    saved, CELParser.CEL_PARSER = CELParser.CEL_PARSER, None
-    try:
-        _Positioned()
-        grammar = CELParser.CEL_PARSER
-    finally:
-        CELParser.CEL_PARSER = saved
-    assert grammar is not None
-    return grammar
+    # cel-python's grammar file, read without importing cel-python: its parser class builds
+    # the tables anew in every process, and its runtime is not used here.
+    spec = importlib.util.find_spec("celpy")
+    assert spec is not None and spec.submodule_search_locations  # a dependency
+    grammar = (Path(spec.submodule_search_locations[0]) / "cel.lark").read_text()
+    options: dict[str, Any] = {
+        "parser": "lalr",
+        "start": "expr",
+        "debug": True,
+        "g_regex_flags": re.M,
+        "lexer_callbacks": {"IDENT": bool_literal},
+        "propagate_positions": True,
+        "maybe_placeholders": False,
+        "priority": "invert",
+    }
+    cached = _cache_file(grammar, options)
+    if cached is None:
+        return Lark(grammar, **options)
+    # Lark writes its cache file in place (and its name is part of the digest Lark checks,
+    # so it cannot be written aside and renamed): one process at a time loads or builds it,
+    # and none reads half of one.
+    with open(cached.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Lark(grammar, cache=str(cached), **options)
+
+
+def _cache_file(grammar: str, options: Mapping[str, Any]) -> Path | None:
+    """Where the parser's tables are cached: building them takes about 0.2 s, loading them
+    0.01 s. The file is a pickle, so it lives only in a directory no one else can write to
+    (None: build them each time), under a digest of everything the tables depend on, so that
+    another grammar, option, Lark or Python never loads a stale one (Lark also checks a
+    digest of its own in the file, and builds anew when it cannot load it)."""
+    import hashlib
+
+    import lark
+
+    from driver.common.cachedir import private_dir
+
+    folder = private_dir("cel")
+    if folder is None:
+        return None
+    kept = sorted((k, repr(v)) for k, v in options.items() if k != "lexer_callbacks")
+    key = repr((grammar, kept, lark.__version__, sys.version_info[:2]))
+    return folder / f"parser-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lark"
 
 
 # --- syntax errors -----------------------------------------------------------------------

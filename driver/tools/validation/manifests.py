@@ -17,7 +17,7 @@ from kubernetes_validate import utils as kv_utils
 
 from driver import DEFAULT_DRIVER_NAME
 from driver.computedomain import names as computedomain
-from driver.gpu.resourceslice import (
+from driver.gpu.published import (
     DRIVER_ATTRIBUTES,
     DRIVER_CAPACITIES,
     OPTIONAL_ATTRIBUTES,
@@ -35,7 +35,7 @@ from driver.tools.cel import (
 from driver.tools.validation import computedomains, gates, hardware, rules, workloads
 from driver.tools.validation.problems import Check, Finding, Problem, Severity
 
-# What this driver publishes (driver/gpu/resourceslice.py), the one source for names and types.
+# What this driver publishes (driver/gpu/published.py), the one source for names and types.
 PUBLISHED = rules.Published(
     driver=DEFAULT_DRIVER_NAME,
     attributes={DEFAULT_DRIVER_NAME: DRIVER_ATTRIBUTES, STANDARD_DOMAIN: STANDARD_ATTRIBUTES},

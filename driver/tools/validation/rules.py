@@ -506,7 +506,8 @@ def _capacity_requests(
 def _off_step(path: str, value: str) -> Iterator[Finding]:
     """A memory request the request policy of shared GPUs rounds up (consumable capacity)."""
     from driver.common.quantity import Quantity
-    from driver.gpu.kinds.capacity import MIN, STEP
+    from driver.gpu.published import MEMORY_MIN as MIN
+    from driver.gpu.published import MEMORY_STEP as STEP
 
     try:
         amount = Quantity.parse(value).value
