@@ -6,6 +6,8 @@ and named in a message, on its own. A clause is cut from the source text, so a m
 quotes what the user wrote.
 """
 
+from collections.abc import Iterator
+
 _OPEN = "([{"
 _CLOSE = ")]}"
 
@@ -23,11 +25,8 @@ def _string_end(text: str, i: int) -> int:
     return j + 1
 
 
-def _top_level(text: str) -> tuple[list[int], bool]:
-    """The offsets of the ``&&`` outside brackets and strings, and whether ``||`` or ``?``
-    also appears there (which bind looser: then ``&&`` does not join the whole)."""
-    cuts: list[int] = []
-    looser = False
+def _scan(text: str) -> Iterator[tuple[int, int]]:
+    """``(index, bracket depth after it)`` of each character outside string literals."""
     depth = 0
     i = 0
     while i < len(text):
@@ -35,17 +34,25 @@ def _top_level(text: str) -> tuple[list[int], bool]:
         if c in "\"'":
             i = _string_end(text, i)
             continue
-        if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-        elif depth == 0 and text.startswith("&&", i):
-            cuts.append(i)
-            i += 2
-            continue
-        elif depth == 0 and (text.startswith("||", i) or c == "?"):
-            looser = True
+        depth += (c in _OPEN) - (c in _CLOSE)
+        yield i, depth
         i += 1
+
+
+def _top_level(text: str) -> tuple[list[int], bool]:
+    """The offsets of the ``&&`` outside brackets and strings, and whether ``||`` or ``?``
+    also appears there (which bind looser: then ``&&`` does not join the whole)."""
+    cuts: list[int] = []
+    looser = False
+    after = 0  # the second "&" of a cut is not the start of another
+    for i, depth in _scan(text):
+        if depth or i < after:
+            continue
+        if text.startswith("&&", i):
+            cuts.append(i)
+            after = i + 2
+        elif text.startswith("||", i) or text[i] == "?":
+            looser = True
     return cuts, looser
 
 
@@ -53,18 +60,9 @@ def _unwrapped(text: str) -> str | None:
     """``text`` without the parentheses around all of it, or None when it has none."""
     if not (text.startswith("(") and text.endswith(")")):
         return None
-    depth = 0
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c in "\"'":
-            i = _string_end(text, i)
-            continue
-        depth += c in _OPEN
-        depth -= c in _CLOSE
+    for i, depth in _scan(text):
         if depth == 0 and i < len(text) - 1:
             return None  # "(a) && (b)": the first parenthesis closes early
-        i += 1
     return text[1:-1].strip()
 
 
