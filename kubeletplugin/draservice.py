@@ -97,8 +97,10 @@ class DraService:
         if self._metrics is None:
             return
         failed = False
-        for claim in _claim_refs(request.claims):
-            entry = response.claims[claim.uid]
+        # In the request's order (the response is a map, in no set order), each uid once;
+        # by uid alone: the claim refs were built and checked already.
+        for uid in dict.fromkeys(c.uid for c in request.claims):
+            entry = response.claims[uid]
             failed |= bool(entry.error)
             self._metrics.prepare_total.labels("error" if entry.error else "success").inc()
         self._metrics.prepare_seconds.labels("error" if failed else "success").observe(seconds)
