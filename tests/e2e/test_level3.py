@@ -582,6 +582,10 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
     await await_until("no spec left", lambda: not spec_files(node), 60)
     # The spec goes first at unprepare; the daemon's pod is deleted after it.
     await await_until("no MPS daemon pod left", lambda: not mps_pods(cp), 60)
+    # An MPS claim's record and reservation go after its daemon's pod: wait for them, and
+    # report what is still there after a minute.
+    with contextlib.suppress(TimeoutError):
+        await await_until("no record or reservation left", lambda: not _orphans(release), 60)
     return {
         "old_pod": old["metadata"]["name"], "new_pod": new["metadata"]["name"],
         "probes": prober.created, "probes_ok": prober.succeeded, "probes_failed": prober.failed,
