@@ -77,7 +77,6 @@ class CliqueSource:
             on_change=self._changed,
             field_selector=f"metadata.name={member.pod_name}",
         )
-        self.writes = 0
 
     def _changed(self, old: Obj | None, new: Obj | None) -> None:
         self._wake.set()
@@ -177,7 +176,6 @@ class CliqueSource:
         self._wake.set()
 
     def _written(self, made: Obj, what: str) -> None:
-        self.writes += 1
         self._cliques.remember(made)
         mine: Obj = next(
             (d for d in made.get("daemons") or () if d.get("nodeName") == self.member.node_name),
