@@ -9,7 +9,6 @@ import pytest
 from cluster.imexdaemon.peers import (
     Change,
     Peer,
-    daemon_name,
     diff,
     has_clique,
     mapping,
@@ -23,11 +22,6 @@ OTHER = "5bdf4a2c-0c6e-4a4b-9d2b-3a3c1f3d0a11.1"
 
 def _peer(index: int, ip: str, clique: str = CLIQUE) -> Peer:
     return Peer(node_name=f"node-{index}", ip=ip, clique_id=clique, index=index)
-
-
-def test_names_have_four_digits() -> None:
-    assert daemon_name(0) == "compute-domain-daemon-0000"
-    assert daemon_name(17) == "compute-domain-daemon-0017"
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ renders from this module, so no template file has to travel with the node driver
 
 from collections.abc import Sequence
 
-from cluster.imexdaemon.peers import daemon_name
+from driver.computedomain import names
 
 CONFIG_NAME = "imexd.cfg"
 NODES_NAME = "nodes.cfg"
@@ -71,7 +71,7 @@ def render_config(*, cmd_bind_ip: str, nodes_config_path: str) -> str:
 
 
 def node_names(max_nodes: int) -> Sequence[str]:
-    return [daemon_name(i) for i in range(max_nodes)]
+    return [names.daemon_dns_name(i) for i in range(max_nodes)]
 
 
 def render_nodes(max_nodes: int) -> str:

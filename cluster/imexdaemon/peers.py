@@ -14,17 +14,12 @@ from typing import Any, Protocol
 
 from driver.common.errors import PermanentError
 from driver.common.logs import kv
+from driver.computedomain import names
 
 log = logging.getLogger(__name__)
 
-NAME_PREFIX = "compute-domain-daemon-"
-DEFAULT_MAX_NODES = 18  # NVIDIA's MAX_NODES_PER_IMEX_DOMAIN: one NVL72 rack of GB200 trays
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
-NAME = re.compile(r"^compute-domain-daemon-\d{4}$")
-
-
-def daemon_name(index: int) -> str:
-    return f"{NAME_PREFIX}{index:04d}"
+NAME = re.compile(rf"^{re.escape(names.DAEMON_DNS_PREFIX)}\d{{4}}$")
 
 
 def has_clique(clique_id: str) -> bool:
@@ -100,7 +95,7 @@ def mapping(peers: Iterable[Peer], clique_id: str, max_nodes: int) -> dict[str, 
                 extra=kv(peer=peer.node_name, ip=peer.ip, index=peer.index, max_nodes=max_nodes),
             )
             continue
-        name = daemon_name(peer.index)
+        name = names.daemon_dns_name(peer.index)
         if name in by_name:
             log.warning(
                 "two peers claim one index: the lower address keeps it",

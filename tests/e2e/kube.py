@@ -100,20 +100,20 @@ def plugin_token(cp: ControlPlane, node: str) -> str:
                                  "imagePullPolicy": "IfNotPresent",
                                  "command": ["sleep", "86400"]}]},
     })  # fmt: skip
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {
-            "audiences": [],
-            "expirationSeconds": 3600,
-            "boundObjectRef": {
-                "kind": "Pod", "apiVersion": "v1",
-                "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"],
-            },
-        },
-    }  # fmt: skip
-    out = cp.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SA}/token", request)
-    token: str = out["status"]["token"]
+    return service_account_token(cp, SA, pod)
+
+
+def service_account_token(cp: ControlPlane, account: str, pod: dict[str, Any] | None = None) -> str:
+    """A token of ``account`` in the driver's namespace, bound to ``pod`` when given (as the
+    kubelet gets a pod's)."""
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 3600}
+    if pod is not None:
+        meta = pod["metadata"]
+        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1",
+                                  "name": meta["name"], "uid": meta["uid"]}  # fmt: skip
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token"
+    token: str = cp.call("POST", path, request)["status"]["token"]
     return token
 
 

@@ -46,7 +46,14 @@ from tests import cdnode, imexstandin
 from tests.chart_render import NAMESPACE, render
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
-from tests.e2e.kube import await_until, node_object, patch_node_ready, plugin_dirs, plugin_token
+from tests.e2e.kube import (
+    await_until,
+    node_object,
+    patch_node_ready,
+    plugin_dirs,
+    plugin_token,
+    service_account_token,
+)
 from tests.imexharness import loopback_block
 from tests.pluginharness import PluginProcess
 
@@ -229,7 +236,7 @@ class Kubelets:
         imex, ctl = imexstandin.install(running.dir / "bin")
         hosts = running.dir / "hosts"
         hosts.write_text("127.0.0.1\tlocalhost\n")
-        token = _daemon_token(self.cp, running.pod)
+        token = service_account_token(self.cp, names.DAEMON_SERVICE_ACCOUNT, running.pod)
         config = running.dir / "kubeconfig"
         config.write_text(kubeconfig(self.cp.server, self.cp.pki / "ca.crt", token=token))
         base = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_DRA_", "POD_"))}
@@ -319,27 +326,6 @@ class Kubelets:
         return found
 
 
-def _daemon_token(cp: ControlPlane, pod: dict[str, Any]) -> str:
-    meta = pod["metadata"]
-    request = {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [], "expirationSeconds": 3600,
-                 "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
-                                    "name": meta["name"], "uid": meta["uid"]}},
-    }  # fmt: skip
-    path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{names.DAEMON_SERVICE_ACCOUNT}/token"
-    token: str = cp.call("POST", path, request)["status"]["token"]
-    return token
-
-
-def _controller_token(cp: ControlPlane, account: str) -> str:
-    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-               "spec": {"audiences": [], "expirationSeconds": 3600}}  # fmt: skip
-    path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token"
-    token: str = cp.call("POST", path, request)["status"]["token"]
-    return token
-
-
 def _start_controller(cp: ControlPlane, config: Path) -> subprocess.Popen[bytes]:
     with (cp.root / "controller.log").open("ab") as log:
         return subprocess.Popen(
@@ -394,7 +380,7 @@ async def world() -> AsyncIterator[World]:
             for plugin in plugins.values():
                 await plugin.wait_log("ComputeDomain driver ready", 120)
             config = cp.root / "controller.kubeconfig"
-            token = _controller_token(cp, controller_sa)
+            token = service_account_token(cp, controller_sa)
             config.write_text(kubeconfig(cp.server, cp.pki / "ca.crt", token=token))
             controller = _start_controller(cp, config)
             kubelets = Kubelets(cp, plugins)
