@@ -102,6 +102,10 @@ async def test_channel_waits_for_the_daemon_then_gets_channel_0(
     ]
     assert set(edits) == {"deviceNodes"}  # no driver libraries: a channel is a device node
     assert (plugin_dir(dirs) / "devices" / "channel-0").is_symlink()
+    # The domain is looked for in the claim's namespace, not across the cluster.
+    lists = [r for r in apiserver.requests.snapshot() if r.verb == "list"]
+    domain_lists = [r.namespace for r in lists if r.resource.endswith(names.COMPUTE_DOMAINS)]
+    assert domain_lists and set(domain_lists) == {claim.namespace}, domain_lists
 
     # A second channel claim waits for the first (NVIDIA: channel 0 already allocated).
     other = await cdnode.channel_claim(api, "work2")

@@ -10,6 +10,7 @@ keep their class (a 404 or 403 is permanent, the rest retryable).
 """
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,10 +63,12 @@ class Domains:
         self._node = node_name
         self._namespace = namespace
 
-    async def find(self, uid: str) -> Domain:
-        """The ComputeDomain of ``uid``; a list, since the claim names it by UID only."""
+    async def find(self, uid: str, namespace: str = "") -> Domain:
+        """The ComputeDomain of ``uid`` in ``namespace``, or in any namespace for ""; a list,
+        since the claim names it by UID only."""
+        where = f"namespaces/{quote(namespace, safe='')}/" if namespace else ""
         items = await self._client.list_all(
-            f"{_GROUP}/{names.COMPUTE_DOMAINS}", resource=names.COMPUTE_DOMAINS
+            f"{_GROUP}/{where}{names.COMPUTE_DOMAINS}", resource=names.COMPUTE_DOMAINS
         )
         for item in items:
             meta = item.get("metadata") or {}
@@ -74,13 +77,18 @@ class Domains:
         raise DomainNotFoundError(f"ComputeDomain not found: {uid}")
 
     async def check_namespace(self, uid: str, claim_namespace: str) -> Domain:
+        """The claim's domain, which must be in the claim's namespace: listed there (a few
+        objects, not the cluster's every domain at each prepare), and across the cluster only
+        when it is not there, to tell a domain elsewhere from none."""
+        with contextlib.suppress(DomainNotFoundError):
+            return await self.find(uid, claim_namespace)
         domain = await self.find(uid)
         if domain.namespace != claim_namespace:
             raise WrongNamespaceError(
                 f"the ResourceClaim's namespace ({claim_namespace}) is different than the "
                 f"ComputeDomain's namespace ({domain.namespace})"
             )
-        return domain
+        return domain  # created in the claim's namespace between the two lists
 
     def _node_path(self) -> str:
         return f"/api/v1/nodes/{quote(self._node, safe='')}"
