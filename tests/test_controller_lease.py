@@ -192,8 +192,24 @@ def _start(
     return controller
 
 
+SQUATTED = "squatted"  # the squatter's slice: a holder publishes (an empty pool reads no lease)
+
+
 def _squat(apiserver: LocalApiServer, *, started: datetime) -> None:
     now = datetime.now(UTC)
+    apiserver.put(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": SQUATTED},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": NODE,
+                "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                "devices": [],
+            },
+        }
+    )
     apiserver.put(
         {
             "apiVersion": "coordination.k8s.io/v1",
@@ -214,7 +230,8 @@ def _squat(apiserver: LocalApiServer, *, started: datetime) -> None:
 
 
 def _slices(apiserver: LocalApiServer) -> int:
-    return len(apiserver.objects("resourceslices"))
+    """The victim's slices: the squatter's is not counted."""
+    return sum(s["metadata"]["name"] != SQUATTED for s in apiserver.objects("resourceslices"))
 
 
 def _holder(apiserver: LocalApiServer) -> str | None:

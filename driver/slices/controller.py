@@ -183,6 +183,9 @@ class SliceController:
         self._written: set[str] = set()
         self._creating: set[str] = set()  # names of our creates still awaiting an answer
         self._rival_seen = False
+        # None until the first list; then whether that list found the node without slices
+        # and nothing of ours has been written since (see _reconcile).
+        self._pristine: bool | None = None
         self._reported: set[str] = set()
         # Resync bookkeeping: requested -> discovered -> reconciled.
         self._requested = 0
@@ -398,7 +401,13 @@ class SliceController:
             if self._standby and not self._lease_recheck:
                 return  # a newer instance publishes; look again at the next resync
             self._lease_recheck = False
-            if not await self._lease.ensure(rival_seen=self._rival_seen):
+            # A node's first publish onto an empty pool reads no lease: a live holder keeps
+            # its slices published, so an empty pool has none, or one whose create will 409
+            # against ours (rival evidence both ways); any later write round reads it. That
+            # keeps a new node's join to the helper's three requests.
+            first = bool(self._pristine) and not self._rival_seen
+            self._pristine = False
+            if not first and not await self._lease.ensure(rival_seen=self._rival_seen):
                 if not self._standby:
                     log.info(
                         "a newer instance publishes this node's slices; standing by",
@@ -589,6 +598,8 @@ class SliceController:
     def _synced(self, listed: dict[str, _Obj]) -> None:
         """``observed`` is ``listed``, as fresh as a list (a list, or a watch's initial events)."""
         self._observed = listed
+        if self._pristine is None:
+            self._pristine = not listed
         self._tombstones.clear()  # the list is newer than every delete before it
         if not self._observed.keys() <= self._written:
             self._rival_seen = True
