@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from driver.nvml.profile import profile_names
 from tests import chart_render
 from tests.chart_render import EKS_VALUES, NAMESPACE, rbac_grants, render
 from tests.e2e import build as e2e_build
@@ -312,6 +313,17 @@ def test_eks_values(eks: list[dict[str, Any]]) -> None:
     assert "--cdi-root=/var/run/cdi" in args
     text = EKS_VALUES.read_text()
     assert "nvidia.com/gpu.present" in text and "node group" in text.lower()
+
+
+def test_eks_values_select_every_instance_type_we_have_a_profile_of(
+    eks: list[dict[str, Any]],
+) -> None:
+    """A profile is an EKS GPU instance we simulate: values-eks.yaml must schedule the plugin
+    there (P6e-GB200 was missing, so ComputeDomains' own instance got no plugin)."""
+    (selected,) = [e["values"] for e in _match_expressions(eks)
+                   if e["key"] == "node.kubernetes.io/instance-type"]  # fmt: skip
+    ours = {p.removesuffix("-mig") for p in profile_names() if not p.startswith("synthetic")}
+    assert ours <= set(selected), ours - set(selected)
 
 
 def test_cluster_role_is_least_privilege(default: list[dict[str, Any]]) -> None:
