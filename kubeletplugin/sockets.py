@@ -19,8 +19,11 @@ from kubeletplugin import dirs
 
 log = logging.getLogger(__name__)
 
-# sun_path is 108 bytes on Linux, one of which is the terminating NUL.
-MAX_SOCKET_PATH = 107
+# sun_path is 108 bytes on Linux, one of which is the terminating NUL; gRPC (1.85) refuses
+# a path of 106 bytes or more ("should not have more than 107 characters"), so 105 is what
+# binds. The kubelet's own registration socket of compute-domain.nvidia.com, with a pod UID
+# under /var/lib/kubelet/plugins_registry, is exactly 105.
+MAX_SOCKET_PATH = 105
 _SOCKET_MODE = 0o660
 
 

@@ -24,7 +24,13 @@ from driver.common.errors import PermanentError
 from kubeletplugin import draservice
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
-from kubeletplugin.sockets import MAX_SOCKET_PATH, SocketPaths, SocketServer, socket_paths
+from kubeletplugin.sockets import (
+    MAX_SOCKET_PATH,
+    SocketPaths,
+    SocketServer,
+    check_length,
+    socket_paths,
+)
 from kubeletplugin.state import ClaimRef, PreparedDevice, PrepareResult
 from sandbox.kubeletsim import KubeletSim, choose_version
 
@@ -52,7 +58,7 @@ class _Preparer:
 
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
-    # Socket paths must stay under 107 bytes: pytest's tmp_path may be longer.
+    # Socket paths must stay within MAX_SOCKET_PATH: pytest's tmp_path may be longer.
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
         yield Path(name)
 
@@ -228,6 +234,21 @@ def test_socket_path_length_is_checked() -> None:
         registrar_dir=Path("/r"), plugins_dir=Path("/p"), driver_name=DRIVER, pod_uid=None
     )
     assert len(str(fits.registration)) < MAX_SOCKET_PATH
+
+
+async def test_the_longest_path_the_check_allows_is_one_grpc_binds() -> None:
+    """The limit is gRPC's, measured, not the kernel's: one byte more and it cannot bind."""
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="dra") as name:
+        longest = Path(name) / ("s" * (MAX_SOCKET_PATH - len(name) - 1))
+        check_length(longest)
+        server = SocketServer(longest, grpc.aio.server())
+        await server.start()
+        try:
+            assert longest.is_socket()
+        finally:
+            await server.stop()
+        with pytest.raises(PermanentError, match="over the 105-byte limit"):
+            check_length(longest.with_name(longest.name + "s"))
 
 
 async def test_two_pod_uids_serve_side_by_side(short_dir: Path) -> None:
