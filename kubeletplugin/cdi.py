@@ -114,7 +114,7 @@ def build_claim_spec(
     by_device: dict[tuple[str, str], list[PreparedDevice]] = {}
     for record in claim.devices:
         by_device.setdefault((record.device_name, record.share_id or ""), []).append(record)
-    spec_devices = []
+    spec_devices: list[dict[str, Any]] = []
     of_kind: dict[str, dict[str, NodeDevice]] = {}
     for device_name, share_id in sorted(by_device):
         records = by_device[(device_name, share_id)]
@@ -140,9 +140,18 @@ def build_claim_spec(
             }
         )
     kinds = flavor.kinds()
-    kind_edits = [
-        kinds[name].claim_edits(list(of_kind[name].values()), claim) for name in sorted(of_kind)
-    ]
+    kind_edits = []
+    for name in sorted(of_kind):
+        edits = kinds[name].claim_edits(list(of_kind[name].values()), claim)
+        if any(node.edits for node in of_kind[name].values()):
+            kind_edits.append(edits)
+            continue
+        # Devices with no edits of their own (a ComputeDomain channel or daemon) carry their
+        # kind's: the CDI library refuses a device with empty edits, and with it the whole
+        # spec ("invalid device, empty device edits"), as NVIDIA's plugin puts them too.
+        for device in spec_devices:
+            if device["annotations"][DEVICE_KIND] == name:
+                device["containerEdits"] = dict(edits)
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": flavor.cdi_kind,

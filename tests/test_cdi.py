@@ -43,6 +43,8 @@ def assert_valid_spec(spec: dict[str, Any]) -> None:
     assert spec["devices"], "a spec needs at least one device"
     for device in spec["devices"]:
         assert _DEVICE_NAME.match(device["name"]), device["name"]
+        # The CDI library's Device.validate: "invalid device, empty device edits".
+        assert any(device["containerEdits"].values()), f"{device['name']}: empty device edits"
     assert spec["cdiVersion"] == cdi.min_version(spec)
     assert tuple(int(p) for p in spec["cdiVersion"].split(".")) >= (0, 6, 0)  # annotations
 

@@ -17,6 +17,7 @@ from sandbox.kubeletsim import KubeletSim
 from tests import cdnode
 from tests.cdnode import CD_UID, NODE, OTHER_UID
 from tests.pluginharness import NodeDirs, PluginProcess, create_claim, wait_for
+from tests.test_cdi import assert_valid_spec
 
 VENDOR = "k8s.compute-domain.nvidia.com"
 
@@ -24,6 +25,18 @@ VENDOR = "k8s.compute-domain.nvidia.com"
 def spec(dirs: NodeDirs, claim_uid: str) -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads((dirs.cdi / f"{VENDOR}-claim_{claim_uid}.json").read_text())
     return loaded
+
+
+def device_edits(dirs: NodeDirs, claim_uid: str) -> dict[str, Any]:
+    """The one device's edits of a claim's spec, which CDI accepts: they are on the device
+    (the library refuses a device without edits), none at the spec's level here (NVML is
+    simulated: no toolkit edits)."""
+    written = spec(dirs, claim_uid)
+    assert_valid_spec(written)
+    assert not any(written["containerEdits"].values()), written["containerEdits"]
+    (device,) = written["devices"]
+    edits: dict[str, Any] = device["containerEdits"]
+    return edits
 
 
 def plugin_dir(dirs: NodeDirs) -> Path:
@@ -90,7 +103,7 @@ async def test_channel_waits_for_the_daemon_then_gets_channel_0(
     ]
     written = spec(dirs, claim.uid)
     assert written["kind"] == f"{VENDOR}/claim"
-    edits = written["containerEdits"]
+    edits = device_edits(dirs, claim.uid)
     assert [{k: v for k, v in n.items() if k != "hostPath"} for n in edits["deviceNodes"]] == [
         {
             "path": "/dev/nvidia-caps-imex-channels/channel0",
@@ -100,7 +113,8 @@ async def test_channel_waits_for_the_daemon_then_gets_channel_0(
             "fileMode": 0o666,
         }
     ]
-    assert set(edits) == {"deviceNodes"}  # no driver libraries: a channel is a device node
+    assert edits["env"] == ["GPU_DRA_IMEX_CHANNELS=0"]
+    assert set(edits) == {"env", "deviceNodes"}  # no driver libraries: a channel is a node
     assert (plugin_dir(dirs) / "devices" / "channel-0").is_symlink()
     # The domain is looked for in the claim's namespace, not across the cluster.
     lists = [r for r in apiserver.requests.snapshot() if r.verb == "list"]
@@ -126,7 +140,9 @@ async def test_all_channels(
     cdnode.ready(apiserver)
     claim = await cdnode.channel_claim(api, allocationMode="All")
     assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
-    nodes = spec(dirs, claim.uid)["containerEdits"]["deviceNodes"]
+    edits = device_edits(dirs, claim.uid)
+    assert edits["env"] == ["GPU_DRA_IMEX_CHANNELS=0-2047"]
+    nodes = edits["deviceNodes"]
     assert len(nodes) == names.IMEX_CHANNEL_COUNT == 2048
     assert [n["minor"] for n in nodes] == list(range(2048))
     assert nodes[-1]["path"] == "/dev/nvidia-caps-imex-channels/channel2047"
@@ -179,7 +195,7 @@ async def test_daemon_claim_and_a_domain_deleted_before_its_daemon(
     assert list(result.devices[0].cdi_device_ids) == [f"{VENDOR}/claim={claim.uid}-daemon-0"]
     domain_dir = plugin_dir(dirs) / "domains" / CD_UID
     assert domain_dir.is_dir() and domain_dir.stat().st_mode & 0o777 == 0o755
-    edits = spec(dirs, claim.uid)["containerEdits"]
+    edits = device_edits(dirs, claim.uid)
     assert sorted(edits["env"]) == sorted(
         [
             "NVIDIA_VISIBLE_DEVICES=void",
@@ -234,7 +250,7 @@ async def test_no_clique_gives_no_channel(
     claim = await cdnode.channel_claim(api)
     async with await KubeletSim.register(cdnode.cd_paths(dirs).registration) as kubelet:
         assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
-    assert "deviceNodes" not in spec(dirs, claim.uid)["containerEdits"]
+    assert device_edits(dirs, claim.uid) == {"env": ["GPU_DRA_IMEX_CHANNELS="]}
     assert cdnode.node_label(apiserver) == CD_UID
 
 

@@ -8,7 +8,8 @@ its domain must be of the claim's namespace; the node is labelled with the domai
 brings the domain's IMEX daemon here; the prepare then waits, boundedly, for that daemon to be
 Ready on this node, and ends PreparePending if it is not yet (the label stays, the kubelet
 retries). The container gets IMEX channel 0, or every channel with ``allocationMode: All``,
-as CDI device nodes made from the ``nvidia-caps-imex-channels`` major; none without a clique.
+as CDI device nodes made from the ``nvidia-caps-imex-channels`` major, and
+``GPU_DRA_IMEX_CHANNELS`` naming them; none without a clique (the variable empty).
 Channel 0 is reserved like any device, so one channel claim is prepared per node at a time;
 another waits (retryable), as NVIDIA's "channel 0 already allocated".
 
@@ -58,6 +59,9 @@ from kubeletplugin.flavor import ConfigRules, Flavor
 from kubeletplugin.state import PreparePendingError
 
 T = TypeVar("T")
+# The IMEX channels a workload got, as a range ("0", "0-2047"; empty on a node without a
+# clique), beside the device nodes: as GPU_DRA_VISIBLE_GPU_UUIDS is for GPUs.
+CHANNELS_ENV = "GPU_DRA_IMEX_CHANNELS"
 
 CDI_VENDOR = "k8s.compute-domain.nvidia.com"
 RECORD_KIND = "ComputeDomainDraClaimRecord"
@@ -203,10 +207,15 @@ class ChannelKind(_Kind):
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         _, settings = _settings(claim, self.name)
         if not self._clique():
-            return {}  # no fabric: no channel to give (NVIDIA injects nothing)
+            # No fabric: no channel to give (NVIDIA injects nothing). The variable keeps the
+            # CDI device valid (it may not be empty) and says so to the workload.
+            return {"env": [f"{CHANNELS_ENV}="]}
         count = names.IMEX_CHANNEL_COUNT if settings.get(ALLOCATION_MODE) == "All" else 1
         channels_major = nvcaps.read_major(self._proc_root, nvcaps.IMEX_CHANNELS)
-        return {"deviceNodes": nvcaps.channel_nodes(channels_major, count)}
+        return {
+            "env": [f"{CHANNELS_ENV}={'0' if count == 1 else f'0-{count - 1}'}"],
+            "deviceNodes": nvcaps.channel_nodes(channels_major, count),
+        }
 
     def prepare(self, claim: PreparedClaim) -> None:
         _, settings = _settings(claim, self.name)
