@@ -267,18 +267,28 @@ def main(argv: Sequence[str]) -> int:
     return 2
 
 
-def install(directory: Path, python: str = sys.executable) -> tuple[Path, Path]:
+def install(
+    directory: Path, python: str = sys.executable, *, copy: bool = False
+) -> tuple[Path, Path]:
     """``directory/nvidia-imex`` and ``directory/nvidia-imex-ctl``, executables running this
-    file; returns their paths."""
+    file; returns their paths. ``copy``: each is this file itself under ``python``, for a
+    container (the project's image has Python but no shell) that cannot see this checkout."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in ("nvidia-imex", "nvidia-imex-ctl"):
         path = directory / name
-        path.write_text(f'#!/bin/sh\nexec "{python}" "{Path(__file__).resolve()}" {name} "$@"\n')
+        if copy:
+            path.write_text(f"#!{python}\n" + Path(__file__).read_text())
+        else:
+            path.write_text(
+                f'#!/bin/sh\nexec "{python}" "{Path(__file__).resolve()}" {name} "$@"\n'
+            )
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         paths.append(path)
     return paths[0], paths[1]
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    invoked = Path(sys.argv[0]).name  # a copy made by install() is named for what it stands in
+    named = [invoked] if invoked in ("nvidia-imex", "nvidia-imex-ctl") else []
+    sys.exit(main([*named, *sys.argv[1:]]))

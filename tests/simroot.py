@@ -12,7 +12,7 @@ from pathlib import Path
 
 from driver.nvml.library import SONAME
 from driver.nvml.sim.build import library
-from driver.nvml.simulated import HARDWARE_ENV, SimulatedNode
+from driver.nvml.simulated import HARDWARE_ENV, HARDWARE_FILE, SimulatedNode
 
 NODE = "sim-node"
 
@@ -97,6 +97,12 @@ def install_driver_files(root: Path, version: str, ctk: Path) -> None:
     firmware = root / "lib" / "firmware" / "nvidia" / version
     firmware.mkdir(parents=True, exist_ok=True)
     (firmware / "gsp_ga10x.bin").write_bytes(b"")
+    # The simulated hardware reaches containers as a real node's reaches them through the
+    # kernel: nvidia-ctk mounts every "*.so.<driver version>" of the library directory,
+    # symlinks resolved, so this one puts the hardware file at the container's
+    # /run/gpu-dra-sim/nvml-hardware, where the mounted library looks (sim/nvml.c).
+    hardware = lib_dir / f"libgpu-dra-sim-hardware.so.{version}"
+    hardware.symlink_to(os.path.relpath(root / HARDWARE_FILE, lib_dir))
     try:
         os.link(ctk, bin_dir / "nvidia-ctk")
     except OSError:

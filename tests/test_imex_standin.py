@@ -111,6 +111,25 @@ async def test_alone_it_is_ready_and_sigterm_ends_it(tmp_path: Path) -> None:
     assert [e["event"] for e in events(node.events)] == ["start", "exit"]
 
 
+async def test_copies_run_by_their_names_alone(tmp_path: Path) -> None:
+    """As in the project's image: the two files copied where the driver installs them, with
+    no shell and no checkout behind them."""
+    node = Node(tmp_path, loopback_block(1)[0])
+    imex, ctl = imexstandin.install(tmp_path / "bin", copy=True)
+    assert "tests" not in imex.read_text().splitlines()[0]
+    daemon = await asyncio.create_subprocess_exec(str(imex), "-c", str(node.config), env=node.env())
+    try:
+        await wait_for(lambda: count(node.events, "start") > 0, "the copy's start")
+        query = await asyncio.create_subprocess_exec(
+            str(ctl), "-c", str(node.config), "-q", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(query.communicate(), 20)
+        assert (query.returncode, out) == (0, b"READY\n")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(daemon.wait(), 10) == 0
+
+
 async def test_the_ctl_without_a_daemon_fails(tmp_path: Path) -> None:
     node = Node(tmp_path, loopback_block(1)[0])
     code, out = await node.query()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driver.gpu.kinds.gpu import CONTROL_NODES
+from driver.nvml.simulated import HARDWARE_FILE
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits
 from tests.simroot import ctk_binary, fake_root, install_driver_files
@@ -44,6 +45,8 @@ async def test_real_toolkit_output_translates_into_the_host_driver_root(
         path = f"/usr/lib64/{name}.so.{version}"
         assert mounts[path] == f"{HOST_ROOT}{path}"
     assert mounts["/usr/bin/nvidia-smi"] == f"{HOST_ROOT}/usr/bin/nvidia-smi"
+    # The simulated hardware, where a container's copy of the simulated library finds it.
+    assert mounts[f"/{HARDWARE_FILE}"] == f"{HOST_ROOT}/{HARDWARE_FILE}"
     hooks = edits["hooks"]
     assert {h["path"] for h in hooks} == {f"{HOST_ROOT}/usr/bin/nvidia-ctk"}
     links = [a for h in hooks for a in h["args"] if "::" in a]

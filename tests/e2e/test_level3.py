@@ -1,17 +1,8 @@
-"""Level 3: installed as users install it.
+"""Level 3: installed as users install it (:mod:`tests.e2e.installed`).
 
-The project's image (``make image``) imported into the node's containerd; the chart installed
-by the real helm with ``values-eks.yaml`` and only what this node needs (the image's pull
-policy, the host driver root of the simulated node, and this kubelet's directories, which are
-not ``/var/lib/kubelet`` because the run keeps everything under its own root); the real
-DaemonSet controller creates the plugin's pod, the real kubelet runs it from the image under
-the chart's securityContext and probes, and workload pods from ``charts/examples/`` get
-devices it prepared. The control plane runs as EKS runs it: the default ``--runtime-config``,
-no alpha feature gate, an advertised address; the pod reaches it by in-cluster config
-through the real kube-proxy, on a pod network of its own.
-
-The simulated node's ``libnvidia-ml.so.1`` sits in its driver root at ``usr/lib64``, as on
-AL2023, and finds its hardware file there (the pod's environment is the chart's alone).
+The real DaemonSet controller creates the plugin's pod, the real kubelet runs it from the
+image under the chart's securityContext and probes, and workload pods from
+``charts/examples/`` get devices it prepared.
 Runs inside :mod:`tests.e2e.netns` (``make e2e`` does that); elsewhere it is skipped.
 """
 
@@ -21,10 +12,8 @@ import asyncio
 import calendar
 import contextlib
 import json
-import os
 import re
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -35,12 +24,24 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests import chart_render
 from tests.chart_render import NAMESPACE
-from tests.e2e import build, netns
-from tests.e2e.cluster import ControlPlane, run_root
+from tests.e2e import netns
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.installed import (
+    CHART,
+    MINOR,
+    NODE,
+    RELEASE,
+    TAGS,
+    VERSION,
+    Installed,
+    create_namespace,
+    json_lines,
+    ready,
+    simulated_node,
+)
 from tests.e2e.kube import as_pod, await_until, wait_until
-from tests.e2e.node import RealNode, missing_dependencies, unmount_under
+from tests.e2e.node import RealNode
 from tests.e2e.workloads import (
     delete_namespace_claims,
     example_docs,
@@ -50,7 +51,6 @@ from tests.e2e.workloads import (
     runnable,
     spec_files,
 )
-from tests.simroot import fake_root, install_driver_files
 from tests.standin import StandIn
 from tests.test_timeslicing import sliced
 
@@ -64,19 +64,11 @@ pytestmark = [
     ),
 ]
 
-MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "gpu-dra-driver"
-RELEASE = "gpu-dra-driver"
-NODE = "node-1"
 # Whole GPUs: MIG devices are level 2's. With NVML "system" the plugin runs nvidia-ctk,
 # which reads the MIG capability minors from the kernel's /proc/driver/nvidia-caps, and a
 # simulated node has no kernel files the pod's /proc could show.
-PROFILE = INSTANCE_TYPE = "p4d.24xlarge"
+PROFILE = "p4d.24xlarge"
 GPUS = 8
-VERSION = build.IMAGE_TAGS[0]
-TAGS = build.IMAGE_TAGS  # the second: the same build, another tag and version label
-SELECTOR = "app.kubernetes.io/component%3Dkubelet-plugin"
 
 
 # The image has no shell (a real nvidia-smi is an ELF binary): level 2's stand-ins, in the
@@ -120,168 +112,32 @@ if command == "quit":
 
 
 @dataclass
-class Installed:
-    node: RealNode
-    helm: Path
-    driver_root: Path
+class GpuNode(Installed):
     smi: StandIn
-
-    @property
-    def cp(self) -> ControlPlane:
-        return self.node.cp
-
-    def run_helm(self, *args: str) -> str:
-        argv = [str(self.helm), "--kubeconfig", str(self.cp.admin_kubeconfig), *args]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-        return proc.stdout
-
-    def node_values(self) -> list[str]:
-        """What this test node needs beyond values-eks.yaml, and nothing else."""
-        kubelet = self.node.kubelet_dir
-        return [
-            "--set", "image.pullPolicy=Never",
-            "--set", f"nvidiaDriverRoot={self.driver_root}",
-            "--set", f"kubeletPlugin.kubeletRegistrarDirectoryPath={kubelet / 'plugins_registry'}",
-            "--set", f"kubeletPlugin.kubeletPluginsDirectoryPath={kubelet / 'plugins'}",
-            "--set", f"cdiRoot={self.node.cdi_root}",
-            # The one flag beyond paths: a simulated node's sysfs and /proc files (PCI
-            # topology, MIG capability minors) live in its driver root, not this kernel's.
-            "--set", "kubeletPlugin.extraArgs={--sysfs-root=/driver-root}",
-        ]  # fmt: skip
-
-    def plugin_pods(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.cp.call(
-            "GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={SELECTOR}"
-        )["items"]
-        return items
-
-    def ready_pods(self) -> list[dict[str, Any]]:
-        return [p for p in self.plugin_pods() if _ready(p) and not p["metadata"].get(
-            "deletionTimestamp")]  # fmt: skip
-
-    def pod_log(self, pod: dict[str, Any]) -> list[str]:
-        """The plugin container's log lines as the kubelet keeps them (CRI format)."""
-        meta = pod["metadata"]
-        base = self.node.pod_logs / f"{NAMESPACE}_{meta['name']}_{meta['uid']}" / "kubelet-plugin"
-        lines: list[str] = []
-        for f in sorted(base.glob("*.log")):  # "<time> stdout F <line>"
-            lines.extend(line.split(" ", 3)[-1] for line in f.read_text().splitlines())
-        return lines
-
-    def published(self) -> int:
-        slices = self.cp.call(
-            "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
-        )["items"]
-        return sum(len(s["spec"].get("devices") or []) for s in slices)
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _json_lines(lines: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict):
-                out.append(doc)
-    return out
-
-
-def _archive(tag: str) -> Path:
-    archive = build.image_archive(tag)
-    if not archive.is_file():
-        pytest.fail(f"{archive} missing: make e2e-build builds it (python -m tests.e2e.build "
-                    "images), before level 3 enters its network namespace")  # fmt: skip
-    return archive
-
-
-def _chart_image(tag: str) -> str:
-    docs = chart_render.render([chart_render.EKS_VALUES], [f"image.tag={tag}"])
-    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    return str(ds["spec"]["template"]["spec"]["containers"][0]["image"])
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def installed() -> AsyncIterator[Installed]:
-    missing = missing_dependencies()
-    if missing:
-        pytest.skip(f"a real node needs {', '.join(missing)}")
-    # Short: the kubelet's socket paths under it (driver name, pod UID) must fit in 107 bytes.
-    root = run_root() / f"l3-{MINOR}"
-    archives = tuple(_archive(t) for t in TAGS)
-    assert _chart_image(VERSION) == f"gpu-dra-driver:{VERSION}"
-    cp = ControlPlane(root, MINOR, node_lifecycle=True, eks=True)
-    node = RealNode(
-        cp, NODE, root / "n", images=_workload_images(),
-        archives=archives, pod_network=True,
-        labels=(("node.kubernetes.io/instance-type", INSTANCE_TYPE),),
-    )  # fmt: skip
-    try:
-        await cp.start()
-        await node.start()
-        driver_root = node.root / "nvidia"  # the host's driver root ("/" on AL2023)
-        sim, _ = fake_root(driver_root, PROFILE)
-        # As on the AL2023 NVIDIA AMI: the driver's libraries and binaries, and nvidia-ctk in
-        # usr/bin, which the plugin runs for every spec's driver mounts (NVML "system").
-        install_driver_files(driver_root, sim.profile.driver_version, build.build_nvidia_ctk())
+async def installed() -> AsyncIterator[GpuNode]:
+    async with simulated_node(f"l3-{MINOR}", PROFILE) as node:
         # nvidia-smi and nvidia-cuda-mps-control stand-ins where the driver installs them;
         # their calls go to a directory the plugin pod sees at the host's path.
-        logs = node.kubelet_dir / "plugins" / "e2e-stand-ins"
+        logs = node.node.kubelet_dir / "plugins" / "e2e-stand-ins"
         smi = StandIn(logs / "smi", "nvidia-smi", SMI)
         control = StandIn(logs / "mps", "nvidia-cuda-mps-control", MPS_CONTROL)
         for tool in (smi, control):
-            shutil.copy2(tool.path, driver_root / "usr" / "bin" / tool.path.name)
-        yield Installed(node, build.build_helm(), driver_root, smi)
-    finally:
-        await cp.stop()
-        unmount_under(cp.root)
-
-
-def _workload_images() -> tuple[str, ...]:
-    refs = set()
-    for path in (REPO / "charts" / "examples").glob("*.yaml"):
-        for doc in example_docs(path.name):
-            for c in doc.get("spec", {}).get("containers", []) if doc["kind"] == "Pod" else []:
-                refs.add(c["image"])
-    return tuple(sorted(refs))
-
-
-def _namespace(cp: ControlPlane) -> None:
-    """What the README has users run before helm install."""
-    cp.create({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": NAMESPACE,
-                     "labels": {"pod-security.kubernetes.io/enforce": "privileged"}},
-    })  # fmt: skip
+            shutil.copy2(tool.path, node.driver_root / "usr" / "bin" / tool.path.name)
+        yield GpuNode(node.node, node.helm, node.driver_root, smi)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def release(installed: Installed) -> AsyncIterator[Installed]:
-    cp = installed.cp
-    _namespace(cp)
-    installed.run_helm(
-        "install", RELEASE, str(CHART), "-n", NAMESPACE,
-        "-f", str(CHART / "values-eks.yaml"), *installed.node_values(),
-    )  # fmt: skip
-    try:
-        await await_until("the plugin pod Ready", lambda: len(installed.ready_pods()) == 1, 240)
-    except TimeoutError as exc:
-        pods = installed.plugin_pods()
-        said = [installed.pod_log(p)[-30:] for p in pods]
-        events = cp.call("GET", f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
-        raise AssertionError(
-            f"{exc}: pods {json.dumps([p.get('status') for p in pods])[:4000]}; logs {said}; "
-            f"events {[(e.get('reason'), e.get('message')) for e in events]}"
-        ) from exc
+async def release(installed: GpuNode) -> AsyncIterator[GpuNode]:
+    create_namespace(installed.cp)
+    await installed.install()
     yield installed
 
 
 async def test_the_daemonsets_pod_registers_and_publishes_from_the_image(
-    release: Installed,
+    release: GpuNode,
 ) -> None:
     (pod,) = release.ready_pods()
     await await_until(f"{GPUS} devices published", lambda: release.published() == GPUS, 60)
@@ -290,7 +146,7 @@ async def test_the_daemonsets_pod_registers_and_publishes_from_the_image(
     assert container["ready"] and container["restartCount"] == 0
     assert container["image"].endswith(f"gpu-dra-driver:{VERSION}")
     assert status["podIP"].startswith("10.244.0."), status  # the pod network, not the host's
-    lines = _json_lines(release.pod_log(pod))
+    lines = json_lines(release.pod_log(pod))
     loaded = [d for d in lines if d.get("msg") == "NVML library loaded"]
     assert loaded and loaded[0]["path"].startswith("/driver-root/usr/lib64/libnvidia-ml.so"), lines
     assert any(d.get("msg") == "registered with the kubelet" for d in lines)
@@ -314,7 +170,7 @@ def _host_paths_only(specs: list[Path], driver_root: Path) -> None:
                 assert host.exists(), dn
 
 
-async def test_workload_pods_get_devices_the_pod_prepared(release: Installed) -> None:
+async def test_workload_pods_get_devices_the_pod_prepared(release: GpuNode) -> None:
     cp, node = release.cp, release.node
     # The spec of a claim whose pod runs (the kubelet unprepares once a pod has finished).
     await asyncio.to_thread(_start_holder, cp, "held")
@@ -517,7 +373,7 @@ def longest_gap(events: list[tuple[float, str, bool]], connected: set[str]) -> f
     return gap if since is None else float("inf")
 
 
-def _orphans(release: Installed) -> list[str]:
+def _orphans(release: GpuNode) -> list[str]:
     """Specs, reservations and claim records left on the node: none once every claim ended."""
     plugin = release.node.kubelet_dir / "plugins" / "gpu.nvidia.com"
     left = [p.name for p in spec_files(release.node)]
@@ -528,7 +384,7 @@ def _orphans(release: Installed) -> list[str]:
     return left
 
 
-async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
+async def _roll(release: GpuNode, tag: str, *helm: str) -> dict[str, Any]:
     """Run ``helm`` with a prober, a holder pod and the slices watched; the figures."""
     cp, node = release.cp, release.node
     holder_ns = f"held-{tag.replace('.', '-')}"
@@ -553,7 +409,7 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
 
         def rolled() -> bool:
             pods = release.plugin_pods()
-            return len(pods) == 1 and _ready(pods[0]) and pods[0]["spec"]["containers"][0][
+            return len(pods) == 1 and ready(pods[0]) and pods[0]["spec"]["containers"][0][
                 "image"].endswith(f":{tag}")  # fmt: skip
 
         await await_until(f"the DaemonSet rolled to {tag}", rolled, 300)
@@ -574,7 +430,7 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
     def unprepared() -> bool:
         return any(d.get("msg") == "unprepare" and d.get("claim_uid") == claim_uid
                    and d.get("outcome") == "unprepared"
-                   for d in _json_lines(release.pod_log(new)))  # fmt: skip
+                   for d in json_lines(release.pod_log(new)))  # fmt: skip
 
     await await_until("the holder's claim unprepared by the new pod", unprepared, 120)
     await delete_namespace_claims(cp, holder_ns)
@@ -607,7 +463,7 @@ async def _roll(release: Installed, tag: str, *helm: str) -> dict[str, Any]:
 ROLLS: dict[str, dict[str, Any]] = {}  # the figures of the upgrade and the rollback
 
 
-async def test_helm_upgrade_then_rollback_keep_claims_and_the_pool(release: Installed) -> None:
+async def test_helm_upgrade_then_rollback_keep_claims_and_the_pool(release: GpuNode) -> None:
     ROLLS["upgrade"] = upgrade = await _roll(
         release, TAGS[1], "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values",
         "--set", f"image.tag={TAGS[1]}",
@@ -648,7 +504,7 @@ async def test_an_mps_daemon_outlives_the_plugin_pod_that_started_it() -> None:
         assert client["mps_daemon_pid"] == daemon["before"], (name, daemon)
 
 
-async def test_helm_uninstall_with_a_gpu_pod_running(release: Installed) -> None:
+async def test_helm_uninstall_with_a_gpu_pod_running(release: GpuNode) -> None:
     """What uninstall leaves, 35 s after the plugin pods are gone (the kubelet removes a
     driver's slices 30 s after its last plugin deregistered); the README's cleanup step."""
     cp, node = release.cp, release.node
@@ -693,7 +549,7 @@ async def test_helm_uninstall_with_a_gpu_pod_running(release: Installed) -> None
 
 
 async def test_an_empty_driver_root_keeps_the_pod_unready_without_restarts(
-    release: Installed,
+    release: GpuNode,
 ) -> None:
     """After the uninstall above: installed again over a driver root with no NVIDIA driver
     (the AMI without its driver, or the wrong nvidiaDriverRoot). The pod stays Running and
@@ -709,7 +565,7 @@ async def test_an_empty_driver_root_keeps_the_pod_unready_without_restarts(
         pods = release.plugin_pods()
         if len(pods) != 1:
             return []
-        return [d for d in _json_lines(release.pod_log(pods[0]))
+        return [d for d in json_lines(release.pod_log(pods[0]))
                 if "not found under the driver root" in str(d.get("msg"))]  # fmt: skip
 
     (line, *_) = await await_until("the plugin says why it is not ready", said_why, 120)
@@ -724,13 +580,13 @@ async def test_an_empty_driver_root_keeps_the_pod_unready_without_restarts(
     while time.monotonic() < deadline:
         (pod,) = release.plugin_pods()
         status = pod["status"]
-        assert status["phase"] == "Running" and not _ready(pod), status
+        assert status["phase"] == "Running" and not ready(pod), status
         assert status["containerStatuses"][0]["restartCount"] == 0, status
         await asyncio.sleep(1)
     assert len(said_why()) == 1  # one line per distinct problem, not one per retry
 
 
-async def test_a_missing_driver_root_is_the_kubelets_event(release: Installed) -> None:
+async def test_a_missing_driver_root_is_the_kubelets_event(release: GpuNode) -> None:
     """nvidiaDriverRoot names a directory the node lacks: the kubelet refuses the pod's
     hostPath volume (type Directory) and says so in an event; README, troubleshooting."""
     cp = release.cp
