@@ -56,6 +56,7 @@ from tests.e2e.kube import (
 )
 from tests.imexharness import loopback_block
 from tests.pluginharness import PluginProcess
+from tests.test_cdi import assert_valid_spec
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
@@ -216,6 +217,7 @@ class Kubelets:
         cdi = self.plugins[running.node].dirs.cdi
         for ref in running.claims:
             spec = json.loads((cdi / f"{VENDOR}-claim_{ref.uid}.json").read_text())
+            assert_valid_spec(spec)  # what containerd's CDI registry would refuse
             # A runtime applies the spec's edits with any of its devices, then the device's.
             for edits in (
                 spec.get("containerEdits") or {},
