@@ -28,7 +28,7 @@ import pytest
 
 from tests import chart_render
 from tests.chart_render import NAMESPACE
-from tests.e2e import build
+from tests.e2e import build, netns
 from tests.e2e.cluster import ControlPlane, run_root
 from tests.e2e.kube import await_until
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
@@ -43,6 +43,15 @@ NODE = "node-1"
 VERSION = build.IMAGE_TAGS[0]
 TAGS = build.IMAGE_TAGS  # the second: the same build, another tag and version label
 SELECTOR = "app.kubernetes.io/component%3Dkubelet-plugin"
+# Every level 3 module's marks: one event loop per module (its cluster), and the namespaces.
+LEVEL3 = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(
+        not netns.isolated(),
+        reason="level 3 needs network and mount namespaces of its own: make e2e runs it as "
+        "`python -m tests.e2e.netns python -m pytest tests/e2e/test_level3*.py`",
+    ),
+]
 
 
 @dataclass

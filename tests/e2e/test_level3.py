@@ -25,10 +25,10 @@ import pytest
 import pytest_asyncio
 
 from tests.chart_render import NAMESPACE
-from tests.e2e import netns
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.installed import (
     CHART,
+    LEVEL3,
     MINOR,
     NODE,
     RELEASE,
@@ -54,15 +54,7 @@ from tests.e2e.workloads import (
 from tests.standin import StandIn
 from tests.test_timeslicing import sliced
 
-pytestmark = [
-    pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.timeout(1800),
-    pytest.mark.skipif(
-        not netns.isolated(),
-        reason="level 3 needs network and mount namespaces of its own: make e2e runs it as "
-        "`python -m tests.e2e.netns python -m pytest tests/e2e/test_level3.py`",
-    ),
-]
+pytestmark = [*LEVEL3, pytest.mark.timeout(1800)]
 
 # Whole GPUs: MIG devices are level 2's. With NVML "system" the plugin runs nvidia-ctk,
 # which reads the MIG capability minors from the kernel's /proc/driver/nvidia-caps, and a

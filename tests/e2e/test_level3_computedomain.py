@@ -27,8 +27,8 @@ import pytest_asyncio
 from driver.computedomain import names
 from tests import imexstandin
 from tests.chart_render import NAMESPACE
-from tests.e2e import netns
 from tests.e2e.installed import (
+    LEVEL3,
     NODE,
     VERSION,
     Installed,
@@ -39,15 +39,7 @@ from tests.e2e.installed import (
 from tests.e2e.kube import as_pod, await_until
 from tests.e2e.workloads import example_docs, get_pod, spec_files
 
-pytestmark = [
-    pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        not netns.isolated(),
-        reason="level 3 needs network and mount namespaces of its own: make e2e runs it as "
-        "`python -m tests.e2e.netns python -m pytest tests/e2e/test_level3_computedomain.py`",
-    ),
-]
+pytestmark = [*LEVEL3, pytest.mark.timeout(900)]
 
 PROFILE = "p6e-gb200.36xlarge"
 EXAMPLE = "compute-domain-two-nodes.yaml"
