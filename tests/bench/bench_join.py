@@ -51,6 +51,7 @@ from driver.kube import client as kubeclient  # noqa: E402
 from driver.kube.rest import Client  # noqa: E402
 from driver.nvml.simulated import SimulatedNode  # noqa: E402
 from sandbox.apiserver import ThreadedApiServer  # noqa: E402
+from tests.bench.bytecode import byte_compile  # noqa: E402
 from tests.bench.goref import build_goref  # noqa: E402
 
 PROFILE = "p5.48xlarge"
@@ -360,6 +361,7 @@ async def main() -> None:
     parser.add_argument("--tree", type=Path, default=ROOT)
     args = parser.parse_args()
     goref = build_goref()
+    byte_compile(args.tree)  # as installed: the Go reference is compiled too
     with tempfile.TemporaryDirectory(prefix="join-") as tmp:
         work = Path(tmp)
         # The devices both publish; also builds the simulated NVML library before any run.
