@@ -9,7 +9,8 @@ so :func:`claim_from_spec` rebuilds exactly what was prepared. An owner marker t
 our specs apart from the NVIDIA driver's, which use the same kind and file names.
 
 Containers get each device's edits and its kind's claim-wide edits (see
-``driver.devicekind``), and the driver libraries and hooks of the host's container
+``driver.devicekind``; on the kind's devices where they have none of their own, since CDI
+refuses a device without edits), and the driver libraries and hooks of the host's container
 toolkit (``base_edits``).
 """
 
