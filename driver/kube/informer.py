@@ -11,7 +11,9 @@ after a write sees it; the watch's echo of it, or any older news, is ignored by 
 resourceVersions (integers in etcd, one counter across resources, as client-go's mutation
 cache also assumes). A deleted name is tombstoned with the delete's version until the next
 event for it, so neither the echo of our delete nor the late answer to a write that deleted
-the object (its last finalizer removed) brings it back.
+the object (its last finalizer removed) brings it back; for a few minutes at most, far longer
+than any answer takes, so a watch that sees names come and go for months keeps no list of
+every name it ever saw deleted.
 
 ``on_change(old, new)`` is called for every change (``old`` None: added; ``new`` None: gone),
 and ``on_progress(seen)`` whenever :attr:`Informer.seen` grows (a bookmark among them), from
@@ -22,6 +24,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
+from time import monotonic
 
 from driver.common.errors import RetryableError
 from driver.common.logs import kv
@@ -30,6 +33,8 @@ from driver.kube.backoff import Backoff
 from driver.kube.rest import WATCH_TIMEOUT_SECONDS, ApiError, Client, GoneError
 
 log = logging.getLogger(__name__)
+# How long a deleted name stays tombstoned: ten times the client's default request timeout.
+TOMBSTONE_TTL_S = 300.0
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
 OnChange = Callable[[Obj | None, Obj | None], None]
@@ -78,7 +83,8 @@ class Informer:
         self.items: dict[Key, Obj] = {}
         self.synced = asyncio.Event()
         self.seen = 0
-        self._tombstones: dict[Key, int] = {}
+        # Key -> (the delete's version, when), oldest first.
+        self._tombstones: dict[Key, tuple[int, float]] = {}
         self._resume = ""  # the resourceVersion to watch from; empty: list first
         self._reported = ""
 
@@ -157,13 +163,13 @@ class Informer:
     def _apply(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
         deleted = self._tombstones.pop(key, None)
-        if deleted is not None and 0 <= version_of(obj) <= deleted:
+        if deleted is not None and 0 <= version_of(obj) <= deleted[0]:
             return  # the echo of our own delete
         cached = self.items.get(key)
         if kind == "DELETED":
             # Kept until the next event of that name or the next list: an answer to our own
             # write that arrives after this event must not bring the object back.
-            self._tombstones[key] = max(version_of(obj), version_of(cached or {}))
+            self._tombstone(key, max(version_of(obj), version_of(cached or {})))
             if cached is not None:
                 del self.items[key]
                 self._on_change(cached, None)
@@ -183,7 +189,7 @@ class Informer:
             return
         key = key_of(obj)
         deleted = self._tombstones.get(key)
-        if deleted is not None and 0 <= version_of(obj) <= deleted:
+        if deleted is not None and 0 <= version_of(obj) <= deleted[0]:
             return
         self._tombstones.pop(key, None)
         self._apply("MODIFIED", obj)
@@ -192,9 +198,16 @@ class Informer:
         """The answer to our own delete that removed the object (``obj``: as deleted)."""
         key = key_of(obj)
         cached = self.items.pop(key, None)
-        self._tombstones[key] = max(version_of(obj), version_of(cached or {}))
+        self._tombstone(key, max(version_of(obj), version_of(cached or {})))
         if cached is not None:
             self._on_change(cached, None)
+
+    def _tombstone(self, key: Key, version: int) -> None:
+        now = monotonic()
+        self._tombstones.pop(key, None)  # to the end: the dict stays oldest first
+        self._tombstones[key] = (version, now)
+        while next(iter(self._tombstones.values()))[1] < now - TOMBSTONE_TTL_S:
+            del self._tombstones[next(iter(self._tombstones))]
 
     def _report(self, exc: Exception) -> None:
         """One line per distinct problem, not one per retry."""
