@@ -100,8 +100,9 @@ def _explain_claim(
     for n in nodes:
         pools = cluster.pools(n)
         shape = shapes.of(n, pools)
-        if shape is not None and shape.search in found:
-            solution = found[shape.search]
+        # One lookup: a key's == compares the node's devices with those of its shape.
+        solution = _UNSEEN if shape is None else found.get(shape.search, _UNSEEN)
+        if shape is not None and solution is not _UNSEEN:
             if solution is not None:
                 results.append(solution.on(n, pools, parsed, seed))
                 continue
@@ -158,6 +159,9 @@ class _Placed(NamedTuple):
     name: str
     node_name: str | None
     node_selector: Mapping[str, Any] | None = None
+
+
+_UNSEEN = _Found((), (), (), {}, 0)  # a shape no node has had yet
 
 
 def _node(

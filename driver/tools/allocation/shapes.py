@@ -25,6 +25,7 @@ import marshal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import count
 from operator import itemgetter
 from typing import Any, cast
 
@@ -159,10 +160,8 @@ class Shapes:
         kept = self._kept(pool.driver)
         capacity = self._capacity or bool(shares)
         constraints = self._constraints
-        numbers: dict[str, dict[Any, int]] = {a: {} for a in constraints}
         columns: list[Any] = []
-        numbered: list[int | None] = []
-        values: list[Any] = []
+        attributes: list[Mapping[str, Any]] = []
         for s in pool.slices:
             if not s.dicts:
                 return None  # read as Mappings: judged on its own
@@ -170,18 +169,17 @@ class Shapes:
             if part is None:
                 return None
             columns.append(part)
-            if not constraints:
-                continue
-            for device in s.raw:
-                attributes = device.get("attributes") or {}
-                for attribute in constraints:
-                    value = attribute_value(attributes, pool.driver, attribute)
-                    values.append(value)
-                    if value is None:
-                        numbered.append(None)
-                    else:
-                        seen = numbers[attribute]
-                        numbered.append(seen.setdefault(value, len(seen)))
+            if constraints:
+                attributes += [d.get("attributes") or {} for d in s.raw]
+        # The search compares constraint values only for equality: numbered by where each
+        # first appears on the node. The reasons say them.
+        numbered: list[list[Any]] = []
+        values: list[list[Any]] = []
+        for attribute in constraints:
+            column = _constraint_values(attributes, pool.driver, attribute)
+            first: dict[Any, Any] = {None: None}
+            numbered.append(list(map(first.setdefault, column, count())))
+            values.append(column)
         search = (
             pool.driver,
             pool.generation,
@@ -235,6 +233,30 @@ def _columns(
     columns: list[Any] = [names]
     columns.extend([a.get(name, _ABSENT) for a in attributes] for name in kept)
     return columns
+
+
+_VALUE_KINDS = frozenset(("string", "int", "bool", "version"))
+
+
+def _constraint_values(
+    attributes: list[Mapping[str, Any]], driver: str, attribute: str
+) -> list[Any]:
+    """Per device, its value of a constraint's attribute, equal where
+    :func:`~driver.tools.allocation.pools.attribute_value`'s are: in the common case (one
+    value of a kind constraints compare, per device) its one (kind, value) item, read
+    without a Python call per device."""
+    domain, sep, bare = attribute.partition("/")
+    raws = [a.get(attribute) for a in attributes]
+    if sep and domain == driver and None in raws:
+        raws = [a.get(bare) if r is None else r for r, a in zip(raws, attributes, strict=True)]
+    present = [r for r in raws if r is not None]
+    if (
+        not set(map(type, present)) - {dict}
+        and not set(map(len, present)) - {1}
+        and not set().union(*present) - _VALUE_KINDS
+    ):
+        return [None if r is None else (*r.items(),) for r in raws]
+    return [attribute_value(a, driver, attribute) for a in attributes]
 
 
 @lru_cache(maxsize=64)
