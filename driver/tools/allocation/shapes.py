@@ -43,9 +43,10 @@ class Key:
 
     Those fields are most of a node's bytes (capacities, counters), the same on every node
     of an instance type: comparing them costs a fraction of writing them. ``==`` does not
-    tell a 1 from a 1.0 or a true in them, nor the order of a dict's keys; a search reads
-    neither (quantities are strings in the API, and a device with a true for one fails
-    validation), while the reasons, reused by exact shape, are written with marshal.
+    tell the order of a dict's keys, which no search outcome depends on, nor 1 from 1.0 or
+    true: quantities, the numbers there, are strings or numbers, and the API server refuses
+    a true for one. The reasons (which name the first capacity short, in the device's
+    order) are reused by the exact shape, which marshal writes.
     """
 
     __slots__ = ("_hash", "fields", "small")
