@@ -799,3 +799,39 @@ def test_nodes_with_values_a_shape_cannot_hold_are_each_searched() -> None:
         ("n1", ["gpu-1"]),
         ("n2", ["gpu-1"]),
     ]
+
+
+def test_twin_nodes_that_differ_in_a_field_beside_the_attributes_get_their_own_outcomes() -> None:
+    # A node's shape compares its devices' other fields with ==: a capacity, a taint that
+    # only some devices have, are told apart.
+    def gpu(name: str, gib: int, **extra: Any) -> dict[str, Any]:
+        return {**device(name, type="gpu"), "capacity": {"memory": {"value": f"{gib}Gi"}}, **extra}
+
+    taint = {"key": "broken", "effect": "NoSchedule"}
+    slices = [
+        slice_("n1", gpu("gpu-0", 80), gpu("gpu-1", 80)),
+        slice_("n2", gpu("gpu-0", 40), gpu("gpu-1", 80)),
+        slice_("n3", gpu("gpu-0", 80), gpu("gpu-1", 80)),
+        slice_("n4", gpu("gpu-0", 80, taints=[taint]), gpu("gpu-1", 80)),
+        slice_("n5", gpu("gpu-0", 40), gpu("gpu-1", 40)),
+    ]
+    out = explain_claim(
+        claim(exactly("gpus", 1, capacity={"requests": {"memory": "48Gi"}})),
+        slices=slices,
+        classes=[device_class()],
+    )
+    assert [(n.node, [r.device for r in n.results]) for n in out.nodes] == [
+        ("n1", ["gpu-0"]),
+        ("n2", ["gpu-1"]),
+        ("n3", ["gpu-0"]),
+        ("n4", ["gpu-1"]),
+        ("n5", []),
+    ]
+    assert "request gpus: needed 1, found 0 matching" in reasons(out, "n5")
+
+
+def test_a_device_that_is_not_an_object_is_a_clear_permanent_error() -> None:
+    broken = slice_("n1", *GPUS)
+    broken["spec"]["devices"].append("gpu-9")
+    with pytest.raises(PermanentError, match=r"ResourceSlice n1-gpu.nvidia.com-1: malformed"):
+        explain_claim(claim(exactly("gpus")), slices=[broken], classes=[device_class()])

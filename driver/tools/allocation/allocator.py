@@ -10,7 +10,7 @@ already searched gets that outcome with its own devices.
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from driver.common.gcpause import gc_paused
 from driver.common.quantity import Quantity
@@ -30,12 +30,12 @@ from driver.tools.allocation.model import (
     Explanation,
     NodeExplanation,
 )
-from driver.tools.allocation.pools import Cluster, Device, DeviceKey, Pool
+from driver.tools.allocation.pools import Cluster, DeviceKey, Pool
 from driver.tools.allocation.reasons import advice, failure_reasons
 from driver.tools.allocation.search import DEFAULT_BUDGET, BudgetExceeded, NodeSearch, SearchAborted
 from driver.tools.allocation.selectors import SelectorProblem, Selectors, selector_refs
-from driver.tools.allocation.shapes import Shapes
-from driver.tools.allocation.status import allocation_json
+from driver.tools.allocation.shapes import Key, Shapes
+from driver.tools.allocation.status import Placement, allocation_json
 
 
 def explain_claim(
@@ -94,18 +94,20 @@ def _explain_claim(
     shared = share_holders(allocated, exclude=claim)
     seed = _share_seed(claim)
     shapes = Shapes(parsed, in_use, shared)
-    found: dict[bytes, _Found | None] = {}  # search shape -> the solution, None for none
+    found: dict[Key, _Found | None] = {}  # search shape -> the solution, None for none
     unfit: dict[bytes, NodeExplanation] = {}  # exact shape -> why not
     results: list[NodeExplanation] = []
     for n in nodes:
         pools = cluster.pools(n)
         shape = shapes.of(n, pools)
-        if shape is not None and shape.search in found:
-            solution = found[shape.search]
+        # One lookup: a key's == compares the node's devices with those of its shape.
+        solution = _UNSEEN if shape is None else found.get(shape.search, _UNSEEN)
+        if shape is not None and solution is not _UNSEEN:
             if solution is not None:
                 results.append(solution.on(n, pools, parsed, seed))
                 continue
-            known = unfit.get(shape.exact)
+            exact = shape.exact()
+            known = None if exact is None else unfit.get(exact)
             if known is not None:
                 results.append(replace(known, node=n))
                 continue
@@ -115,8 +117,9 @@ def _explain_claim(
         results.append(outcome)
         if shape is not None:
             found[shape.search] = solution
-            if solution is None:
-                unfit[shape.exact] = outcome
+            exact = None if solution is not None else shape.exact()
+            if exact is not None:
+                unfit[exact] = outcome
     outcomes = tuple(results)
     if any(o.allocatable for o in outcomes):
         return Explanation(ref, outcomes)
@@ -137,9 +140,28 @@ class _Found:
     def on(
         self, node: str | None, pools: list[Pool], parsed: ParsedClaim, seed: str
     ) -> NodeExplanation:
-        devices = [d for pool in pools for d in pool.devices(node, None)]
-        picked = [(r, devices[p]) for r, p in zip(self.requests, self.positions, strict=True)]
+        # A node of a shape has no slices with per-device node selection: its devices are
+        # those of its pools' slices, in order, all on the node. Only their names are read.
+        slices = [s for pool in pools for s in pool.slices]
+        picked: list[tuple[Request, Placement]] = []
+        for request, position in zip(self.requests, self.positions, strict=True):
+            for s in slices:
+                if position < len(s.raw):
+                    picked.append((request, _Placed(s.driver, s.pool, s.names[position], node)))
+                    break
+                position -= len(s.raw)
         return _allocatable(node, parsed, picked, self.shares, self.chosen, self.steps, seed)
+
+
+class _Placed(NamedTuple):
+    driver: str
+    pool: str
+    name: str
+    node_name: str | None
+    node_selector: Mapping[str, Any] | None = None
+
+
+_UNSEEN = _Found((), (), (), {}, 0)  # a shape no node has had yet
 
 
 def _node(
@@ -189,7 +211,7 @@ def _node(
 def _allocatable(
     node: str | None,
     parsed: ParsedClaim,
-    picked: list[tuple[Request, Device]],
+    picked: Sequence[tuple[Request, Placement]],
     shares: Sequence[dict[str, Quantity] | None],
     chosen: Mapping[str, Request],
     steps: int,

@@ -42,7 +42,9 @@ _ZERO = Quantity.parse("0")
 class Device:
     """One published device with what allocation needs to know about where it lives."""
 
-    index: int  # position in Cluster.devices: the key of every per-device cache
+    # Position in Cluster.devices, which a device joins when first used: the key of every
+    # per-device cache.
+    index: int
     driver: str
     pool: str
     name: str
@@ -97,25 +99,31 @@ class Device:
         return self._cel
 
     def attribute(self, qualified_name: str) -> AttributeValue | None:
-        """Look an attribute up the way constraints do.
+        """Look an attribute up the way constraints do (:func:`attribute_value`)."""
+        return attribute_value(self.data.get("attributes") or {}, self.driver, qualified_name)
 
-        The fully qualified name first, then, when its domain is the driver's,
-        the bare identifier (stable allocator, ``lookupAttribute``).
-        """
-        attributes: Mapping[str, Any] = self.data.get("attributes") or {}
-        raw = attributes.get(qualified_name)
+
+def attribute_value(
+    attributes: Mapping[str, Any], driver: str, qualified_name: str
+) -> AttributeValue | None:
+    """A device's attribute as constraints compare it.
+
+    The fully qualified name first, then, when its domain is the driver's,
+    the bare identifier (stable allocator, ``lookupAttribute``).
+    """
+    raw = attributes.get(qualified_name)
+    if raw is None:
+        domain, sep, ident = qualified_name.partition("/")
+        if not sep or domain != driver:
+            return None
+        raw = attributes.get(ident)
         if raw is None:
-            domain, sep, ident = qualified_name.partition("/")
-            if not sep or domain != self.driver:
-                return None
-            raw = attributes.get(ident)
-            if raw is None:
-                return None
-        if isinstance(raw, Mapping):
-            for kind in _VALUE_KINDS:
-                if kind in raw:
-                    return (kind, raw[kind])
-        return None  # an unknown value type cannot satisfy a constraint
+            return None
+    if isinstance(raw, Mapping):
+        for kind in _VALUE_KINDS:
+            if kind in raw:
+                return (kind, raw[kind])
+    return None  # an unknown value type cannot satisfy a constraint
 
 
 @dataclass(slots=True)
@@ -129,12 +137,84 @@ class _Slice:
     all_nodes: bool
     node_selector: Mapping[str, Any] | None
     per_device: bool
-    devices: list[Device]
+    # The v1 Device dicts, first read when a node that sees the slice is, and their Device
+    # objects made on first use: most nodes of a large cluster get their outcome from a
+    # node of the same shape without any, and a device read then is still in the cache.
+    raw: Sequence[Mapping[str, Any]]
+    every: list[Device]  # the cluster's, which a device made here joins
     counter_sets: list[Mapping[str, Any]] = field(default_factory=list)
+    _names: list[str] | None = None
     # Learnt while its devices are read, so that a pool of this slice alone needs no pass
     # over them again for every node that sees it.
-    duplicate: str | None = None  # a device name that appears twice
-    consuming: bool = False  # whether a device consumes counters
+    _duplicate: str | None = None  # a device name that appears twice
+    _consuming: bool = False  # whether a device consumes counters
+    _dicts: bool = True
+    _made: list[Device | None] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return self._names if self._names is not None else self._read()
+
+    @property
+    def duplicate(self) -> str | None:
+        """A device name that appears twice."""
+        if self._names is None:
+            self._read()
+        return self._duplicate
+
+    @property
+    def consuming(self) -> bool:
+        """Whether a device consumes counters."""
+        if self._names is None:
+            self._read()
+        return self._consuming
+
+    @property
+    def dicts(self) -> bool:
+        """Whether every device is a dict: what a node's shape reads them as."""
+        if self._names is None:
+            self._read()
+        return self._dicts
+
+    def _read(self) -> list[str]:
+        raw = self.raw
+        try:
+            names = list(map(str, [d.get("name", "") for d in raw]))
+        except (AttributeError, TypeError) as exc:
+            raise InvalidSliceError(f"ResourceSlice {self.name}: malformed: {exc}") from exc
+        if len(set(names)) != len(names):
+            seen: set[str] = set()
+            for name in names:
+                if name in seen:
+                    self._duplicate = name
+                seen.add(name)
+        self._consuming = any(["consumesCounters" in d for d in raw])
+        self._dicts = not set(map(type, raw)) - {dict}
+        self._names = names
+        return names
+
+    @property
+    def devices(self) -> list[Device]:
+        return [self.device(i) for i in range(len(self.names))]
+
+    def device(self, position: int) -> Device:
+        made = self._made
+        if not made:
+            made.extend([None] * len(self.names))
+        device = made[position]
+        if device is None:
+            raw = self.raw[position]
+            where, selected = self.node_name, self.node_selector
+            if self.per_device:
+                where, selected = raw.get("nodeName") or None, raw.get("nodeSelector")
+            every = self.every
+            device = Device(
+                len(every), self.driver, self.pool, self.names[position], raw, self.name, where,
+                selected,
+            )  # fmt: skip
+            every.append(device)
+            made[position] = device
+        return device
 
 
 @dataclass(slots=True)
@@ -194,7 +274,7 @@ class InvalidSliceError(PermanentError):
 
 
 class Cluster:
-    """Every device of the given ResourceSlices, grouped so a node's pools are cheap to gather."""
+    """The given ResourceSlices, grouped so a node's pools are cheap to gather."""
 
     def __init__(
         self,
@@ -210,6 +290,8 @@ class Cluster:
         for index, obj in enumerate(slices):
             try:
                 parsed = self._parse(obj, index)
+                # Made now: their nodes are among the cluster's nodes.
+                placed = parsed.devices if parsed is not None and parsed.per_device else []
             except (AttributeError, TypeError, ValueError) as exc:
                 name = (obj.get("metadata") or {}).get("name") if isinstance(obj, Mapping) else None
                 raise InvalidSliceError(
@@ -222,8 +304,7 @@ class Cluster:
                 names.add(parsed.node_name)
             else:
                 self._shared.append(parsed)
-                if parsed.per_device:
-                    names.update(d.node_name for d in parsed.devices if d.node_name)
+                names.update(d.node_name for d in placed if d.node_name)
         for group in self._local.values():
             group.sort(key=lambda s: s.name)
         self._shared.sort(key=lambda s: s.name)
@@ -246,7 +327,7 @@ class Cluster:
         selector = spec.get("nodeSelector")
         if node_name is None and not all_nodes and selector is None and not per_device:
             return None  # an unknown future way of node selection: the scheduler skips it too
-        parsed = _Slice(
+        return _Slice(
             name=name,
             driver=str(driver),
             pool=str(pool["name"]),
@@ -256,25 +337,10 @@ class Cluster:
             all_nodes=all_nodes,
             node_selector=selector,
             per_device=per_device,
-            devices=[],
+            raw=spec.get("devices") or (),
+            every=self.devices,
             counter_sets=list(spec.get("sharedCounters") or ()),
         )
-        every, own, seen = self.devices, parsed.devices, set()
-        driver, pool_name, where, selected = parsed.driver, parsed.pool, node_name, selector
-        for raw in spec.get("devices") or ():
-            if per_device:
-                where, selected = raw.get("nodeName") or None, raw.get("nodeSelector")
-            device = Device(
-                len(every), driver, pool_name, str(raw.get("name", "")), raw, name, where, selected
-            )
-            own.append(device)
-            every.append(device)
-            if device.name in seen:
-                parsed.duplicate = device.name
-            seen.add(device.name)
-            if "consumesCounters" in raw:
-                parsed.consuming = True
-        return parsed
 
     def labels(self, node: str | None) -> Mapping[str, str] | None:
         if node is None or self._node_labels is None:
@@ -308,10 +374,10 @@ class Cluster:
             if len(pool.slices) > 1:
                 seen: set[str] = set()
                 for s in pool.slices:
-                    for d in s.devices:
-                        if d.name in seen:
-                            duplicate = d.name
-                        seen.add(d.name)
+                    for device_name in s.names:
+                        if device_name in seen:
+                            duplicate = device_name
+                        seen.add(device_name)
             if duplicate is not None:
                 pool.invalid = f"duplicate device name {duplicate}"
             if any(s.counter_sets or s.consuming for s in pool.slices):

@@ -10,16 +10,31 @@ single-term selectors of the devices' slices.
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from driver.common.quantity import Quantity
 from driver.tools.allocation.claims import ParsedClaim, Request
-from driver.tools.allocation.pools import Device
+
+
+class Placement(Protocol):
+    """Where an allocated device is: a :class:`~driver.tools.allocation.pools.Device`, or
+    its names alone where a node gets the solution of a node of its shape."""
+
+    @property
+    def driver(self) -> str: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def node_name(self) -> str | None: ...
+    @property
+    def node_selector(self) -> Mapping[str, Any] | None: ...
 
 
 def allocation_json(
     claim: ParsedClaim,
-    results: Sequence[tuple[Request, Device]],
+    results: Sequence[tuple[Request, Placement]],
     chosen: Mapping[str, Request],
     *,
     shares: Sequence[Mapping[str, Quantity] | None] = (),
@@ -53,7 +68,7 @@ def share_id(seed: str, position: int, entry: Mapping[str, Any]) -> str:
     return str(uuid.uuid5(_SHARE_NAMESPACE, key))
 
 
-def _result(request: Request, device: Device) -> dict[str, Any]:
+def _result(request: Request, device: Placement) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "request": request.name,
         "driver": device.driver,
@@ -104,7 +119,7 @@ def _config(claim: ParsedClaim, chosen: Mapping[str, Request]) -> list[dict[str,
     return config
 
 
-def _node_selector(devices: Sequence[Device]) -> dict[str, Any] | None:
+def _node_selector(devices: Sequence[Placement]) -> dict[str, Any] | None:
     fields: list[Mapping[str, Any]] = []
     expressions: list[Mapping[str, Any]] = []
     for device in devices:
