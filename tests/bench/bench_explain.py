@@ -27,7 +27,6 @@ Before timing, every node's outcome of ours is compared with upstream's
 """
 
 import argparse
-import compileall
 import dataclasses
 import json
 import os
@@ -49,6 +48,7 @@ from driver.gpu.inventory import Gpu, Inventory
 from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.simulated import SimulatedNode
 from driver.tools.allocation import explain_claim
+from tests.bench.bytecode import byte_compile
 from tests.oracles.client import Oracle
 from tests.oracles.test_allocator_oracle import compare
 
@@ -302,12 +302,6 @@ def _first(
     )
 
 
-def _byte_compile() -> None:
-    root = Path(__file__).resolve().parents[2]
-    for package in ("api", "cli", "driver"):
-        compileall.compile_dir(root / package, quiet=1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=RUNS, help="runs per figure (median)")
@@ -322,7 +316,7 @@ def main() -> None:
     from tests.e2e.build import build_oracles
 
     binary = build_oracles()
-    _byte_compile()
+    byte_compile(Path(__file__).resolve().parents[2])
     print(
         f"upstream: k8s.io/dynamic-resource-allocation structured, {VERSION} features; "
         f"ours: this tree; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
