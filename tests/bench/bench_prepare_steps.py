@@ -134,7 +134,7 @@ def _report(
     )
     rows.append(
         (
-            "handler's own code between the named calls (tasks, locks, records)",
+            "the rest of the handler: servicer glue, the timers themselves",
             _median(our_steps["own code"]) - _median(floor_steps["own code"]),
         )
     )

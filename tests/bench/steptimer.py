@@ -51,6 +51,21 @@ OURS = (
     ("kubeletplugin.state", "log.info", "INFO log line"),
     ("kubeletplugin.state", "DeviceState._tell", "claim observer (metrics)"),
 )
+# Calls that named ones run within: each gets its own time (see _timed).
+OURS_NESTED = (
+    ("kubeletplugin.draservice", "DraService._prepare", "DraService: requests, responses"),
+    ("kubeletplugin.draservice", "DraService._unprepare", "DraService: requests, responses"),
+    (
+        "kubeletplugin.state",
+        "DeviceState._detached",
+        "claim's own task: create_task, shield, the loop's hops",
+    ),
+    ("kubeletplugin.state", "DeviceState._prepare_one", "_prepare_one: locks, log fields"),
+    ("kubeletplugin.state", "DeviceState._unprepare_one", "_unprepare_one: locks, log fields"),
+    ("kubeletplugin.state", "DeviceState._prepare", "_prepare: the steps' glue"),
+    ("kubeletplugin.state", "DeviceState._unprepare", "_unprepare: the steps' glue"),
+    ("driver.kube.rest", "Client._request", "GET: driver.kube.rest"),
+)
 FLOOR = (
     ("tests.bench.stackfloor", "json.loads", "GET: json.loads"),
     ("aiohttp", "ClientResponse.read", "GET: read the body"),
@@ -59,31 +74,41 @@ FLOOR = (
 )
 
 
-def _timed(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
-    def add(started: int) -> None:
+def _timed(name: str, call: Callable[..., Any], nested: bool = False) -> Callable[..., Any]:
+    """``call`` timed as step ``name``; ``nested``: a call that others named run within,
+    which gets its own time only (its time less theirs), so that the steps still add up."""
+
+    def add(started: int, inner_before: int) -> None:
         steps = _current.get()
         if steps is not None:
-            steps[name] = steps.get(name, 0) + time.perf_counter_ns() - started
+            spent = time.perf_counter_ns() - started
+            if nested:
+                spent -= sum(steps.values()) - inner_before
+            steps[name] = steps.get(name, 0) + spent
+
+    def inner() -> int:
+        steps = _current.get()
+        return sum(steps.values()) if nested and steps is not None else 0
 
     if inspect.iscoroutinefunction(call):
 
         @functools.wraps(call)
         async def timed_async(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter_ns()
+            before, started = inner(), time.perf_counter_ns()
             try:
                 return await call(*args, **kwargs)
             finally:
-                add(started)
+                add(started, before)
 
         return timed_async
 
     @functools.wraps(call)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter_ns()
+        before, started = inner(), time.perf_counter_ns()
         try:
             return call(*args, **kwargs)
         finally:
-            add(started)
+            add(started, before)
 
     return timed
 
@@ -103,7 +128,7 @@ def _handler(rpc: str, method: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
-def _wrap(module_name: str, path: str, name: str) -> None:
+def _wrap(module_name: str, path: str, name: str, nested: bool = False) -> None:
     owner: Any = importlib.import_module(module_name)
     *parents, attr = path.split(".")
     for parent in parents:
@@ -114,7 +139,7 @@ def _wrap(module_name: str, path: str, name: str) -> None:
             setattr(owner, parent, shim)
             found = shim
         owner = found
-    setattr(owner, attr, _timed(name, getattr(owner, attr)))
+    setattr(owner, attr, _timed(name, getattr(owner, attr), nested))
 
 
 def _wrap_servicers() -> None:
@@ -134,6 +159,8 @@ def main() -> None:
     out, which, module, *args = sys.argv[1:]
     for module_name, path, name in OURS if which == "ours" else FLOOR:
         _wrap(module_name, path, name)
+    for module_name, path, name in OURS_NESTED if which == "ours" else ():
+        _wrap(module_name, path, name, nested=True)
     _wrap_servicers()
 
     def dump(signum: int, frame: object) -> None:
