@@ -5,11 +5,12 @@ under tests/bench/steptimer.py, which times each named call of a handler
 (``steptimer.OURS``, ``steptimer.FLOOR``) with ``perf_counter_ns``. The kubelet
 simulator drives both in turns, round by round, one 1-GPU claim at a time, as
 bench_prepare does. Printed per RPC: the p50 the kubelet sees for each, the gap, and
-the gap by row: the median of each of our calls the floor does not make, the claim GET
-and the writes each side makes (ours minus the floor's), the handler's own code between
-the named calls, and what lies outside the handler (gRPC and the event loop, from the
-kubelet's p50 less the handler's); medians do not add exactly, so the last row says how
-far their sum is from the gap.
+the gap by row: the median of each of our calls the floor does not make (a call that
+others run within counts its own time only: ``steptimer.OURS_NESTED``), the claim GET and
+the writes each side makes (ours minus the floor's), the rest of the handler, and what
+lies outside the handler (gRPC and the event loop, from the kubelet's p50 less the
+handler's); medians do not add exactly, so the last row says how far their sum is from
+the gap. On a loaded machine a row also holds the time the process was not scheduled.
 """
 
 import asyncio
