@@ -79,6 +79,10 @@ class DraService:
         # metrics itself (kubeletplugin.state.ClaimObserver), whichever path changed it.
         self._state = state
         self._metrics = metrics
+        # Each family's child per outcome, looked up once: labels() takes a lock and
+        # validates its values on every call. Made on first use, as labels() would: a
+        # series appears once it has happened.
+        self._children: dict[tuple[str, str], Any] = {}
 
     async def prepare(
         self, request: v1.NodePrepareResourcesRequest
@@ -102,8 +106,15 @@ class DraService:
         for uid in dict.fromkeys(c.uid for c in request.claims):
             entry = response.claims[uid]
             failed |= bool(entry.error)
-            self._metrics.prepare_total.labels("error" if entry.error else "success").inc()
-        self._metrics.prepare_seconds.labels("error" if failed else "success").observe(seconds)
+            self._child("prepare_total", "error" if entry.error else "success").inc()
+        self._child("prepare_seconds", "error" if failed else "success").observe(seconds)
+
+    def _child(self, family: str, outcome: str) -> Any:
+        child = self._children.get((family, outcome))
+        if child is None:
+            labelled = getattr(self._metrics, family).labels(outcome)
+            child = self._children[(family, outcome)] = labelled
+        return child
 
     async def _prepare(
         self, request: v1.NodePrepareResourcesRequest
@@ -147,9 +158,9 @@ class DraService:
             failed = False
             for entry in response.claims.values():
                 failed |= bool(entry.error)
-                self._metrics.unprepare_total.labels("error" if entry.error else "success").inc()
+                self._child("unprepare_total", "error" if entry.error else "success").inc()
             outcome = "error" if failed else "success"
-            self._metrics.unprepare_seconds.labels(outcome).observe(time.perf_counter() - start)
+            self._child("unprepare_seconds", outcome).observe(time.perf_counter() - start)
         return response
 
     async def _unprepare(

@@ -78,6 +78,7 @@ LOCK_SUFFIX = ".lock"
 LOCK_MODE = 0o600
 CLAIM_RECORD_KIND = GPU.record_kind  # the GPU driver's; another driver's is in its flavor
 CLAIM_RECORD_VERSION = 1
+_PATHS_KEPT = 1024
 
 # A DRA device name is a DNS label: it can name a file.
 _DEVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -202,6 +203,8 @@ class Records:
         self.boot_id = boot_id
         # Without a boot ID a power loss goes unnoticed: records must never be torn.
         self.fsync = not boot_id
+        # A claim's spec and lock paths, each named several times per call: made once.
+        self._paths: dict[tuple[str, str], Path] = {}
 
     def make_dirs(self) -> None:
         # Each missing directory gets its mode, whatever the umask (kubeletplugin.dirs).
@@ -222,10 +225,22 @@ class Records:
 
     # -- the claim's lock, shared by every plugin instance of the node --
 
+    def _path(self, what: str, uid: str) -> Path:
+        path = self._paths.get((what, uid))
+        if path is None:
+            if len(self._paths) >= _PATHS_KEPT:  # bounded: claims come and go
+                self._paths.clear()
+            if what == "spec":
+                path = cdi.spec_path(self.cdi_root, uid, self.flavor)
+            elif valid_uid(uid):  # nothing else becomes a path under the plugin dir
+                path = self.locks_dir / f"{uid}{LOCK_SUFFIX}"
+            else:
+                raise RecordError(f"claim uid {uid!r} is not a Kubernetes UID: no lock file for it")
+            self._paths[(what, uid)] = path
+        return path
+
     def lock_path(self, uid: str) -> Path:
-        if not valid_uid(uid):  # nothing else becomes a path under the plugin dir
-            raise RecordError(f"claim uid {uid!r} is not a Kubernetes UID: no lock file for it")
-        return self.locks_dir / f"{uid}{LOCK_SUFFIX}"
+        return self._path("lock", uid)
 
     def try_lock_claim(self, uid: str) -> int | None:
         """Take ``uid``'s lock without waiting: the descriptor that holds it, or None when
@@ -271,15 +286,23 @@ class Records:
                 return fd
             os.close(fd)  # its last holder removed it after we opened it: lock the new one
 
-    def unlock_claim(self, uid: str, fd: int) -> None:
+    def unlock_claim(self, uid: str, fd: int, *, records_left: bool | None = None) -> None:
         """Release ``uid``'s lock; its file goes too once the claim has no spec and no
         side-effect record (a reservation left by a failed release does not keep it:
         removing the file is safe whenever it happens, see :meth:`try_lock_claim`, so
-        unlocking reads two names, never every reservation of the node)."""
+        unlocking reads two names, never every reservation of the node).
+
+        ``records_left``: whether the holder's call, which just succeeded, left a spec or
+        a record (a prepare) or removed both (an unprepare); None looks. Either way a
+        mistaken answer costs an inode or a lock file made again, never correctness."""
         try:
             # A lock file left behind costs an inode, never correctness: no error here.
             with contextlib.suppress(OSError):
-                if not (self.spec_path(uid).exists() or self.claim_record_path(uid).exists()):
+                if records_left is None:
+                    records_left = (
+                        self.spec_path(uid).exists() or self.claim_record_path(uid).exists()
+                    )
+                if not records_left:
                     self.lock_path(uid).unlink()
         finally:
             os.close(fd)
@@ -287,7 +310,7 @@ class Records:
     # -- the spec: the record of a prepared claim --
 
     def spec_path(self, uid: str) -> Path:
-        return cdi.spec_path(self.cdi_root, uid, self.flavor)
+        return self._path("spec", uid)
 
     def read_spec(self, uid: str) -> bytes | None:
         try:

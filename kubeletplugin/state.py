@@ -143,6 +143,14 @@ class RollbackError(RetryableError):
     fails): a retry, once the cause is gone, finishes it."""
 
 
+@dataclass(slots=True)
+class _Outcome:
+    """Set by a call that succeeded under the claim's lock: whether the claim has a spec or
+    a side-effect record now, so releasing the lock need not look (None: it looks)."""
+
+    records_left: bool | None = None
+
+
 def _described(exc: Exception) -> str:
     return f"writing node state failed: {exc}" if isinstance(exc, OSError) else str(exc)
 
@@ -314,12 +322,14 @@ class DeviceState:
                 self._claim_locks[uid] = (lock, users - 1)
 
     @contextlib.asynccontextmanager
-    async def _node_claim_lock(self, ref: ClaimRef) -> AsyncIterator[None]:
+    async def _node_claim_lock(self, ref: ClaimRef) -> AsyncIterator[_Outcome]:
         """The claim's lock that every instance of the node takes (records.try_lock_claim),
         held for the whole call. Polled, never waited on in a thread: a wait that cannot
-        be bounded would tie up a worker thread for as long as the other instance takes."""
+        be bounded would tie up a worker thread for as long as the other instance takes.
+        The call says in what it yields whether it left records (see _Outcome)."""
+        outcome = _Outcome()
         if not valid_uid(ref.uid):
-            yield  # no record can be named after it: nothing to keep apart
+            yield outcome  # no record can be named after it: nothing to keep apart
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CLAIM_LOCK_WAIT_S
@@ -333,9 +343,9 @@ class DeviceState:
             await asyncio.sleep(pause)
             pause = min(pause * 2, longest)
         try:
-            yield
+            yield outcome
         finally:
-            self._records.unlock_claim(ref.uid, fd)
+            self._records.unlock_claim(ref.uid, fd, records_left=outcome.records_left)
 
     async def _file_step(self, step: Callable[..., T], *args: Any) -> T:
         """A record write: inline when it is a few syscalls, in a thread when it fsyncs."""
@@ -348,8 +358,9 @@ class DeviceState:
         outcome, result = "error", PrepareResult()
         async with self._claim_lock(ref.uid):
             try:
-                async with self._node_claim_lock(ref):
+                async with self._node_claim_lock(ref) as held:
                     outcome, claim = await self._prepare(ref)
+                    held.records_left = True  # its spec, at least
                 result = PrepareResult(devices=claim.devices)
             except DriverError as exc:
                 result = PrepareResult(error=str(exc))
@@ -598,8 +609,9 @@ class DeviceState:
         started = time.perf_counter()
         async with self._claim_lock(ref.uid):
             try:
-                async with self._node_claim_lock(ref):
+                async with self._node_claim_lock(ref) as held:
                     outcome = await self._unprepare(ref)
+                    held.records_left = False  # spec and side-effect record removed
                 error = ""
             except DriverError as exc:
                 outcome, error = "error", str(exc)
