@@ -13,10 +13,11 @@ refuse a second instance's create, and the 409 that loser gets is its evidence o
 rival. So a node's first publish costs one write (its slice), and the lease is created
 only by an instance that finds slices it did not write (a newer pod during a surge
 upgrade, a restarted one, or the loser of that race). An instance that finds no lease
-and no rival publishes without one; one whose first list found the pool empty does not
-even read it for its first publish (a live holder keeps its slices published, and one
+and no rival publishes without one; one that found the pool empty and has written
+nothing yet does not even read it (a live holder keeps its slices published, and one
 that publishes after us finds our slices or a 409: the evidence reaches both sides, and
-the next write round reads the lease). A node that never had a rival creates no lease.
+every write round after our first reads the lease). A node that never had a rival
+creates no lease.
 
 A peer's word is believed only for a while. The holder renews the lease (one GET and
 one PUT per third of ``leaseDurationSeconds``) and a lease not renewed within its

@@ -183,9 +183,6 @@ class SliceController:
         self._written: set[str] = set()
         self._creating: set[str] = set()  # names of our creates still awaiting an answer
         self._rival_seen = False
-        # None until the first list; then whether that list found the node without slices
-        # and nothing of ours has been written since (see _reconcile).
-        self._pristine: bool | None = None
         self._reported: set[str] = set()
         # Resync bookkeeping: requested -> discovered -> reconciled.
         self._requested = 0
@@ -403,10 +400,10 @@ class SliceController:
             self._lease_recheck = False
             # A node's first publish onto an empty pool reads no lease: a live holder keeps
             # its slices published, so an empty pool has none, or one whose create will 409
-            # against ours (rival evidence both ways); any later write round reads it. That
-            # keeps a new node's join to the helper's three requests.
-            first = bool(self._pristine) and not self._rival_seen
-            self._pristine = False
+            # against ours (rival evidence both ways); any round after our first write reads
+            # it. Nothing written and no rival seen is that case: any slice a list found that
+            # we did not write is a rival's. It keeps a new node's join to three requests.
+            first = not self._written and not self._rival_seen
             if not first and not await self._lease.ensure(rival_seen=self._rival_seen):
                 if not self._standby:
                     log.info(
@@ -598,8 +595,6 @@ class SliceController:
     def _synced(self, listed: dict[str, _Obj]) -> None:
         """``observed`` is ``listed``, as fresh as a list (a list, or a watch's initial events)."""
         self._observed = listed
-        if self._pristine is None:
-            self._pristine = not listed
         self._tombstones.clear()  # the list is newer than every delete before it
         if not self._observed.keys() <= self._written:
             self._rival_seen = True

@@ -91,9 +91,6 @@ class Installed:
         )["items"]
         return items
 
-    def plugin_pods(self) -> list[dict[str, Any]]:
-        return self.pods()
-
     def ready_pods(self, selector: str = SELECTOR) -> list[dict[str, Any]]:
         return [p for p in self.pods(selector) if ready(p) and not p["metadata"].get(
             "deletionTimestamp")]  # fmt: skip
@@ -123,7 +120,7 @@ class Installed:
         try:
             await await_until("the plugin pod Ready", lambda: len(self.ready_pods()) == 1, 240)
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}: {self.diagnose(self.plugin_pods())}") from exc
+            raise AssertionError(f"{exc}: {self.diagnose(self.pods())}") from exc
 
     def diagnose(self, pods: list[dict[str, Any]], container: str = "kubelet-plugin") -> str:
         said = [self.pod_log(p, container)[-30:] for p in pods]
@@ -175,6 +172,20 @@ def workload_images() -> tuple[str, ...]:
                 continue
             refs.update(c["image"] for c in spec.get("containers", []))
     return tuple(sorted(refs))
+
+
+def holder(marker: str) -> tuple[Path, dict[str, str]] | None:
+    """The /proc entry and environment of the container whose environment holds
+    ``HOLDER=marker`` (the tests' pods set it), read from the host."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            text = (entry / "environ").read_text()
+            env = dict(kv.split("=", 1) for kv in text.split("\0") if "=" in kv)
+            if env.get("HOLDER") == marker:
+                return entry, env
+    return None
 
 
 def create_namespace(cp: ControlPlane) -> None:

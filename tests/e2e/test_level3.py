@@ -36,6 +36,7 @@ from tests.e2e.installed import (
     VERSION,
     Installed,
     create_namespace,
+    holder,
     json_lines,
     ready,
     simulated_node,
@@ -256,26 +257,22 @@ class Prober:
 def _inside(marker: str) -> dict[str, Any]:
     """What the container marked ``marker`` sees, read through its /proc from the host: its
     GPU env and its /dev/nvidia* nodes."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            env = dict(
-                kv.split("=", 1) for kv in (entry / "environ").read_text().split("\0") if "=" in kv
-            )
-            if env.get("HOLDER") != marker:
-                continue
-            devices = sorted(p.name for p in (entry / "root" / "dev").iterdir()
-                             if p.name.startswith("nvidia"))  # fmt: skip
-            pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
-            seen: dict[str, Any] = {"uuids": env.get("GPU_DRA_VISIBLE_GPU_UUIDS", ""),
-                                    "devices": devices, "mps_pipe": pipe}  # fmt: skip
-            if pipe:  # what an MPS client reaches: its server's control pipe, and which one
-                inside = entry / "root" / pipe.lstrip("/")
-                seen["mps_control"] = (inside / "control").exists()
-                with contextlib.suppress(OSError, ValueError):
-                    seen["mps_daemon_pid"] = int((inside / "daemon.pid").read_text())
-            return seen
+    found = holder(marker)
+    if found is None:
+        return {}
+    entry, env = found
+    with contextlib.suppress(OSError):
+        devices = sorted(p.name for p in (entry / "root" / "dev").iterdir()
+                         if p.name.startswith("nvidia"))  # fmt: skip
+        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
+        seen: dict[str, Any] = {"uuids": env.get("GPU_DRA_VISIBLE_GPU_UUIDS", ""),
+                                "devices": devices, "mps_pipe": pipe}  # fmt: skip
+        if pipe:  # what an MPS client reaches: its server's control pipe, and which one
+            inside = entry / "root" / pipe.lstrip("/")
+            seen["mps_control"] = (inside / "control").exists()
+            with contextlib.suppress(OSError, ValueError):
+                seen["mps_daemon_pid"] = int((inside / "daemon.pid").read_text())
+        return seen
     return {}
 
 
@@ -400,7 +397,7 @@ async def _roll(release: GpuNode, tag: str, *helm: str) -> dict[str, Any]:
         await asyncio.to_thread(release.run_helm, *helm)
 
         def rolled() -> bool:
-            pods = release.plugin_pods()
+            pods = release.pods()
             return len(pods) == 1 and ready(pods[0]) and pods[0]["spec"]["containers"][0][
                 "image"].endswith(f":{tag}")  # fmt: skip
 
@@ -502,7 +499,7 @@ async def test_helm_uninstall_with_a_gpu_pod_running(release: GpuNode) -> None:
     cp, node = release.cp, release.node
     claim_uid = await asyncio.to_thread(_start_holder, cp, "held-uninstall")
     release.run_helm("uninstall", RELEASE, "-n", NAMESPACE)
-    await await_until("the plugin pods gone", lambda: not release.plugin_pods(), 120)
+    await await_until("the plugin pods gone", lambda: not release.pods(), 120)
     gone = time.monotonic()
     await await_until("the kubelet wiped the slices", lambda: release.published() == 0, 60)
     # An observation window, not a wait for a state: what is left once the kubelet's own
@@ -554,7 +551,7 @@ async def test_an_empty_driver_root_keeps_the_pod_unready_without_restarts(
                      "-f", str(CHART / "values-eks.yaml"), *values)  # fmt: skip
 
     def said_why() -> list[dict[str, Any]]:
-        pods = release.plugin_pods()
+        pods = release.pods()
         if len(pods) != 1:
             return []
         return [d for d in json_lines(release.pod_log(pods[0]))
@@ -564,13 +561,13 @@ async def test_an_empty_driver_root_keeps_the_pod_unready_without_restarts(
     print("empty driver root:", json.dumps(line))
     assert "/driver-root/usr/lib64/libnvidia-ml.so.1" in line["msg"]  # every path tried
     # Its log can come before the kubelet's status update says Running.
-    await await_until("the pod Running", lambda: release.plugin_pods()[0]["status"].get(
+    await await_until("the pod Running", lambda: release.pods()[0]["status"].get(
         "phase") == "Running", 60)  # fmt: skip
     # Three liveness periods (10 s each, the chart's default) with the pod unready: a
     # liveness probe that failed would have restarted it by now.
     deadline = time.monotonic() + 35
     while time.monotonic() < deadline:
-        (pod,) = release.plugin_pods()
+        (pod,) = release.pods()
         status = pod["status"]
         assert status["phase"] == "Running" and not ready(pod), status
         assert status["containerStatuses"][0]["restartCount"] == 0, status
@@ -595,4 +592,4 @@ async def test_a_missing_driver_root_is_the_kubelets_event(release: GpuNode) -> 
     print("missing driver root:", message)
     assert "is not a directory" in message or "does not exist" in message, message
     release.run_helm("uninstall", RELEASE, "-n", NAMESPACE)
-    await await_until("the plugin pods gone", lambda: not release.plugin_pods(), 120)
+    await await_until("the plugin pods gone", lambda: not release.pods(), 120)

@@ -33,6 +33,7 @@ from tests.e2e.installed import (
     VERSION,
     Installed,
     create_namespace,
+    holder,
     ready,
     simulated_node,
 )
@@ -78,17 +79,6 @@ def _channel_major(driver_root: Path) -> int:
         if name == "nvidia-caps-imex-channels":
             return int(number)
     raise AssertionError("no nvidia-caps-imex-channels in the simulated /proc/devices")
-
-
-def _worker_process(marker: str) -> Path | None:
-    """The /proc entry of the container whose environment holds HOLDER=``marker``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if f"HOLDER={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                return entry
-    return None
 
 
 def _worker(domain_template: str) -> dict[str, Any]:
@@ -138,7 +128,7 @@ async def test_the_daemon_pod_runs_from_the_image_and_the_worker_gets_channel_0(
     try:
         await await_until("the node's clique label", clique, 60)
     except TimeoutError as exc:
-        said = release.pod_log(release.plugin_pods()[0])[-20:]
+        said = release.pod_log(release.pods()[0])[-20:]
         raise AssertionError(f"{exc}: the plugin said {said}") from exc
     cp.create(_worker(template), TEAM)
     created = time.monotonic()
@@ -169,7 +159,7 @@ async def test_the_daemon_pod_runs_from_the_image_and_the_worker_gets_channel_0(
     assert [(n["name"], n["status"]) for n in status["nodes"]] == [(NODE, names.READY)]
 
     # The worker: channel 0 as containerd made it from the CDI spec, and its four GPUs.
-    worker = await await_until("the worker's process", lambda: _worker_process(WORKER), 30)
+    worker, _ = await await_until("the worker's process", lambda: holder(WORKER), 30)
     found = (worker / "root" / CHANNEL.lstrip("/")).stat()
     assert stat.S_ISCHR(found.st_mode)
     major = _channel_major(release.driver_root)
