@@ -85,6 +85,9 @@ def _mps_pod(args: argparse.Namespace) -> "MpsPodConfig | None":
 
 
 def _run(args: argparse.Namespace) -> int:
+    from driver.common import gcpause
+
+    gcpause.pause_start_up()  # before the daemon's imports; the node ends it once started
     import asyncio
 
     from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
+from driver.common import gcpause
 from driver.common.driverversion import DriverTooOld
 from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
@@ -211,15 +212,18 @@ class _Node:
             state = await self._setup(stop)
             if state is None:
                 return 0
-            await self._serve(state)
+            published = await self._serve(state)
             await self._start_guests(stop)
             self._probes.set_ready()
-            _return_freed_memory()
             log.info(
                 "kubelet plugin ready",
                 extra=kv(node=self._config.node_name, driver=self._config.driver_name),
             )
-            return await self._wait_for_stop(stop)
+            settling = asyncio.create_task(_settle(published), name="start-up-settle")
+            try:
+                return await self._wait_for_stop(stop)
+            finally:
+                settling.cancel()
         finally:
             await self._shutdown()
 
@@ -244,6 +248,7 @@ class _Node:
             except Exception as exc:  # API errors of the kubernetes client, NVML errors
                 reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc!r}"
             self._probes.set_not_ready(reason)
+            gcpause.start_up_over()  # a start that waits is no quick start: collect as usual
             if reason != last:  # one line per distinct problem, not one per retry
                 log.error(reason, extra=kv(node=self._config.node_name))
                 last = reason
@@ -351,7 +356,8 @@ class _Node:
                 log.info("NVML library loaded", extra=kv(node=cfg.node_name, path=str(path)))
         return self._backend
 
-    async def _serve(self, state: DeviceState) -> None:
+    async def _serve(self, state: DeviceState) -> asyncio.Event:
+        """Serve ``state`` and publish the node's slices; the event is set once published."""
         cfg = self._config
         assert self._devices is not None, "_open_state runs first"
         # Health first: the first slice already carries what the last instance persisted.
@@ -444,6 +450,7 @@ class _Node:
         self._tasks.append(
             asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )
+        return controller.published
 
     async def _start_guests(self, stop: asyncio.Event) -> None:
         """Each other driver of this process, on this one's NVML and inventory; one that
@@ -601,13 +608,25 @@ def limit_malloc_arenas() -> None:
         libc.mallopt(_M_ARENA_MAX, 2)
 
 
+# How long after ready the start-up may wait on its first publish (an API server that
+# refuses it) before the collector resumes anyway.
+_SETTLE_S = 10.0
+
+
+async def _settle(published: asyncio.Event) -> None:
+    """End start-up once the node's slices are first published (a joining node's pool waits
+    on that, nothing waits on this), or ``_SETTLE_S`` after ready."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(published.wait(), _SETTLE_S)
+    _return_freed_memory()
+
+
 def _return_freed_memory() -> None:
     """Start-up (imports, discovery, the first slice write) frees much of what it allocated,
     but glibc keeps freed heap pages mapped: hand them back, so the node's resting RSS is
-    what the daemon holds, not what it once touched."""
-    import gc
-
-    gc.collect()
+    what the daemon holds, not what it once touched. The collector resumes here, after one
+    full collection (:func:`gcpause.pause_start_up`)."""
+    gcpause.start_up_over()
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
