@@ -4,8 +4,9 @@ first published, or a bounded time after ready when the API server refuses them,
 soon as the start has to wait and retry."""
 
 import asyncio
+import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,22 @@ def paused() -> Iterator[None]:
         gc.enable()
 
 
+@contextlib.asynccontextmanager
+async def _node(
+    kube: tuple[Any, Path], dirs: NodeDirs, capacity: dict[str, str] | None = None
+) -> AsyncIterator[None]:
+    api, kubeconfig = kube
+    await create_node(api, NODE, capacity=capacity)
+    config = dirs.node_config(kubeconfig, node_name=NODE, profile="p5.48xlarge")
+    stop = asyncio.Event()
+    running = asyncio.create_task(node.run(config, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0
+
+
 @pytest.mark.usefixtures("paused")
 async def test_the_collector_stays_paused_until_the_slices_are_published(
     apiserver: LocalApiServer,
@@ -36,13 +53,10 @@ async def test_the_collector_stays_paused_until_the_slices_are_published(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(node, "_SETTLE_S", 3600.0)
-    api, kubeconfig = kube
-    await create_node(api, NODE)
-    apiserver.faults.fail("create", "resourceslices", code=503, times=-1)
-    config = dirs.node_config(kubeconfig, node_name=NODE, profile="p5.48xlarge")
-    stop = asyncio.Event()
-    running = asyncio.create_task(node.run(config, stop))
-    try:
+    # 403, not 503: after a 503 the controller waits out the request timeout (the create
+    # may still commit) before it looks again.
+    apiserver.faults.fail("create", "resourceslices", code=403, times=-1)
+    async with _node(kube, dirs):
         await wait_for(
             lambda: apiserver.requests.count("create", "resourceslices") >= 1, "a refused create"
         )
@@ -51,9 +65,6 @@ async def test_the_collector_stays_paused_until_the_slices_are_published(
         apiserver.faults.clear()
         await wait_for(gc.isenabled, "the collector resumed")
         assert apiserver.objects("resourceslices")
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(running, 30) == 0
 
 
 @pytest.mark.usefixtures("paused")
@@ -64,33 +75,17 @@ async def test_a_refused_publish_keeps_the_pause_no_longer_than_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(node, "_SETTLE_S", 0.2)
-    api, kubeconfig = kube
-    await create_node(api, NODE)
     apiserver.faults.fail("create", "resourceslices", code=503, times=-1)
-    config = dirs.node_config(kubeconfig, node_name=NODE, profile="p5.48xlarge")
-    stop = asyncio.Event()
-    running = asyncio.create_task(node.run(config, stop))
-    try:
+    async with _node(kube, dirs):
         await wait_for(gc.isenabled, "the collector resumed after the bound")
         assert apiserver.requests.count("create", "resourceslices") >= 1
         assert apiserver.objects("resourceslices") == []
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(running, 30) == 0
 
 
 @pytest.mark.usefixtures("paused")
 async def test_a_start_that_retries_resumes_the_collector(
     kube: tuple[Any, Path], dirs: NodeDirs
 ) -> None:
-    api, kubeconfig = kube
-    await create_node(api, NODE, capacity={"nvidia.com/gpu": "8"})  # the guard waits
-    config = dirs.node_config(kubeconfig, node_name=NODE, profile="p5.48xlarge")
-    stop = asyncio.Event()
-    running = asyncio.create_task(node.run(config, stop))
-    try:
+    async with _node(kube, dirs, capacity={"nvidia.com/gpu": "8"}):  # the guard waits
         await wait_for(gc.isenabled, "the collector resumed")
         assert not dirs.paths().registration.exists()  # still waiting, not serving
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(running, 30) == 0
