@@ -207,6 +207,16 @@ def _gpu_dir(tmp_path: Path, uuid: str) -> Path:
     return tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid
 
 
+def serving(tmp_path: Path, uuid: str) -> bool:
+    """``uuid``'s daemon restarted and ready: the plugin finds it as soon as it runs, but
+    the stand-in writes its own pid file and then its pipe a moment later."""
+    pid = GPU.mps.running_pid(uuid)
+    pipe = _gpu_dir(tmp_path, uuid) / "pipe"
+    with contextlib.suppress(OSError, ValueError):
+        return pid == int((pipe / "daemon.pid").read_text()) and (pipe / "control").exists()
+    return False
+
+
 async def test_a_link_planted_in_the_log_directory_is_never_followed(
     api_client: k8s.ApiClient, tmp_path: Path, control: Control
 ) -> None:
@@ -259,9 +269,9 @@ async def test_a_directory_planted_at_one_gpus_control_pipe_stops_no_other_resta
     (control_a / "junk").write_text("x")
     watchdog = asyncio.create_task(state.run_watchdog(period=0.05))
     try:
-        await wait_for(lambda: GPU.mps.running_pid(b_uuid) is not None, "GPU B's daemon back")
+        await wait_for(lambda: serving(tmp_path, b_uuid), "GPU B's daemon back")
         # The planted directory is cleared like a stale pipe: GPU A's daemon is back too.
-        await wait_for(lambda: GPU.mps.running_pid(a_uuid) is not None, "GPU A's daemon back")
+        await wait_for(lambda: serving(tmp_path, a_uuid), "GPU A's daemon back")
     finally:
         watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -318,7 +328,7 @@ async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
     )
     watchdog = asyncio.create_task(state.run_watchdog(period=0.05))
     try:
-        await wait_for(lambda: GPU.mps.running_pid(b_uuid) is not None, "GPU B's daemon back")
+        await wait_for(lambda: serving(tmp_path, b_uuid), "GPU B's daemon back")
         failed = [
             r for r in caplog.records if r.getMessage() == "MPS control daemon restart failed"
         ]
@@ -345,7 +355,7 @@ async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
         ]
         assert GPU.mps.running_pid(a_uuid) is None
         smi.fail.unlink()  # the GPU is back: the next round restarts its daemon
-        await wait_for(lambda: GPU.mps.running_pid(a_uuid) is not None, "GPU A's daemon back")
+        await wait_for(lambda: serving(tmp_path, a_uuid), "GPU A's daemon back")
     finally:
         watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
