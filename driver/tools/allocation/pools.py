@@ -34,7 +34,8 @@ AttributeValue = tuple[str, Any]
 # Counter amounts by (counter set, counter).
 Counters = dict[tuple[str, str], Quantity]
 
-_VALUE_KINDS = ("string", "int", "bool", "version")
+# The value kinds constraints compare, in the order a device's value is read.
+VALUE_KINDS = ("string", "int", "bool", "version")
 _ZERO = Quantity.parse("0")
 
 
@@ -120,7 +121,7 @@ def attribute_value(
         if raw is None:
             return None
     if isinstance(raw, Mapping):
-        for kind in _VALUE_KINDS:
+        for kind in VALUE_KINDS:
             if kind in raw:
                 return (kind, raw[kind])
     return None  # an unknown value type cannot satisfy a constraint

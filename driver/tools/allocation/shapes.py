@@ -32,7 +32,7 @@ from typing import Any, cast
 from driver.common.quantity import Quantity
 from driver.tools.allocation.capacity import Use
 from driver.tools.allocation.claims import ParsedClaim
-from driver.tools.allocation.pools import DeviceKey, Pool, attribute_value
+from driver.tools.allocation.pools import VALUE_KINDS, DeviceKey, Pool, attribute_value
 from driver.tools.cel import Read, selector_reads
 
 
@@ -236,9 +236,6 @@ def _columns(
     return columns
 
 
-_VALUE_KINDS = frozenset(("string", "int", "bool", "version"))
-
-
 def _constraint_values(
     attributes: list[Mapping[str, Any]], driver: str, attribute: str
 ) -> list[Any]:
@@ -254,7 +251,7 @@ def _constraint_values(
     if (
         not set(map(type, present)) - {dict}
         and not set(map(len, present)) - {1}
-        and not set().union(*present) - _VALUE_KINDS
+        and not set().union(*present).difference(VALUE_KINDS)
     ):
         return [None if r is None else (*r.items(),) for r in raws]
     return [attribute_value(a, driver, attribute) for a in attributes]
