@@ -24,7 +24,9 @@ COPY api ./api
 COPY cli ./cli
 COPY cluster ./cluster
 COPY driver ./driver
+COPY drivers ./drivers
 COPY kubeletplugin ./kubeletplugin
+COPY tools ./tools
 RUN python -m venv /opt/gpu-dra \
  && /opt/gpu-dra/bin/pip install . \
  && /opt/gpu-dra/bin/pip uninstall --yes pip setuptools wheel \

@@ -24,7 +24,7 @@ def read(kubeconfig: Path | None, reader: Callable[[Any], Awaitable[T]], *, comp
     (a PermanentError) when there is no usable kubeconfig."""
     import asyncio
 
-    from driver.tools.allocation.inputs import ClusterAccessError
+    from tools.allocation.inputs import ClusterAccessError
 
     if kubeconfig is not None and not kubeconfig.is_file():
         raise ClusterAccessError(f"kubeconfig {kubeconfig}: no such file")

@@ -60,11 +60,11 @@ async def _main(args: argparse.Namespace) -> int:
     import asyncio
 
     from driver.common.errors import PermanentError
-    from driver.gpu.discovery import discover
-    from driver.gpu.inventory import Inventory
-    from driver.gpu.kinds import NodeDevices
     from driver.kube import client as kubeclient
     from driver.slices import SliceController
+    from drivers.gpu.kinds import NodeDevices
+    from drivers.gpu.model.discovery import discover
+    from drivers.gpu.model.inventory import Inventory
 
     node_name = nvml_args.node_name(args)
     if args.resync_period <= 0:

@@ -38,7 +38,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.gpu.discovery import discover
+    from drivers.gpu.model.discovery import discover
 
     if args.list_profiles:
         from driver.nvml.profile import profile_names
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_PERMANENT
 
     from driver.common.limits import validate_resource_slice
-    from driver.gpu.resourceslice import build_resource_slices
+    from drivers.gpu.model.resourceslice import build_resource_slices
 
     slices = build_resource_slices(
         inventory,

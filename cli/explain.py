@@ -1,7 +1,7 @@
 """``gpu-dra explain``: which devices a claim gets on each node, or exactly why not.
 
 Offline, with the scheduler's structured-parameters semantics (see
-:mod:`driver.tools.allocation`): DeviceClass and request selectors, ``exactly`` with
+:mod:`tools.allocation`): DeviceClass and request selectors, ``exactly`` with
 ``count`` or ``allocationMode: All``, ``firstAvailable``, ``matchAttribute`` /
 ``distinctAttribute`` constraints, devices already allocated, pool generations
 and completeness, device taints and tolerations.
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from driver.tools.allocation import ClassListing, Explanation
-    from driver.tools.allocation.inputs import Inputs
+    from tools.allocation import ClassListing, Explanation
+    from tools.allocation.inputs import Inputs
 
 _EPILOG = """\
 inputs:
@@ -174,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
-    from driver.tools.allocation import DEFAULT_BUDGET, explain_claim, explain_class
-    from driver.tools.allocation.inputs import (
+    from tools.allocation import DEFAULT_BUDGET, explain_claim, explain_class
+    from tools.allocation.inputs import (
         CLAIM,
         CLASS,
         SLICE,
@@ -283,7 +283,7 @@ def _with_lint(explanation: "Explanation", claim: dict[str, Any]) -> "Explanatio
 
     import yaml
 
-    from driver.tools.validation import Severity, validate_sources
+    from tools.validation import Severity, validate_sources
 
     # Not the check against the instance profiles: explain judges the devices it was given.
     found = [
@@ -316,7 +316,7 @@ def _only_nodes(explanation: "Explanation", wanted: set[str]) -> "Explanation":
 
 def _read_cluster(kubeconfig: Path | None) -> "Inputs":
     from cli import _cluster
-    from driver.tools.allocation.inputs import read_cluster
+    from tools.allocation.inputs import read_cluster
 
     return _cluster.read(kubeconfig, read_cluster, component="explain")
 

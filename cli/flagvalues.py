@@ -20,7 +20,7 @@ def feature_gates(text: str) -> dict[str, bool]:
 
 def xids(text: str) -> frozenset[int]:
     # Imported here: `gpu-dra --help` must not load the health rules.
-    from driver.gpu.devicehealth import parse_xids
+    from drivers.gpu.model.devicehealth import parse_xids
 
     try:
         return parse_xids(text)
@@ -29,7 +29,7 @@ def xids(text: str) -> frozenset[int]:
 
 
 def recoverable_xids(text: str) -> frozenset[int]:
-    from driver.gpu.devicehealth import parse_recoverable_xids
+    from drivers.gpu.model.devicehealth import parse_recoverable_xids
 
     try:
         return parse_recoverable_xids(text)

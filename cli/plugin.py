@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from cli import flags, flagtable
 
 if TYPE_CHECKING:
-    from driver.gpu.kinds.mpspod import MpsPodConfig
+    from drivers.gpu.kinds.mpspod import MpsPodConfig
+    from drivers.gpu.node import NodeConfig
     from kubeletplugin.cohost import Guest
-    from kubeletplugin.gpu.node import NodeConfig
 
 COMMAND = "kubelet-plugin"
 # In the order of --help; each also defaults from its variable, as the DaemonSet may set it.
@@ -71,7 +71,7 @@ def _path(value: str | None) -> Path | None:
 
 
 def _mps_pod(args: argparse.Namespace) -> "MpsPodConfig | None":
-    from driver.gpu.kinds.mpspod import MpsPodConfig
+    from drivers.gpu.kinds.mpspod import MpsPodConfig
 
     if args.mps_daemon != "pod":
         return None
@@ -90,8 +90,8 @@ def _run(args: argparse.Namespace) -> int:
     gcpause.pause_start_up()  # before the daemon's imports; the node ends it once started
     import asyncio
 
-    from driver.gpu.devicehealth import DEFAULT_IGNORED_XIDS
-    from kubeletplugin.gpu import node
+    from drivers.gpu import node
+    from drivers.gpu.model.devicehealth import DEFAULT_IGNORED_XIDS
 
     if not args.node_name:
         print(
@@ -157,7 +157,7 @@ def _guests(args: argparse.Namespace, config: "NodeConfig") -> "list[Guest]":
     """The other drivers this process serves: the ComputeDomain driver, when asked for."""
     if not args.compute_domains:
         return []
-    from kubeletplugin.computedomain.node import ComputeDomainDriver, DomainConfig
+    from drivers.computedomain.node import ComputeDomainDriver, DomainConfig
 
     return [
         ComputeDomainDriver(

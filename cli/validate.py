@@ -103,7 +103,7 @@ def _read(name: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from driver.tools.validation import Severity, parse_version, validate_sources
+    from tools.validation import Severity, parse_version, validate_sources
 
     try:
         version = parse_version(args.kubernetes_version)
@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.cluster:
         from cli import _cluster
         from driver.common.errors import DriverError
-        from driver.tools.allocation.inputs import read_references
+        from tools.allocation.inputs import read_references
 
         try:
             known = _cluster.read(args.kubeconfig, read_references, component="validate")

@@ -10,7 +10,7 @@ records, the CDI spec file, the gRPC service) is shared and knows no kind.
 The seam is generic over what a driver's discovery found (the inventory its kinds build
 devices from) and over what its kinds are given of the node (a :class:`KindContext`, or a
 driver's richer one): here it names neither. The GPU driver's kinds and their table are
-``driver.gpu.kinds``; the ComputeDomain driver's, ``kubeletplugin.computedomain.kinds``.
+``drivers.gpu.kinds``; the ComputeDomain driver's, ``drivers.computedomain.kinds``.
 """
 
 from collections.abc import Mapping, Sequence

@@ -41,7 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONTENTS = tomllib.loads((HERE / "contents.toml").read_text())
-PACKAGES = ("api", "cli", "cluster", "driver", "kubeletplugin", "sandbox")
+PACKAGES = ("api", "cli", "cluster", "driver", "drivers", "kubeletplugin", "sandbox", "tools")
 SITE = "opt/gpu-dra/site"
 ENTRY = f"""#!/usr/bin/python3
 import sys

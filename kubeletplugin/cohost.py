@@ -13,7 +13,7 @@ from typing import Protocol
 from kubernetes.aio.client import ApiClient
 from prometheus_client import CollectorRegistry
 
-from driver.gpu.inventory import Inventory
+from drivers.gpu.model.inventory import Inventory
 
 
 @dataclass(frozen=True, slots=True)

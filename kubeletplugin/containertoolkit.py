@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from driver.common.errors import PermanentError
-from driver.gpu.kinds.gpu import CONTROL_NODES
+from drivers.gpu.kinds.gpu import CONTROL_NODES
 
 _CTK_LOCATIONS = ("usr/bin", "usr/local/bin", "usr/local/nvidia/toolkit")
 _TIMEOUT_S = 120.0

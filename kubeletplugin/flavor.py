@@ -2,7 +2,7 @@
 its side-effect records, its table of device kinds and what they are attached with.
 
 Records, recovery, the CDI writer and the claim state take a :class:`Flavor`; each node
-driver (``kubeletplugin/gpu/``, ``kubeletplugin/computedomain/``) passes its own, so the two
+driver (``drivers/gpu/``, ``drivers/computedomain/``) passes its own, so the two
 share those modules without either naming the other. :data:`GPU` is the default wherever a
 flavor is optional: the GPU driver's names on disk are release 0.1.0's and never change
 (upgrade tests read them). The GPU node process attaches its kinds with what it knows of
@@ -16,7 +16,7 @@ from typing import Any
 
 from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
 from driver.devicekind import AnyKind, KindContext
-from driver.gpu.kinds import GpuNode, by_name
+from drivers.gpu.kinds import GpuNode, by_name
 
 
 @dataclass(frozen=True, slots=True)

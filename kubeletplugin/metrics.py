@@ -24,8 +24,8 @@ from driver.common.metricsserver import CONTENT_TYPE as CONTENT_TYPE
 from driver.common.metricsserver import MetricsServer as MetricsServer
 from driver.common.metricsserver import counted
 from driver.devicekind import PreparedClaim
-from driver.gpu.kinds import gpu_uuid
 from driver.kube.rest import ERROR_CLASSES as _API_ERRORS
+from drivers.gpu.kinds import gpu_uuid
 from kubeletplugin.healthstream import HealthBoard
 
 _STATES = ("Healthy", "Unhealthy", "Unknown")

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from driver.common.wire import Obj
-from driver.computedomain import names
 from driver.nvml.profile import load_profile
+from drivers.computedomain import names
 from kubeletplugin.sockets import SocketPaths, socket_paths
 from sandbox.apiserver import LocalApiServer
 from tests.computedomains import DRIVER_NAMESPACE, clique, daemon, domain

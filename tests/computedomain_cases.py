@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from driver.computedomain import names
+from drivers.computedomain import names
 
 UID = "bb55e2a1-7c3d-4f0e-9a8b-0123456789ea"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 
 FIXTURE: Final = Path(__file__).parent / "data" / "nvidia-computedomain-objects.json"
 DRIVER_NAMESPACE: Final = "<driver-namespace>"

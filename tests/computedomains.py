@@ -5,7 +5,7 @@ from typing import Any
 
 from cluster.computedomain.objects import DaemonSettings
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 
 DRIVER_NAMESPACE = "gpu-dra"
 SETTINGS = DaemonSettings(namespace=DRIVER_NAMESPACE, image="registry.example/gpu-dra:1")

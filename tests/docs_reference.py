@@ -4,7 +4,7 @@
 ``tests/test_docs_reference.py`` fails when the file differs from what this writes. Each
 table is read from the one place its facts live: the flag table (:mod:`cli.flagtable`), the
 chart's values schema and values file, the attribute tables the device kinds are tested
-against (:mod:`driver.gpu.published`), and the metrics registries
+against (:mod:`drivers.gpu.model.published`), and the metrics registries
 (:mod:`kubeletplugin.metrics`, :mod:`cluster.computedomain.metrics`).
 """
 
@@ -133,7 +133,7 @@ def chart_values() -> str:
 
 def attributes() -> str:
     from driver import DEFAULT_DRIVER_NAME
-    from driver.gpu.published import (
+    from drivers.gpu.model.published import (
         DRIVER_ATTRIBUTES,
         DRIVER_CAPACITIES,
         OPTIONAL_ATTRIBUTES,

@@ -2,7 +2,7 @@
 
 Its preparation has a side effect (a marker file, standing in for a MIG instance or
 an MPS daemon), so it also exercises the per-claim record written before one.
-Nothing outside this module and its registration in ``driver.gpu.kinds.KINDS``
+Nothing outside this module and its registration in ``drivers.gpu.kinds.KINDS``
 knows it exists.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from driver.devicekind import NodeDevice, PreparedClaim
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import GpuKindContext, HealthTarget
+from drivers.gpu.kinds import GpuKindContext, HealthTarget
+from drivers.gpu.model.inventory import Inventory
 
 NAME = "fake-accelerator"
 

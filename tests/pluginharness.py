@@ -25,7 +25,7 @@ from kubeletplugin.sockets import SocketPaths, socket_paths
 from kubeletplugin.state import ClaimRef
 
 if TYPE_CHECKING:
-    from kubeletplugin.gpu.node import NodeConfig
+    from drivers.gpu.node import NodeConfig
 
 DRIVER = "gpu.nvidia.com"
 _POLL = 0.02
@@ -76,7 +76,7 @@ class NodeDirs:
     ) -> "NodeConfig":
         """The in-process plugin's configuration on these directories, simulated NVML of
         ``profile``, retrying fast; ``overrides`` are further NodeConfig fields."""
-        from kubeletplugin.gpu.node import NodeConfig
+        from drivers.gpu.node import NodeConfig
 
         return NodeConfig(
             node_name=node_name,

@@ -3,7 +3,7 @@ one container run as a host process (its command and environment; a hostPath vol
 a host path at the same path, so none is translated), its status written back as the
 kubelet writes it, and the process killed when the pod is deleted.
 
-Enough of a kubelet for the MPS control daemon pods (``driver.gpu.kinds.mpspod``): a pod
+Enough of a kubelet for the MPS control daemon pods (``drivers.gpu.kinds.mpspod``): a pod
 that was created, runs and serves, exits (Succeeded; a failure under ``OnFailure`` shows
 as ``CrashLoopBackOff`` with its exit code, without the restart after the back-off), or is
 deleted. The real kubelet runs them in level 3 (``tests/e2e/test_level3.py``).

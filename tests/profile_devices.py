@@ -1,7 +1,7 @@
 """The devices every EKS instance type publishes, for ``gpu-dra validate``'s selector check.
 
 ``python -m tests.profile_devices`` (or ``make docs``) rewrites
-``driver/tools/validation/profiledevices.json``; ``tests/test_validate_profiles.py`` fails
+``tools/validation/profiledevices.json``; ``tests/test_validate_profiles.py`` fails
 when the file differs from what this writes. Each instance profile the simulated hardware
 ships is discovered as ``gpu-dra discover`` discovers it (the real pynvml over the simulated
 library), in each variant the driver publishes: as it is, with ``--consumable-capacity``, and
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from driver import DEFAULT_DRIVER_NAME
-from driver.gpu.discovery import discover
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.profile import load_profile, profile_names
 from driver.nvml.simulated import SimulatedNode
-from driver.tools.validation.hardware import DATA, NODE_SPECIFIC
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.resourceslice import build_resource_slices
+from tools.validation.hardware import DATA, NODE_SPECIFIC
 
 # Test constructs, not instance types: no EKS node publishes them.
 SYNTHETIC_PREFIX = "synthetic-"

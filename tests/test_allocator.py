@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from driver.common.errors import PermanentError
-from driver.tools.allocation import Explanation, explain_claim, explain_class
+from tools.allocation import Explanation, explain_claim, explain_class
 
 DRIVER = "gpu.nvidia.com"
 CLASS = "gpu.nvidia.com"
@@ -762,7 +762,7 @@ def test_the_diagnostics_example_tolerates_an_xid_but_not_a_lost_gpu() -> None:
     """charts/examples/diagnostics-tolerates-xid.yaml against the driver's own taints."""
     import yaml
 
-    from driver.gpu.devicehealth import GPU_LOST_KEY, XID_KEY
+    from drivers.gpu.model.devicehealth import GPU_LOST_KEY, XID_KEY
 
     path = Path(__file__).resolve().parent.parent / "charts/examples/diagnostics-tolerates-xid.yaml"
     template = next(

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from driver.gpu.kinds.capacity import shareable
-from driver.tools.allocation import Explanation, explain_claim
+from drivers.gpu.kinds.capacity import shareable
 from tests.test_allocator import CLASS, DRIVER, slice_
+from tools.allocation import Explanation, explain_claim
 
 GIB = 1 << 30
 CLASSES = [

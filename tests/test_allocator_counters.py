@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from driver.tools.allocation import explain_claim
+from tools.allocation import explain_claim
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"

@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 
-from driver.gpu.discovery import discover
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.simulated import SimulatedNode
-from driver.tools.allocation import explain_claim, explain_class
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.resourceslice import build_resource_slices
+from tools.allocation import explain_claim, explain_class
 
 DRIVER = "gpu.nvidia.com"
 GPU_CLASS = {

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu.resourceslice import build_devices
 from driver.kube import client as kubeclient
 from driver.kube.rest import Client, RejectedError
 from driver.slices import SliceController
@@ -27,6 +26,7 @@ from driver.slices.capabilities import (
     probe_slices,
     uses_gated_fields,
 )
+from drivers.gpu.model.resourceslice import build_devices
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import DRIVER, NODE, Hardware
 

@@ -10,8 +10,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from driver.gpu.kinds import NodeDevices
-from kubeletplugin.gpu import node
+from drivers.gpu import node
+from drivers.gpu.kinds import NodeDevices
 from kubeletplugin.state import DeviceState
 from sandbox.kubeletsim import KubeletSim
 from tests import test_mps

@@ -9,12 +9,12 @@ import pytest
 from cli.flagvalues import boolean as _boolean
 from driver.common.limits import validate_resource_slice
 from driver.common.quantity import Quantity
-from driver.gpu.discovery import discover
-from driver.gpu.kinds.capacity import request_policy, shareable
-from driver.gpu.published import GIB
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
+from drivers.gpu.kinds.capacity import request_policy, shareable
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.published import GIB
+from drivers.gpu.model.resourceslice import build_resource_slices
 
 DRIVER = "gpu.nvidia.com"
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
-from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.kinds.gpu import CONTROL_NODES, node_device
+from drivers.gpu.kinds.gpu import CONTROL_NODES, node_device
+from drivers.gpu.model.inventory import Gpu, Inventory
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits, translate_edits
 from kubeletplugin.records import Records

@@ -4,13 +4,6 @@ from typing import Any
 
 import pytest
 
-from driver.tools.cel import (
-    CelCompileError,
-    CelDevice,
-    CelEvalError,
-    CelUnsupportedError,
-    compile_selector,
-)
 from tests.cel_cases import (
     CASES,
     COMPILE_ERROR,
@@ -20,6 +13,13 @@ from tests.cel_cases import (
     UNSUPPORTED,
     VALUE,
     Case,
+)
+from tools.cel import (
+    CelCompileError,
+    CelDevice,
+    CelEvalError,
+    CelUnsupportedError,
+    compile_selector,
 )
 
 _DEV = CelDevice.from_api(DRIVER, DEVICE)

@@ -1,4 +1,4 @@
-"""The public surface of driver.tools.cel beyond the case table: errors, positions, reuse."""
+"""The public surface of tools.cel beyond the case table: errors, positions, reuse."""
 
 import itertools
 
@@ -6,7 +6,8 @@ import pytest
 
 from driver.common.errors import PermanentError
 from driver.common.semver import Semver, SemverError
-from driver.tools.cel import (
+from tests.cel_cases import DEVICE, DRIVER
+from tools.cel import (
     CelCompileError,
     CelDevice,
     CelError,
@@ -14,7 +15,6 @@ from driver.tools.cel import (
     CelUnsupportedError,
     compile_selector,
 )
-from tests.cel_cases import DEVICE, DRIVER
 
 _DEV = CelDevice.from_api(DRIVER, DEVICE)
 

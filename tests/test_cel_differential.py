@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from driver.tools.cel import CelDevice, CelEvalError, compile_selector
+from tools.cel import CelDevice, CelEvalError, compile_selector
 
 SEED = 20251129
 COUNT = 1000

@@ -17,10 +17,10 @@ import pytest
 from lark.parsers import lalr_analysis
 
 from driver.common.cachedir import CACHE_ENV, private_dir
-from driver.tools.cel import CelCompileError, CelDevice, CelUnsupportedError, compile_selector
-from driver.tools.cel._ast import Call, Ident, Index, Lit, Select
-from driver.tools.cel._parser import _grammar, parse
 from tests.cel_cases import COMPILE_ERROR, UNSUPPORTED, VALUE, Case, bad, t, unsupported
+from tools.cel import CelCompileError, CelDevice, CelUnsupportedError, compile_selector
+from tools.cel._ast import Call, Ident, Index, Lit, Select
+from tools.cel._parser import _grammar, parse
 
 _DEV = CelDevice.from_api("example.com", {"name": "d"})
 
@@ -172,9 +172,9 @@ with contextlib.redirect_stdout(io.StringIO()):
         ["discover", "--nvml", "simulated", "--profile", "p5.48xlarge", "--node-name", "n"]
     )
 stages["discover"] = [code, loaded()]
-import driver.tools.allocation, driver.tools.validation
+import tools.allocation, tools.validation
 stages["tools"] = loaded()
-from driver.tools.cel import compile_selector
+from tools.cel import compile_selector
 compile_selector("true")
 stages["compile"] = loaded()
 print(json.dumps(stages))

@@ -11,12 +11,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.computedomain import names
-from driver.tools.allocation import explain_claim
-from driver.tools.cel import compile_selector
+from drivers.computedomain import names
 from tests import chart_render
 from tests.chart_render import render
 from tests.test_chart import helm_binary
+from tools.allocation import explain_claim
+from tools.cel import compile_selector
 
 CRDS = chart_render.CHART_DIR / "crds"
 COMPUTE_DOMAINS = CRDS / "resource.nvidia.com_computedomains.yaml"

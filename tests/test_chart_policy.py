@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from cel_expr_python import cel
 
-from driver.gpu.kinds.mpspod import DaemonSpec, MpsPodConfig, daemon_pod
-from driver.gpu.resourceslice import build_resource_slices
 from driver.kube.lease import lease_name
+from drivers.gpu.kinds.mpspod import DaemonSpec, MpsPodConfig, daemon_pod
+from drivers.gpu.model.resourceslice import build_resource_slices
 from tests.chart_render import render
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
@@ -213,8 +213,9 @@ def test_a_slice_on_its_own_node_under_another_name_is_denied(
 
 
 def test_every_name_the_controller_writes_is_admitted(tmp_path: Path) -> None:
-    """The policy's name rule and driver.gpu.resourceslice must agree, or every write is denied."""
-    from driver.gpu.resourceslice import slice_name
+    """The policy's name rule and drivers.gpu.model.resourceslice must agree, or every write is
+    denied."""
+    from drivers.gpu.model.resourceslice import slice_name
 
     for count in (1, 3, 20, 70000):
         for index in {0, 1, count - 1}:
@@ -247,7 +248,7 @@ def _long_node(length: int) -> str:
 def generated_slice(index: int, count: int, node: str, own_node: str) -> dict[str, Any]:
     """A slice of ``node`` as the controller sends it for a long name, with the name the API
     server gives it (the generateName cut to 248 characters, five random ones after)."""
-    from driver.gpu.resourceslice import slice_metadata
+    from drivers.gpu.model.resourceslice import slice_metadata
 
     metadata = slice_metadata(index, count, "gpu.nvidia.com", node)
     assert set(metadata) == {"generateName"}, metadata
@@ -271,9 +272,9 @@ def generated_request(policy: Policy, operation: str, body: dict[str, Any], node
 @pytest.mark.parametrize("length", [233, 240, 253])
 def test_a_long_named_nodes_slices_are_admitted(tmp_path: Path, length: int) -> None:
     """Every slice the controller writes for a long-named node, and its probes, pass."""
-    from driver.gpu.discovery import discover
     from driver.nvml.simulated import SimulatedNode
     from driver.slices.capabilities import probe_slices
+    from drivers.gpu.model.discovery import discover
 
     node = _long_node(length)
     assert len(node) == length
@@ -304,7 +305,7 @@ def test_a_long_named_nodes_slices_are_admitted(tmp_path: Path, length: int) -> 
 def test_a_long_named_node_may_not_create_another_nodes_fixed_name(
     length: int, victim: str
 ) -> None:
-    from driver.gpu.resourceslice import slice_name
+    from drivers.gpu.model.resourceslice import slice_name
 
     node = _long_node(length)
     fixed = slice_name(0, 1, "gpu.nvidia.com", victim)
@@ -338,9 +339,10 @@ def policy_for_names() -> Policy:
 
 
 def test_the_pool_the_policy_allows_is_the_one_the_node_publishes(tmp_path: Path) -> None:
-    """The policy's pool rule and driver.gpu.resourceslice must agree, or every write is denied."""
-    from driver.gpu.discovery import discover
+    """The policy's pool rule and drivers.gpu.model.resourceslice must agree, or every write is
+    denied."""
     from driver.nvml.simulated import SimulatedNode
+    from drivers.gpu.model.discovery import discover
 
     simulated = SimulatedNode("p5.48xlarge", "node-a", tmp_path, state_file=tmp_path / "none")
     inventory = discover(simulated.nvml, sysfs_root=simulated.sysfs_root)
@@ -420,7 +422,7 @@ def pod_policy() -> Policy:
 
 
 def _daemon(node: str, image: str = "gpu-dra-driver:0.1.0") -> dict[str, Any]:
-    """The pod the plugin sends (driver.gpu.kinds.mpspod), as the chart's flags configure it."""
+    """The pod the plugin sends (drivers.gpu.kinds.mpspod), as the chart's flags configure it."""
     config = MpsPodConfig(namespace="gpu-dra-driver", image=image, pull_policy="IfNotPresent")
     spec = DaemonSpec(node, "GPU-9b7e2a4c-1111-2222-3333-444455556666",
                       Path("/driver-root/usr/bin/nvidia-cuda-mps-control"),

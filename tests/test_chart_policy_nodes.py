@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from driver.computedomain import names
+from drivers.computedomain import names
 from tests.chart_render import render
 from tests.test_chart_policy import Policy, evaluate
 

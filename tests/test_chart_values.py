@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.computedomain.names import DAEMON_CLASS_SELECTOR, DEFAULT_CHANNEL_CLASS_SELECTOR
+from drivers.computedomain.names import DAEMON_CLASS_SELECTOR, DEFAULT_CHANNEL_CLASS_SELECTOR
 from tests import chart_render
 from tests.chart_render import EKS_VALUES, render
 

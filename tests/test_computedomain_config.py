@@ -14,7 +14,7 @@ from api.computedomain import (
 )
 from api.config import API_VERSION, ConfigError
 from driver.common.limits import is_uid
-from driver.computedomain import names
+from drivers.computedomain import names
 
 SOURCE = "opaque config #0 (from claim, requests channel)"
 UID = "bb55e2a1-7c3d-4f0e-9a8b-0123456789ea"

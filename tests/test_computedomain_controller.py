@@ -16,7 +16,7 @@ import pytest
 from cluster.computedomain.controller import ComputeDomainController
 from cluster.computedomain.metrics import ControllerMetrics
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 from sandbox.apiserver import LocalApiServer
 from tests.computedomains import DRIVER_NAMESPACE, SETTINGS, clique, daemon, daemon_pod, domain
 

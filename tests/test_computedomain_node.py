@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from driver.computedomain import names
+from drivers.computedomain import names
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from driver.computedomain import names
+from drivers.computedomain import names
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode

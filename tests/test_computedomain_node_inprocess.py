@@ -13,17 +13,16 @@ from typing import Any
 import pytest
 
 from driver.common.driverversion import DriverTooOld
-from driver.computedomain import names
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Inventory
 from driver.kube.backoff import Backoff
 from driver.kube.rest import Client
 from driver.nvml import backend
+from drivers.computedomain import clique, names, nvcaps
+from drivers.computedomain.domains import Domain, Domains, NotReadyError
+from drivers.computedomain.node import ComputeDomainDriver, DomainConfig
+from drivers.gpu import node
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
 from kubeletplugin.cohost import Host
-from kubeletplugin.computedomain import clique, nvcaps
-from kubeletplugin.computedomain.domains import Domain, Domains, NotReadyError
-from kubeletplugin.computedomain.node import ComputeDomainDriver, DomainConfig
-from kubeletplugin.gpu import node
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode

@@ -11,7 +11,7 @@ import pytest
 from cluster.computedomain import plan
 from cluster.computedomain.objects import DaemonSettings
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 from tests import computedomain_oracle as oracle
 
 FIXTURE = oracle.load()

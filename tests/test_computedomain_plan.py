@@ -11,7 +11,7 @@ import pytest
 from cluster.computedomain import objects, status
 from cluster.computedomain.plan import Observed, Write, covers, plan
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 from tests.computedomains import (
     DRIVER_NAMESPACE,
     SETTINGS,

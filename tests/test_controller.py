@@ -16,13 +16,13 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.common.errors import RetryableError
-from driver.gpu.discovery import NvmlNotReadyError, discover
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import NodeDevices
 from driver.kube.rest import ApiError, Client, GoneError
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import ApiVersionMissingError, NodeNotFoundError, SliceController
+from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.model.discovery import NvmlNotReadyError, discover
+from drivers.gpu.model.inventory import Inventory
 from sandbox.apiserver import LocalApiServer
 
 DRIVER = "gpu.nvidia.com"

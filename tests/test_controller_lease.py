@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from driver.common.wire import format_micro_time, parse_time
-from driver.gpu.kinds import NodeDevices
 from driver.kube.backoff import Backoff
 from driver.kube.lease import (
     CLOCK_SKEW,
@@ -23,6 +22,7 @@ from driver.kube.lease import (
     decide,
 )
 from driver.slices import SliceController
+from drivers.gpu.kinds import NodeDevices
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import Hardware
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from driver.common.quantity import Quantity
-from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.resourceslice import build_resource_slices, generate_name, index_length
 from driver.slices.plan import InvalidPoolError, decode_index, plan
+from drivers.gpu.model.inventory import Gpu, Inventory
+from drivers.gpu.model.resourceslice import build_resource_slices, generate_name, index_length
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu import kinds as devicekinds
-from driver.gpu.kinds import NodeDevices
-from driver.gpu.kinds.gpu import KIND as GPU
-from driver.gpu.resourceslice import build_resource_slices, build_slices
+from drivers.gpu import kinds as devicekinds
+from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds.gpu import KIND as GPU
+from drivers.gpu.model.resourceslice import build_resource_slices, build_slices
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.fakekind import NAME, FakeAccelerator

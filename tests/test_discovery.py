@@ -12,14 +12,19 @@ import pytest
 import yaml
 
 from driver.common.errors import PermanentError, RetryableError
-from driver.gpu.discovery import NvmlMissingError, NvmlNotReadyError, discover, normalize_pci_bus_id
-from driver.gpu.inventory import Inventory
 from driver.nvml import Nvml, backend
 from driver.nvml.faults import Faults, QueryFault, SimulationConfigError, write_state_file
 from driver.nvml.library import OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS
 from driver.nvml.profile import UnknownProfileError, load_profile, profile_names
 from driver.nvml.sim.build import library as built_library
 from driver.nvml.simulated import SimulatedNode
+from drivers.gpu.model.discovery import (
+    NvmlMissingError,
+    NvmlNotReadyError,
+    discover,
+    normalize_pci_bus_id,
+)
+from drivers.gpu.model.inventory import Inventory
 
 
 def _node(
@@ -133,7 +138,7 @@ def test_failing_gpu_is_skipped_with_a_warning(
 ) -> None:
     fault = QueryFault(gpu=3, call="nvmlDeviceGetUUID", error="GpuIsLost")
     node = _node(tmp_path, faults=Faults(failing_queries=(fault,)))
-    with caplog.at_level(logging.WARNING, logger="driver.gpu.discovery"):
+    with caplog.at_level(logging.WARNING, logger="drivers.gpu.model.discovery"):
         inventory = _discover(node)
     assert [g.minor for g in inventory.gpus] == [0, 1, 2, 4, 5, 6, 7]
     (skipped,) = inventory.skipped
@@ -270,7 +275,7 @@ def test_real_nvml_without_a_driver_is_missing(tmp_path: Path) -> None:
             pass
         else:
             sys.exit(3)
-        from driver.gpu.discovery import discover
+        from drivers.gpu.model.discovery import discover
         from driver.nvml import backend
         from driver.nvml.library import LibraryNotFoundError
         try:

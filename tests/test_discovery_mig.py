@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import node_devices
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.faults import Faults, QueryFault
 from driver.nvml.simulated import SimulatedNode, mig_minor
+from drivers.gpu.kinds import node_devices
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
+from drivers.gpu.model.resourceslice import build_resource_slices
 
 MIG = "p4d.24xlarge-mig"  # GPUs 0-3 in MIG mode: 3g.20gb@0, 2g.10gb@4, 1g.10gb@6
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_mig_pending_a_reset_is_not_published_and_says_so_once(
         "extends: p4d.24xlarge\n"
         "mig: {enabled: [0, 1], pending: [1, 2], instances: [{profile: 7g.40gb, start: 0}]}\n"
     )
-    with caplog.at_level(logging.WARNING, logger="driver.gpu.discovery"):
+    with caplog.at_level(logging.WARNING, logger="drivers.gpu.model.discovery"):
         inventory = _discover(tmp_path, profile)
     # GPU 0: MIG on, published as its 7g; 1: on, off after a reset; 2: off, on after a reset.
     published = _published(inventory)
@@ -107,7 +107,7 @@ def test_a_daemon_warns_of_a_pending_reset_once_not_every_resync(
     profile.write_text("extends: p5.48xlarge\nmig: {pending: [3]}\n")
     node = SimulatedNode(profile, "node-a", tmp_path / "root")
     reported: set[str] = set()
-    with caplog.at_level(logging.WARNING, logger="driver.gpu.discovery"):
+    with caplog.at_level(logging.WARNING, logger="drivers.gpu.model.discovery"):
         for _ in range(3):
             inventory = discover(node.nvml, sysfs_root=node.sysfs_root, reported=reported)
             assert [s.index for s in inventory.skipped] == [3]
@@ -154,14 +154,15 @@ def test_no_code_of_ours_changes_mig_mode_and_only_dynamic_mig_creates_instances
     # Dynamic MIG makes instances in one module; the NVML protocol and the library's symbol
     # table only name the calls.
     nvml = REPO / "driver" / "nvml"
-    makers = {REPO / "driver" / "gpu" / "migmake.py", nvml / "__init__.py", nvml / "library.py"}
-    for package in ("cli", "driver", "kubeletplugin"):
+    maker = REPO / "drivers" / "gpu" / "model" / "migmake.py"
+    makers = {maker, nvml / "__init__.py", nvml / "library.py"}
+    for package in ("cli", "driver", "drivers", "kubeletplugin"):
         for path in (REPO / package).rglob("*.py"):
             text = path.read_text()
             assert "nvmlDeviceSetMigMode" not in text, path
             if path not in makers:
                 assert not any(call in text for call in creates), path
-    assert all(call in (REPO / "driver" / "gpu" / "migmake.py").read_text() for call in creates)
+    assert all(call in maker.read_text() for call in creates)
 
 
 class _DestroyedMidRead:
@@ -179,7 +180,7 @@ class _DestroyedMidRead:
             return real
 
         def hooked(*args: Any) -> Any:
-            from driver.gpu import migmake
+            from drivers.gpu.model import migmake
 
             if self._when == "before" and not self.destroyed:
                 self._destroy(migmake)
@@ -203,7 +204,7 @@ class _DestroyedMidRead:
 def test_an_instance_destroyed_while_its_gpu_is_read_never_skips_the_gpu(
     tmp_path: Path, call: str, when: str
 ) -> None:
-    from driver.gpu import migmake
+    from drivers.gpu.model import migmake
 
     profile = tmp_path / "mig.yaml"
     profile.write_text("extends: p5.48xlarge\nmig: {enabled: [0]}\n")

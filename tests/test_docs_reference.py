@@ -54,7 +54,7 @@ def test_a_missing_section_is_an_error_not_a_silent_skip() -> None:
 
 def test_the_tables_cover_their_sources() -> None:
     from cli.flagtable import FLAGS
-    from driver.gpu.published import DRIVER_ATTRIBUTES
+    from drivers.gpu.model.published import DRIVER_ATTRIBUTES
 
     text = docs_reference.REFERENCE.read_text()
     assert all(f"`{flag.name}`" in text for flag in FLAGS)
@@ -66,7 +66,17 @@ def test_the_tables_cover_their_sources() -> None:
 # The documents a user or the chart reads, and the project's own packages they may name.
 _DOCUMENTS: tuple[str, ...] = ("README.md", "ARCHITECTURE.md", "docs/*.md", "Dockerfile")
 _DOCUMENTS += ("charts/**/*.yaml", "charts/**/*.tpl", "charts/**/*.txt", "Makefile")
-_PACKAGES = ("api", "cli", "cluster", "driver", "kubeletplugin", "sandbox", "tests")
+_PACKAGES = (
+    "api",
+    "cli",
+    "cluster",
+    "driver",
+    "drivers",
+    "kubeletplugin",
+    "sandbox",
+    "tests",
+    "tools",
+)
 _DOTTED = re.compile(rf"(?<![\w./-])((?:{'|'.join(_PACKAGES)})(?:\.[A-Za-z_]\w*)+)")
 _RUN_MODULE = re.compile(r"python3? -m ([\w.]+)")
 _PATH = re.compile(rf"`((?:{'|'.join(_PACKAGES)}|charts|docs)/[^`<>*\s]*)`")
@@ -129,4 +139,4 @@ def test_every_file_path_and_link_the_docs_name_exists() -> None:
 def test_the_path_check_sees_a_broken_name() -> None:
     assert _resolves("driver.nvml.backend") and _resolves("tests.docs_reference")
     assert not _resolves("driver.nvml.no_such_thing")
-    assert not _resolves("kubeletplugin.node")  # moved to kubeletplugin.gpu.node
+    assert not _resolves("kubeletplugin.node")  # moved to drivers.gpu.node

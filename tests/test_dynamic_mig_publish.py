@@ -20,16 +20,16 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.common.limits import validate_resource_slice
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import NodeDevices, counter_sets, node_devices
-from driver.gpu.resourceslice import build_resource_slices, counters_apart_for
 from driver.kube import client as kubeclient
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import SliceController
-from driver.tools.allocation import explain_claim
+from drivers.gpu.kinds import NodeDevices, counter_sets, node_devices
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
+from drivers.gpu.model.resourceslice import build_resource_slices, counters_apart_for
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for
+from tools.allocation import explain_claim
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"

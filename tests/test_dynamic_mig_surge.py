@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from driver.devicekind import PreparedClaim, PreparedDevice
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import GpuKindContext, GpuNode, dynmig
-from driver.gpu.kinds.dynmig import NAME, DynamicMigKind
-from driver.gpu.migmake import MadeMig, Maker
 from driver.nvml.simulated import SimulatedNode
+from drivers.gpu.kinds import GpuKindContext, GpuNode, dynmig
+from drivers.gpu.kinds.dynmig import NAME, DynamicMigKind
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
+from drivers.gpu.model.migmake import MadeMig, Maker
 
 NODE = "node-s"
 UID = "0b8f5a52-1c3e-4f57-9d1a-5d0c7b8e9f01"
@@ -71,7 +71,7 @@ def _claim(kind: DynamicMigKind, inventory: Inventory, device: str) -> PreparedC
 
 def _make_out_of_band(node: SimulatedNode, profile_id: int, start: int, size: int) -> None:
     """An instance made by hand (nvidia-smi mig -cgi), which no claim of the driver made."""
-    from driver.gpu import migmake
+    from drivers.gpu.model import migmake
 
     node.nvml.nvmlInit()
     try:
@@ -191,7 +191,7 @@ class _OtherGoes:
             return real
 
         def hooked(*args: Any) -> Any:
-            from driver.gpu import migmake
+            from drivers.gpu.model import migmake
 
             answer = real(*args)
             if not self.gone:
@@ -207,7 +207,7 @@ def test_an_instance_of_another_claim_destroyed_meanwhile_fails_no_make_or_unmak
 ) -> None:
     """Two claims' instances side by side on one GPU: one claim's make or unmake walks the
     GPU's instances while the other claim's unprepare destroys its own."""
-    from driver.gpu import migmake
+    from drivers.gpu.model import migmake
 
     node = _node(tmp_path)
     uuid = _uuid(node)

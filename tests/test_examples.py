@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from cli import main
-from driver.gpu.discovery import discover
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.faults import Faults
 from driver.nvml.simulated import SimulatedNode
-from driver.tools.allocation import Explanation, explain_claim
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.resourceslice import build_resource_slices
 from kubeletplugin.claims import ClaimRef, plan_claim
 from tests.chart_render import render
+from tools.allocation import Explanation, explain_claim
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "charts" / "examples"
 # The EFA driver's DeviceClass, which gpu-with-efa.yaml names (the EFA chart installs it).

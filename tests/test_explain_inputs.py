@@ -2,7 +2,7 @@
 
 import pytest
 
-from driver.tools.allocation.inputs import InputError, parse_text
+from tools.allocation.inputs import InputError, parse_text
 
 SLICE_A = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata:\n  name: a\n"
 SLICE_B = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata:\n  name: b\n"

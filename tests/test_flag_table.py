@@ -16,7 +16,7 @@ from cli import (
     flagtable,
     plugin,
 )
-from kubeletplugin.gpu.node import NodeConfig
+from drivers.gpu.node import NodeConfig
 
 COMMANDS = {
     m.COMMAND: m.FLAG_NAMES

@@ -13,7 +13,7 @@ from typing import Any
 
 from api.config import API_VERSION
 from driver.nvml.simulated import mig_minor
-from kubeletplugin.gpu import node
+from drivers.gpu import node
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import NodeDirs, create_claim, create_node, wait_for
 

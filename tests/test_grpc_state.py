@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from grpc_health.v1 import health_pb2
 
-from kubeletplugin.gpu import node
+from drivers.gpu import node
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import (
     NodeDirs,

@@ -13,12 +13,12 @@ from typing import Any
 import pynvml
 import pytest
 
-from driver.gpu import devicehealth
-from driver.gpu.devicehealth import GpuLost, Taint, Unmonitored, Xid
-from driver.gpu.events import EventWatcher
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin.gpu.healthmonitor import CLEAR_FILE, STATE_FILE, HealthMonitor
+from drivers.gpu.healthmonitor import CLEAR_FILE, STATE_FILE, HealthMonitor
+from drivers.gpu.model import devicehealth
+from drivers.gpu.model.devicehealth import GpuLost, Taint, Unmonitored, Xid
+from drivers.gpu.model.events import EventWatcher
 from kubeletplugin.healthstream import HealthBoard
 
 XID79 = Taint(devicehealth.XID_KEY, "79", "NoSchedule")
@@ -217,7 +217,7 @@ async def test_an_xid_storm_is_one_change_and_bounded_log_lines(
     watcher = EventWatcher(sim.node.nvml, sim.uuids, monitor.submit, wait_ms=50)
     runner = asyncio.create_task(monitor.run())
     thread = _start(watcher)
-    caplog.set_level(logging.INFO, logger="kubeletplugin.gpu.healthmonitor")
+    caplog.set_level(logging.INFO, logger="drivers.gpu.healthmonitor")
     try:
         # 250 events through the C library, then 5,000 more straight from a thread.
         storm = [{"gpu": 1, "xid": 79 if i % 2 else 13} for i in range(250)]

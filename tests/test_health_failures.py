@@ -16,11 +16,11 @@ from grpc_health.v1 import health_pb2
 
 from driver.common import fsutil
 from driver.common.errors import PermanentError
-from driver.gpu import devicehealth
-from driver.gpu.devicehealth import Taint, Xid
 from driver.nvml.faults import write_state_file
-from kubeletplugin.gpu import node
-from kubeletplugin.gpu.healthmonitor import STATE_FILE, HealthMonitor, HealthStateError
+from drivers.gpu import node
+from drivers.gpu.healthmonitor import STATE_FILE, HealthMonitor, HealthStateError
+from drivers.gpu.model import devicehealth
+from drivers.gpu.model.devicehealth import Taint, Xid
 from kubeletplugin.healthstream import HealthBoard
 from tests.pluginharness import NodeDirs, create_node, health_status, logged_health_port, wait_for
 
@@ -137,7 +137,7 @@ async def test_the_health_write_runs_off_the_event_loop(
         responsive.append(release.wait(10))
         real(path, content, fsync=fsync)
 
-    monkeypatch.setattr("kubeletplugin.gpu.healthmonitor.write_atomic", spy)
+    monkeypatch.setattr("drivers.gpu.healthmonitor.write_atomic", spy)
     monitor = HealthMonitor(tmp_path, HealthBoard(), pool="node-a", window=0.01)
     monitor.set_devices({"GPU-a": "gpu-0"})
     runner = asyncio.create_task(monitor.run(clear_check=0.05))

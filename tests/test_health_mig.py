@@ -15,16 +15,16 @@ import pynvml
 import pytest
 
 from driver.devicekind import NodeDevice
-from driver.gpu import devicehealth
-from driver.gpu.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
-from driver.gpu.discovery import discover
-from driver.gpu.events import EventWatcher
-from driver.gpu.inventory import MigDevice
-from driver.gpu.kinds import NodeDevices, dynmig
 from driver.nvml.faults import Faults, SimulationConfigError, XidEvent, write_state_file
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin.gpu import node as gpunode
-from kubeletplugin.gpu.healthmonitor import CLEAR_FILE, HealthMonitor, Watched
+from drivers.gpu import node as gpunode
+from drivers.gpu.healthmonitor import CLEAR_FILE, HealthMonitor, Watched
+from drivers.gpu.kinds import NodeDevices, dynmig
+from drivers.gpu.model import devicehealth
+from drivers.gpu.model.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.events import EventWatcher
+from drivers.gpu.model.inventory import MigDevice
 from kubeletplugin.healthstream import HealthBoard
 from tests.pluginharness import NodeDirs, create_node
 

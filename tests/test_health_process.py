@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from driver.nvml.faults import write_state_file
-from kubeletplugin.gpu.healthmonitor import CLEAR_FILE
+from drivers.gpu.healthmonitor import CLEAR_FILE
 from sandbox.kubeletsim import KubeletSim, watching
 from tests.pluginharness import NodeDirs, PluginProcess, create_node, wait_for
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from driver.gpu import devicehealth
-from driver.gpu.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid
-from driver.gpu.events import probe
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
-from kubeletplugin.gpu.healthmonitor import HealthMonitor, Recovery
+from drivers.gpu.healthmonitor import HealthMonitor, Recovery
+from drivers.gpu.model import devicehealth
+from drivers.gpu.model.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid
+from drivers.gpu.model.events import probe
 from kubeletplugin.healthstream import HealthBoard
 
 XID8 = Taint(devicehealth.XID_KEY, "8", "NoSchedule")

@@ -16,8 +16,8 @@ from cluster.imexdaemon.cliquesource import CliqueSource, label_pod
 from cluster.imexdaemon.membership import Member
 from cluster.imexdaemon.peers import Peer
 from driver.common.wire import Obj
-from driver.computedomain import names
 from driver.kube.rest import Client
+from drivers.computedomain import names
 from sandbox.apiserver import LocalApiServer
 from tests.chart_render import render
 from tests.computedomains import DRIVER_NAMESPACE, SETTINGS, daemon_pod, domain

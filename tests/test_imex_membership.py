@@ -11,7 +11,7 @@ from cluster.imexdaemon.membership import (
     pod_ready,
 )
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 
 UID = "7c1e4d52-95c3-4f1f-a0a3-1f1d7a2b9e44"
 CLIQUE = "5bdf4a2c-0c6e-4a4b-9d2b-3a3c1f3d0a11.1"

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from driver.common.quantity import Quantity
-from driver.gpu.discovery import discover
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
-from driver.tools.allocation import explain_claim
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.resourceslice import build_resource_slices
 from tests.chart_render import render
+from tools.allocation import explain_claim
 
 DRIVER = "gpu.nvidia.com"
 # name -> (kind, value format) of Karpenter's simulated gpu.nvidia.com devices.

@@ -85,7 +85,7 @@ def test_daemon_start_leaves_the_kubernetes_package_inits_unrun(tmp_path: Path) 
         import asyncio, sys
         import cli
         from cli import plugin
-        from kubeletplugin.gpu import node
+        from drivers.gpu import node
         from driver.kube import client, deferredinit
         from sandbox.apiserver import ThreadedApiServer
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from driver.tools.validation import Severity, parse_version, validate_sources
 from tests import manifest_mutations as mm
 from tests.chart_render import render
+from tools.validation import Severity, parse_version, validate_sources
 
 CLASSES = [o for o in render(()) if o["kind"] == "DeviceClass"]
 

@@ -16,8 +16,8 @@ from api.gen import dra_v1_pb2 as v1
 from driver.devicekind import PreparedClaim
 from driver.kube import client as kubeclient
 from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError, errors_of
+from drivers.gpu import node as gpunode
 from kubeletplugin.draservice import DraService
-from kubeletplugin.gpu import node as gpunode
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.metrics import CONTENT_TYPE, Metrics, MetricsServer
 from kubeletplugin.state import ClaimRef, DeviceState, PreparedDevice, PrepareResult
@@ -306,7 +306,7 @@ async def test_a_connection_that_sends_nothing_is_dropped_after_the_read_timeout
 
 async def test_the_server_binds_the_address_it_is_given_and_loopback_by_default() -> None:
     from cli import build_parser
-    from kubeletplugin.gpu.node import NodeConfig
+    from drivers.gpu.node import NodeConfig
 
     assert NodeConfig(node_name="n").metrics_address == "127.0.0.1"
     parsed = build_parser().parse_args(["kubelet-plugin", "--metrics-address=10.0.0.7"])

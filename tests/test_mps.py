@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu.kinds import NodeDevices
-from driver.gpu.kinds.gpu import KIND as GPU
+from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds.gpu import KIND as GPU
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.pluginharness import wait_for
@@ -309,7 +309,7 @@ async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
     control: Control,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="driver.gpu.kinds.mps")
+    caplog.set_level(logging.DEBUG, logger="drivers.gpu.kinds.mps")
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
     (a_dev, a_uuid), (b_dev, b_uuid) = sorted(

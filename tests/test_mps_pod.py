@@ -1,5 +1,5 @@
 """MPS with ``--mps-daemon=pod``: each GPU's control daemon a pod of its own in the driver's
-namespace (``driver.gpu.kinds.mpspod``), against the local API server, with
+namespace (``drivers.gpu.kinds.mpspod``), against the local API server, with
 :class:`tests.podrunner.PodRunner` as the node's kubelet running the pod's container (the
 stand-in daemon of :mod:`tests.test_mps`). A plugin that restarts, or a second plugin of
 the node, adopts the pod; the last unprepare deletes it; a pod that will not serve fails
@@ -17,8 +17,9 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError
-from driver.gpu.kinds import NodeDevices
-from driver.gpu.kinds.mpspod import (
+from driver.kube.rest import Client
+from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds.mpspod import (
     DaemonSpec,
     MpsPodConfig,
     MpsPods,
@@ -26,7 +27,6 @@ from driver.gpu.kinds.mpspod import (
     failure,
     pod_name,
 )
-from driver.kube.rest import Client
 from kubeletplugin.state import DeviceState
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from driver.gpu.kinds import GpuKindContext, GpuNode
-from driver.gpu.nvidiasmi import NvidiaSmi, NvidiaSmiError, NvidiaSmiMissingError
 from driver.nvml import library
+from drivers.gpu.kinds import GpuKindContext, GpuNode
+from drivers.gpu.model.nvidiasmi import NvidiaSmi, NvidiaSmiError, NvidiaSmiMissingError
 
 # Prints the library it was given, as the loader would use it.
 _STAND_IN = '#!/bin/sh\necho "$LD_PRELOAD" > {out}\n[ "$1" != fail ] || exit 4\n'

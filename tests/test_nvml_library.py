@@ -17,12 +17,12 @@ import pynvml
 import pytest
 import yaml
 
-from driver.gpu.discovery import NvmlMissingError, discover
 from driver.nvml import Nvml
 from driver.nvml.faults import Faults, write_state_file
 from driver.nvml.library import LIBRARY_DIRS, SONAME, candidates, find
 from driver.nvml.sim import build
 from driver.nvml.simulated import HARDWARE_ENV, SimulatedNode, SimulatedNvml
+from drivers.gpu.model.discovery import NvmlMissingError, discover
 from tests.simroot import NODE, fake_root, gpu_dra, host_has_nvml
 
 # -- where the library is found ---------------------------------------------------------
@@ -203,7 +203,7 @@ def test_a_gpu_lost_in_the_middle_of_discovery(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     node = SimulatedNode("p5.48xlarge", "mid", tmp_path / "mid")
-    with caplog.at_level(logging.WARNING, logger="driver.gpu.discovery"):
+    with caplog.at_level(logging.WARNING, logger="drivers.gpu.model.discovery"):
         inventory = discover(cast(Nvml, _UnplugDuring(node.nvml, 3)), sysfs_root=node.sysfs_root)
     # NVML re-indexed the survivors under the first reading (GPU 4 took index 3, which had
     # failed); the count changed, so the GPUs were read again: all seven are there.

@@ -261,7 +261,7 @@ def test_instances_created_at_a_placement_and_destroyed_ci_first(tmp_path: Path)
 
 
 def test_created_instances_are_discovered_as_mig_devices(tmp_path: Path) -> None:
-    from driver.gpu.discovery import discover
+    from drivers.gpu.model.discovery import discover
 
     node = _mig_on(tmp_path)
     node.nvml.nvmlInit()

@@ -15,10 +15,10 @@ from typing import Any
 
 from kubernetes.aio import client as kclient
 
-from driver.gpu.kinds.mpspod import MpsPodConfig
 from driver.kube.client import user_agent
 from driver.nvml.faults import write_state_file
-from kubeletplugin.gpu import node
+from drivers.gpu import node
+from drivers.gpu.kinds.mpspod import MpsPodConfig
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests.chart_render import NAMESPACE, rbac_grants, render
@@ -153,7 +153,7 @@ async def test_the_compute_domain_driver_uses_exactly_what_its_values_add(
 ) -> None:
     """computeDomains.enabled adds grants for the ComputeDomain driver in the same process:
     each is used, and nothing the process sends lacks a grant."""
-    from kubeletplugin.computedomain.node import ComputeDomainDriver, DomainConfig
+    from drivers.computedomain.node import ComputeDomainDriver, DomainConfig
     from tests import cdnode
     from tests.computedomains import DRIVER_NAMESPACE
 

@@ -7,13 +7,13 @@ import kubernetes_validate
 import pytest
 
 from driver.common.limits import validate_resource_slice
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.kinds.gpu import nvlink_domain, semver
-from driver.gpu.resourceslice import build_devices, build_resource_slices, split_devices
 from driver.nvml.faults import Faults
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
+from drivers.gpu.kinds.gpu import nvlink_domain, semver
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Gpu, Inventory
+from drivers.gpu.model.resourceslice import build_devices, build_resource_slices, split_devices
 
 DRIVER = "gpu.nvidia.com"
 KUBERNETES_VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
@@ -169,7 +169,7 @@ def test_long_node_name_keeps_domain_within_64_and_unique() -> None:
 def test_every_published_attribute_is_in_the_table_validate_checks_against(
     tmp_path: Path,
 ) -> None:
-    from driver.gpu.published import (
+    from drivers.gpu.model.published import (
         DRIVER_ATTRIBUTES,
         DRIVER_CAPACITIES,
         STANDARD_ATTRIBUTES,

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from driver.gpu.kinds.mig import VISIBLE_UUIDS_ENV
 from driver.nvml import SIM_ROOT_ENV
+from drivers.gpu.kinds.mig import VISIBLE_UUIDS_ENV
 from kubeletplugin.state import ClaimRef
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node

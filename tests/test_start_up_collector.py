@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from driver.common import gcpause
-from kubeletplugin.gpu import node
+from drivers.gpu import node
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import NodeDirs, create_node, wait_for
 

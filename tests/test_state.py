@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import GpuNode, NodeDevices
 from driver.nvml.simulated import SimulatedNode
+from drivers.gpu.kinds import GpuNode, NodeDevices
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
 from kubeletplugin import cdi, checkpoint, flavor
 from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
 from kubeletplugin.containertoolkit import ToolkitError

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from driver.gpu.kinds import NodeDevices
+from drivers.gpu.kinds import NodeDevices
 from kubeletplugin import cdi
 from kubeletplugin import state as state_module
 from kubeletplugin.records import Records

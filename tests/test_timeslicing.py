@@ -13,10 +13,10 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.devicekind import PreparedClaim, PreparedDevice
-from driver.gpu.kinds import GpuKindContext, GpuNode, NodeDevices
-from driver.gpu.kinds.gpu import UUID_KEY
-from driver.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
-from driver.gpu.nvidiasmi import TIMESLICE_LEVELS
+from drivers.gpu.kinds import GpuKindContext, GpuNode, NodeDevices
+from drivers.gpu.kinds.gpu import UUID_KEY
+from drivers.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
+from drivers.gpu.model.nvidiasmi import TIMESLICE_LEVELS
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.fsfaults import disk_full, read_only

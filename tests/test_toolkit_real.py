@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.gpu.kinds.gpu import CONTROL_NODES
 from driver.nvml.simulated import HARDWARE_FILE
+from drivers.gpu.kinds.gpu import CONTROL_NODES
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits
 from tests.simroot import ctk_binary, fake_root, install_driver_files

@@ -1,4 +1,4 @@
-from driver.gpu.topology import cliques, connectivity
+from drivers.gpu.model.topology import cliques, connectivity
 
 
 def test_non_transitive_links_form_a_clique_not_a_component() -> None:

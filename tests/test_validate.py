@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from cli import main
-from driver.tools.validation import Check, Problem, Severity, parse_version, validate_sources
+from tools.validation import Check, Problem, Severity, parse_version, validate_sources
 
 CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -399,8 +399,8 @@ def test_a_class_nobody_defines_is_refused_with_the_closest_name() -> None:
 
 
 def test_the_chart_classes_are_the_ones_validate_knows() -> None:
-    from driver.tools.validation.manifests import CHART_CLASSES
     from tests.chart_render import render
+    from tools.validation.manifests import CHART_CLASSES
 
     every = [
         "consumableCapacity.enabled=true",
@@ -626,7 +626,7 @@ def test_selector_check_is_injectable() -> None:
     seen: list[str] = []
 
     def reject(expression: str) -> Any:
-        from driver.tools.validation.problems import Finding
+        from tools.validation.problems import Finding
 
         seen.append(expression)
         return Finding("", "rejected")

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from cli import main
-from driver.computedomain import names
-from driver.tools.validation import Check, Problem, Severity, validate_sources
-from driver.tools.validation.computedomains import CLIQUE_SCHEMA, COMPUTE_DOMAIN_SCHEMA
+from drivers.computedomain import names
 from tests import computedomain_cases
 from tests.computedomain_cases import UID, Case, aws_nvbandwidth, channel_injection
+from tools.validation import Check, Problem, Severity, validate_sources
+from tools.validation.computedomains import CLIQUE_SCHEMA, COMPUTE_DOMAIN_SCHEMA
 
 CRDS = Path(__file__).resolve().parent.parent / "charts" / "gpu-dra-driver" / "crds"
 

@@ -2,7 +2,7 @@
 (``Kind/namespace/name``), the field path, the value the user wrote, and what is allowed.
 
 The message sites are enumerated from the source: every ``Finding(...)`` and ``Problem(...)``
-in driver/tools/validation/. The corpus is every case of the validate test tables, a seeded
+in tools/validation/. The corpus is every case of the validate test tables, a seeded
 run of the mutation generator (tests/manifest_mutations.py), and the cases below for sites
 those do not reach; each site must be reached by some case (a new site fails here until one
 is added), and every problem of every case must pass the five checks.
@@ -20,8 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.computedomain import names
-from driver.tools.validation import (
+from drivers.computedomain import names
+from tests import computedomain_cases, manifest_mutations
+from tests import test_validate as table
+from tests import test_validate_mistakes as mistakes
+from tests import test_validate_server_rules as server_rules
+from tools.validation import (
     Problem,
     computedomains,
     hardware,
@@ -30,11 +34,7 @@ from driver.tools.validation import (
     validate_sources,
     workloads,
 )
-from driver.tools.validation import problems as problems_module
-from tests import computedomain_cases, manifest_mutations
-from tests import test_validate as table
-from tests import test_validate_mistakes as mistakes
-from tests import test_validate_server_rules as server_rules
+from tools.validation import problems as problems_module
 
 MODULES = (rules, workloads, computedomains, manifests, hardware)
 MUTATIONS = 800

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.tools.validation import Severity, parse_version, validate_sources
 from sandbox.apiserver import LocalApiServer
+from tools.validation import Severity, parse_version, validate_sources
 
 ROOT = Path(__file__).parent.parent
 GPU = 'device.attributes["gpu.nvidia.com"]'

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.tools.cel import reads, split_conjuncts
-from driver.tools.validation import Check, Problem, Severity, validate_sources
-from driver.tools.validation.hardware import DATA, nodes
-from driver.tools.validation.manifests import CHART_CLASS_SELECTORS
 from tests import profile_devices
+from tools.cel import reads, split_conjuncts
+from tools.validation import Check, Problem, Severity, validate_sources
+from tools.validation.hardware import DATA, nodes
+from tools.validation.manifests import CHART_CLASS_SELECTORS
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = 'device.attributes["gpu.nvidia.com"]'

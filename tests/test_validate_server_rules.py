@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from driver.tools.validation import Check, Problem, Severity, parse_version, validate_sources
 from tests.manifest_mutations import base, put
+from tools.validation import Check, Problem, Severity, parse_version, validate_sources
 
 
 def check(doc: dict[str, Any], version: str = "1.36") -> list[Problem]:

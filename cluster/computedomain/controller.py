@@ -37,11 +37,11 @@ from driver.common.crashpoints import crashpoint
 from driver.common.errors import RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj
-from driver.computedomain import names
 from driver.kube.backoff import Backoff
 from driver.kube.informer import Informer, Key, key_of, version_of
 from driver.kube.leader import LeaderElection
 from driver.kube.rest import MERGE_PATCH, ApiError, Client, ForbiddenError, NotFoundError
+from drivers.computedomain import names
 
 log = logging.getLogger(__name__)
 

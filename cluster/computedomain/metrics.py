@@ -15,8 +15,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from driver.common.metricsserver import counted
-from driver.computedomain import names
 from driver.kube.rest import ERROR_CLASSES
+from drivers.computedomain import names
 
 _WRITE_VERBS = ("create", "patch", "delete")
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 
 COMMAND = ("gpu-dra", "compute-domain-daemon")
 # NVIDIA's probes: a fast startup probe that may fail for 20 minutes without a restart (the

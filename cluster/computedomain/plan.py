@@ -41,7 +41,7 @@ from typing import Any
 from cluster.computedomain import objects, status
 from cluster.computedomain.objects import DaemonSettings
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 
 DOMAIN = names.COMPUTE_DOMAINS
 DOMAIN_STATUS = f"{names.COMPUTE_DOMAINS}/status"

@@ -20,7 +20,7 @@ keyed by name; NVIDIA compares them as a map too).
 from collections.abc import Iterable, Mapping
 
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 
 
 def has_clique_label(pod: Obj) -> bool:

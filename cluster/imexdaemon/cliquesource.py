@@ -18,10 +18,10 @@ from cluster.imexdaemon.peers import Peer, peers_from_clique
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj
-from driver.computedomain import names
 from driver.kube.backoff import Backoff
 from driver.kube.informer import Informer
 from driver.kube.rest import MERGE_PATCH, ApiError, Client, ConflictError, NotFoundError
+from drivers.computedomain import names
 
 log = logging.getLogger(__name__)
 

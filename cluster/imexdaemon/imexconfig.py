@@ -9,7 +9,7 @@ renders from this module, so no template file has to travel with the node driver
 
 from collections.abc import Sequence
 
-from driver.computedomain import names
+from drivers.computedomain import names
 
 CONFIG_NAME = "imexd.cfg"
 NODES_NAME = "nodes.cfg"

@@ -15,7 +15,7 @@ from typing import Any
 
 from driver.common.errors import RetryableError
 from driver.common.wire import Obj
-from driver.computedomain import names
+from drivers.computedomain import names
 
 
 @dataclass(frozen=True, slots=True)

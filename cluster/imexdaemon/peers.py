@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from driver.common.errors import PermanentError
 from driver.common.logs import kv
-from driver.computedomain import names
+from drivers.computedomain import names
 
 log = logging.getLogger(__name__)
 

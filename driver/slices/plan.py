@@ -6,7 +6,8 @@ scheduler and other drivers' tooling read pools the way that controller writes t
 
 * every desired slice becomes exactly one ResourceSlice, named
   ``<index as %0Nx, N = max(5, hex digits)>-<driver>-<node>``: upstream's
-  ``generateName`` prefix without the random suffix (:func:`driver.gpu.resourceslice.slice_name`,
+  ``generateName`` prefix without the random suffix
+  (:func:`drivers.gpu.model.resourceslice.slice_name`,
   which ``gpu-dra discover`` prints too). A fixed name lets the API server
   refuse a second slice for one index (409 AlreadyExists), so neither a create whose
   response got lost nor two instances starting at once can put a device twice into
@@ -33,7 +34,7 @@ from driver.common.errors import PermanentError
 from driver.common.quantity import Quantity
 from driver.common.wire import Obj as _Obj
 from driver.common.wire import parse_time
-from driver.gpu.resourceslice import index_length, slice_metadata
+from drivers.gpu.model.resourceslice import index_length, slice_metadata
 
 
 class InvalidPoolError(PermanentError):

@@ -356,7 +356,7 @@ def _request_errors(devices: Any, prefix: str) -> Errors:
 
 def _selector_errors(selectors: Any, prefix: str) -> Errors:
     """CEL that does not compile is refused at write time, as the real server does."""
-    from driver.tools.cel import CelCompileError, CelUnsupportedError, compile_selector
+    from tools.cel import CelCompileError, CelUnsupportedError, compile_selector
 
     errors: Errors = []
     for i, selector in enumerate(selectors if isinstance(selectors, list) else []):

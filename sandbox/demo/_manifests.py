@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from driver.tools.allocation.inputs import load_file
 from sandbox.demo._nodes import DemoError
+from tools.allocation.inputs import load_file
 
 CHARTS_DIR = Path(__file__).resolve().parents[2] / "charts"
 CHART_DIR = CHARTS_DIR / "gpu-dra-driver"

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.tools.allocation import Cluster, Explanation, explain_claim
-from driver.tools.allocation.inputs import Inputs, read_cluster
+from tools.allocation import Cluster, Explanation, explain_claim
+from tools.allocation.inputs import Inputs, read_cluster
 
 
 @dataclass

@@ -36,11 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Inventory
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.simulated import SimulatedNode
-from driver.tools.cel import CelDevice, compile_selector
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
+from drivers.gpu.model.resourceslice import build_resource_slices
+from tools.cel import CelDevice, compile_selector
 
 DRIVER = "gpu.nvidia.com"
 PROFILES = ("p5.48xlarge", "g6e.48xlarge")
@@ -180,7 +180,7 @@ def _explain_floor(slices: list[dict[str, Any]]) -> int:
 
 def bench_explain(slices: list[dict[str, Any]]) -> float:
     """Print the explain figures; the seconds end to end."""
-    from driver.tools.allocation import explain_claim
+    from tools.allocation import explain_claim
 
     devices = sum(len(s["spec"]["devices"]) for s in slices)
     results: list[dict[str, Any]] = []
@@ -212,7 +212,7 @@ def bench_explain(slices: list[dict[str, Any]]) -> float:
 
 _COLD_START = """
 import time
-import driver.tools.cel._parser as parser
+import tools.cel._parser as parser
 start = time.perf_counter()
 import celpy.celparser
 imported = time.perf_counter()

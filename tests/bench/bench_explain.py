@@ -43,14 +43,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Gpu, Inventory
-from driver.gpu.resourceslice import build_resource_slices
 from driver.nvml.simulated import SimulatedNode
-from driver.tools.allocation import explain_claim
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Gpu, Inventory
+from drivers.gpu.model.resourceslice import build_resource_slices
 from tests.bench.bytecode import byte_compile
 from tests.oracles.client import Oracle
 from tests.oracles.test_allocator_oracle import compare
+from tools.allocation import explain_claim
 
 DRIVER = "gpu.nvidia.com"
 VERSION = "1.36"

@@ -45,11 +45,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from driver.gpu.discovery import discover  # noqa: E402
-from driver.gpu.kinds import NodeDevices  # noqa: E402
 from driver.kube import client as kubeclient  # noqa: E402
 from driver.kube.rest import Client  # noqa: E402
 from driver.nvml.simulated import SimulatedNode  # noqa: E402
+from drivers.gpu.kinds import NodeDevices  # noqa: E402
+from drivers.gpu.model.discovery import discover  # noqa: E402
 from sandbox.apiserver import ThreadedApiServer  # noqa: E402
 from tests.bench.bytecode import byte_compile  # noqa: E402
 from tests.bench.goref import build_goref  # noqa: E402
@@ -232,7 +232,7 @@ def median(values: list[float]) -> float:
 
 def import_profile(tree: Path) -> list[tuple[str, float]]:
     """Cumulative import seconds of the daemon's start-up modules by top-level package."""
-    code = "import cli, cli.plugin, kubeletplugin.gpu.node, driver.kube.client"
+    code = "import cli, cli.plugin, drivers.gpu.node, driver.kube.client"
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
         capture_output=True,

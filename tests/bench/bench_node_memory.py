@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from driver.computedomain import names
+from drivers.computedomain import names
 from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode

@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kubernetes.aio import client
 
-from driver.gpu.discovery import discover
-from driver.gpu.inventory import Inventory
-from driver.gpu.kinds import NodeDevices
-from driver.gpu.resourceslice import build_resource_slices
 from driver.kube.rest import Client
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import SliceController, plan
+from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
+from drivers.gpu.model.resourceslice import build_resource_slices
 from sandbox.apiserver import RequestRecord, ThreadedApiServer
 
 DRIVER = "gpu.nvidia.com"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from driver.tools.validation import validate_sources
+from tools.validation import validate_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ _COLD = """
 import sys, time
 from pathlib import Path
 started = time.perf_counter()
-from driver.tools.validation import validate_sources
+from tools.validation import validate_sources
 files = sys.argv[2:]
 validate_sources([(f, Path(f).read_text()) for f in files], hardware_check=sys.argv[1] == "on")
 print(time.perf_counter() - started)

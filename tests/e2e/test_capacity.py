@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
 from tests.e2e.cluster import ControlPlane, run_root
 from tests.e2e.kube import DRIVER, add_node, await_until, install_chart
 from tests.e2e.test_level1 import MINOR, _claim_pod, _pin, _pod_outcome, _slices
 from tests.pluginharness import PluginProcess
+from tools.allocation import explain_claim
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 

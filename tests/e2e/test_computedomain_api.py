@@ -22,12 +22,12 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from driver.tools.validation import Check, Severity, parse_version, validate_sources
 from tests import computedomain_cases
 from tests.computedomain_cases import CASES, aws_nvbandwidth, channel_injection
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, collection_path, run_root
 from tests.e2e.test_validate_oracle import same_field, server_fields
+from tools.validation import Check, Severity, parse_version, validate_sources
 
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
 CRDS = Path(__file__).resolve().parents[2] / "charts" / "gpu-dra-driver" / "crds"

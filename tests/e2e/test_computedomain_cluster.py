@@ -39,8 +39,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from driver.computedomain import names
 from driver.nvml.profile import load_profile
+from drivers.computedomain import names
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode, imexstandin
 from tests.chart_render import NAMESPACE, render

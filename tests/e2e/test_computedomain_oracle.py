@@ -26,7 +26,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from driver.computedomain import names
+from drivers.computedomain import names
 from tests import computedomain_oracle as oracle
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, run_root

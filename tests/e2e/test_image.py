@@ -25,7 +25,7 @@ from tests.e2e import build
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "0.1.0"
 ARCHES = ("amd64", "arm64")
-PACKAGES = ("api", "cli", "cluster", "driver", "kubeletplugin", "sandbox")
+PACKAGES = ("api", "cli", "cluster", "driver", "drivers", "kubeletplugin", "sandbox", "tools")
 
 pytestmark = [
     pytest.mark.skipif(

@@ -27,7 +27,6 @@ import yaml
 
 from driver.nvml.faults import write_state_file
 from driver.nvml.profile import load_profile
-from driver.tools.allocation import explain_claim
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, run_root
@@ -44,6 +43,7 @@ from tests.e2e.kube import (
     plugin_token,
 )
 from tests.pluginharness import PluginProcess
+from tools.allocation import explain_claim
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from driver.computedomain import names
+from drivers.computedomain import names
 from tests import imexstandin
 from tests.chart_render import NAMESPACE
 from tests.e2e.installed import (

@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from driver.tools.validation import Check, Problem, Severity, parse_version, validate_sources
 from tests import manifest_mutations
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, collection_path, run_root
 from tests.e2e.kube import chart_objects
+from tools.validation import Check, Problem, Severity, parse_version, validate_sources
 
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
 CASES = int(os.environ.get("GPU_DRA_ORACLE_CASES", "5000"))

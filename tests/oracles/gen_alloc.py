@@ -10,7 +10,7 @@ tolerations for device taints; matchAttribute constraints tie requests together.
 
 Twins: some cases add nodes that copy another node's pools but for the node's name (the
 pools', the slices', an NVLink domain named after the node), as the nodes of one instance
-type do, so that allocation once per node shape (driver/tools/allocation/shapes.py) is
+type do, so that allocation once per node shape (tools/allocation/shapes.py) is
 compared too, with other claims holding devices on some twins and not on others.
 
 Partitionable devices (1.36): some nodes also have a pool of MIG-like placements of one

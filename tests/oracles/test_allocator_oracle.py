@@ -4,7 +4,7 @@ The oracle (cmd/oracle) runs ``k8s.io/dynamic-resource-allocation/structured`` v
 the feature switches the kube-scheduler of 1.34 and of 1.36 sets from its default gates
 (1.34: the "stable" allocator; 1.36: "incubating", with partitionable devices, device
 taints, consumable capacity and binding conditions on). Ours is
-``driver.tools.allocation.explain_claim``, as ``gpu-dra explain`` calls it. Per node the
+``tools.allocation.explain_claim``, as ``gpu-dra explain`` calls it. Per node the
 outcome must agree (allocated, unschedulable, or an error that stops the scheduling
 attempt) and, when allocated, the devices chosen, in order.
 
@@ -55,9 +55,9 @@ from typing import Any
 import pytest
 
 from driver.common.quantity import Quantity
-from driver.tools.allocation import Explanation, explain_claim
 from tests.oracles import gen_alloc
 from tests.oracles.client import Oracle
+from tools.allocation import Explanation, explain_claim
 
 SEED = 20261201
 COUNT = 5000  # per version

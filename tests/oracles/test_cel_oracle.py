@@ -3,7 +3,7 @@
 The oracle (cmd/oracle) compiles each expression as the API server does for a new object
 (``k8s.io/dynamic-resource-allocation/cel``, environment NewExpressions, consumable
 capacity on as in 1.36) and evaluates it on the device as the scheduler does. Ours is
-``driver.tools.cel``. Each outcome must agree: compile error, runtime error, or the value.
+``tools.cel``. Each outcome must agree: compile error, runtime error, or the value.
 
 Disagreements found, each fixed with a regression case in tests/cel_cases.py or
 tests/test_quantity.py:
@@ -30,7 +30,7 @@ evaluated outcome, which is compared as for any other expression; about 2 % of t
 cases are over (string(), size() and the string functions on attributes are estimated at
 the declared maximum sizes).
 
-Known difference, in the parser (driver/tools/cel/_parser.py, being replaced): cel-go's
+Known difference, in the parser (tools/cel/_parser.py, being replaced): cel-go's
 parser drops an even run of unary operators, so ``!!"a" == "a"`` and ``--1 == 1`` compile
 upstream, while ours type-checks ``!`` on a string and refuses. The generator writes
 negation as ``!(...)`` so it never produces such a run.
@@ -40,15 +40,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.tools.cel import (
+from tests.oracles import gen_cel
+from tests.oracles.client import Oracle
+from tools.cel import (
     CelCompileError,
     CelDevice,
     CelEvalError,
     CelUnsupportedError,
     compile_selector,
 )
-from tests.oracles import gen_cel
-from tests.oracles.client import Oracle
 
 SEED = 20261201
 COUNT = 5000

@@ -1,0 +1,1 @@
+"""The node drivers, one home each."""

@@ -1,0 +1,632 @@
+"""The node process: kubelet plugin, slice controller and probe service in one event loop.
+
+Order matters. The probe service comes up first (NOT_SERVING), so probes get
+an answer while setup runs. Setup (device-plugin guard, NVML, discovery, claim
+state) retries instead of exiting: a crash-looping pod helps no one, a
+NOT_SERVING one with a clear log line does. Then the DRA socket, then the
+registration socket (the kubelet may call the DRA socket as soon as it sees
+the registration one), then the controller and the reconciler. SIGTERM undoes
+it in reverse, removing only this process's sockets; slices stay for the next
+instance.
+"""
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
+from driver import DEFAULT_DRIVER_NAME
+from driver.common import gcpause
+from driver.common.driverversion import DriverTooOld
+from driver.common.errors import DriverError, PermanentError
+from driver.common.logs import kv
+from driver.kube import client as kubeclient
+from driver.kube.rest import Client, errors_of
+from driver.nvml import library
+from driver.slices import SliceController
+from drivers.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
+from drivers.gpu.kinds import GpuNode, NodeDevices
+from drivers.gpu.kinds.mpspod import MpsPodConfig, MpsPods
+from drivers.gpu.model.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS, Taint
+from drivers.gpu.model.discovery import discover
+from drivers.gpu.model.inventory import Inventory
+from drivers.gpu.model.migmake import Maker
+from kubeletplugin import draservice, flavor
+from kubeletplugin import healthstream as health
+from kubeletplugin.cohost import Guest, Host
+from kubeletplugin.metrics import Metrics, MetricsServer
+from kubeletplugin.probes import ProbeServer
+from kubeletplugin.registration import RegistrationServicer
+from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
+from kubeletplugin.state import DeviceState, StateConfig
+
+if TYPE_CHECKING:
+    import ctypes
+
+    from kubernetes.aio.client import ApiClient
+
+    from driver.nvml import Nvml
+    from drivers.gpu.model.events import EventWatcher
+
+log = logging.getLogger(__name__)
+
+# The extended resource the NVIDIA device plugin advertises.
+DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    kubeconfig: Path | None = None
+    registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    cdi_root: Path = Path("/var/run/cdi")
+    nvidia_driver_root: Path = Path("/")
+    container_driver_root: Path = Path("/driver-root")
+    # Holds the sys/ and proc/driver/ discovery reads: the host's, as every container sees
+    # them; a simulated node's own tree elsewhere.
+    sysfs_root: Path = Path("/")
+    nvidia_smi: Path | None = None
+    mps_control: Path | None = None
+    # MPS control daemons as pods of their own (the chart's way); None: plugin processes.
+    mps_pod: MpsPodConfig | None = None
+    # Publish GPUs for consumable capacity (drivers.gpu.kinds.capacity).
+    consumable_capacity: bool = False
+    # Publish GPUs in MIG mode as partitions, made at prepare (drivers.gpu.kinds.dynmig).
+    dynamic_mig: bool = False
+    pod_uid: str | None = None
+    nvml: str = "system"
+    profile: str | None = None
+    sim_state: Path | None = None
+    healthcheck_port: int = 51515
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    # Automatic recovery of devices tainted for recoverable XIDs: after this many
+    # consecutive healthy probes, recovery_period apart; 0: off (an admin clears them).
+    recovery_probes: int = 0
+    recoverable_xids: frozenset[int] = DEFAULT_RECOVERABLE_XIDS
+    recovery_period: float = 10.0
+    # Prometheus metrics on this TCP port (0: a free one); None: not served.
+    metrics_port: int | None = None
+    # ... on this address: the chart gives the pod's IP; loopback unless one is given.
+    metrics_address: str = "127.0.0.1"
+    slice_resync_period: float = 600.0
+    reconcile_period: float = 600.0
+    # How often an MPS daemon that died is looked for, and restarted.
+    watch_period: float = 5.0
+    # How long to wait before retrying a failed setup or re-checking the guard.
+    retry_period: float = 30.0
+
+
+async def main(config: NodeConfig, guests: Sequence[Guest] = ()) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP rediscovers (and so re-reads NVML) and relists.
+    ``guests``: other drivers served from this process once the GPU driver serves."""
+    import signal
+
+    stop, hup = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
+    return await run(config, stop, hup=hup, guests=guests)
+
+
+async def run(
+    config: NodeConfig,
+    stop: asyncio.Event,
+    *,
+    hup: asyncio.Event | None = None,
+    guests: Sequence[Guest] = (),
+) -> int:
+    try:
+        paths = socket_paths(
+            registrar_dir=config.registrar_dir,
+            plugins_dir=config.plugins_dir,
+            driver_name=config.driver_name,
+            pod_uid=config.pod_uid,
+        )
+    except PermanentError as exc:
+        log.error("invalid configuration", extra=kv(error=exc))
+        return 2
+    probes = ProbeServer(paths, port=config.healthcheck_port)
+    try:
+        await probes.start()
+    except OSError as exc:
+        log.error("cannot serve the probe service", extra=kv(error=exc))
+        return 2
+    try:
+        api_client = await kubeclient.api_client(config.kubeconfig, component="kubelet-plugin")
+    except Exception as exc:
+        await probes.stop()
+        log.error("cannot configure the Kubernetes client", extra=kv(error=exc))
+        return 2
+    try:
+        return await _Node(config, paths, probes, api_client, hup, guests).run(stop)
+    finally:
+        await kubeclient.close(api_client)
+        await probes.stop()
+
+
+# What _start_guest returns for a refusal no retry can change.
+_FINAL = "final"
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to ``seconds``; True when asked to stop meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+async def _on_hup(hup: asyncio.Event, controller: SliceController) -> None:
+    while True:
+        await hup.wait()
+        hup.clear()
+        log.info("SIGHUP: rediscovering and relisting")
+        controller.trigger(relist=True)
+
+
+class _Node:
+    def __init__(
+        self,
+        config: NodeConfig,
+        paths: SocketPaths,
+        probes: ProbeServer,
+        api_client: "ApiClient",
+        hup: asyncio.Event | None = None,
+        guests: Sequence[Guest] = (),
+    ) -> None:
+        self._config = config
+        self._guests = list(guests)
+        self._serving: list[Guest] = []
+        # Starts of guests that failed, retried apart from self._tasks: they end by succeeding.
+        self._guest_tasks: list[asyncio.Task[None]] = []
+        self._hup = hup
+        self._paths = paths
+        self._probes = probes
+        self._api = api_client
+        self._servers: list[SocketServer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        # Owns the NVML backend (a simulated node's sysfs tree) for the process's life.
+        self._exit_stack = contextlib.ExitStack()
+        self._backend: tuple[Nvml, Path] | None = None
+        self._devices: NodeDevices | None = None
+        # The kubelet's health stream reads it; the NVML watcher writes it.
+        self._health = health.HealthBoard()
+        self._watcher: tuple[threading.Thread, EventWatcher] | None = None
+        self._metrics: MetricsServer | None = None
+        self._registry: CollectorRegistry | None = None
+        self._taints: Mapping[str, tuple[Taint, ...]] = {}  # health.json, read in setup
+        self._node_uid = ""  # the guard's read of the Node, for the slices' owner
+
+    async def run(self, stop: asyncio.Event) -> int:
+        try:
+            state = await self._setup(stop)
+            if state is None:
+                return 0
+            published = await self._serve(state)
+            await self._start_guests(stop)
+            self._probes.set_ready()
+            log.info(
+                "kubelet plugin ready",
+                extra=kv(node=self._config.node_name, driver=self._config.driver_name),
+            )
+            settling = asyncio.create_task(_settle(published), name="start-up-settle")
+            try:
+                return await self._wait_for_stop(stop)
+            finally:
+                settling.cancel()
+        finally:
+            await self._shutdown()
+
+    async def _setup(self, stop: asyncio.Event) -> DeviceState | None:
+        """Guard, discovery and claim state, retried until they succeed or we are stopped."""
+        last = ""
+        while not stop.is_set():
+            try:
+                # The guard's read and NVML discovery at once: discovery has no side
+                # effect, and a joining node's first publish waits on both.
+                guard, found = await asyncio.gather(
+                    self._device_plugin_present(), self._discover(), return_exceptions=True
+                )
+                for outcome in (guard, found):
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                reason = cast("str | None", guard)
+                if reason is None:
+                    return await self._open_state()
+            except (DriverError, OSError) as exc:
+                reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc}"
+            except Exception as exc:  # API errors of the kubernetes client, NVML errors
+                reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc!r}"
+            self._probes.set_not_ready(reason)
+            gcpause.start_up_over()  # a start that waits is no quick start: collect as usual
+            if reason != last:  # one line per distinct problem, not one per retry
+                log.error(reason, extra=kv(node=self._config.node_name))
+                last = reason
+            if await _wait(stop, self._config.retry_period):
+                break
+        return None
+
+    async def _device_plugin_present(self) -> str | None:
+        # Raw JSON: importing CoreV1Api and its models costs 24 MiB of RSS.
+        node = await Client(self._api).request(
+            "GET", f"/api/v1/nodes/{self._config.node_name}", verb="get", resource="nodes"
+        )
+        self._node_uid = str((node.get("metadata") or {}).get("uid") or "")
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        count = capacity.get(DEVICE_PLUGIN_RESOURCE)
+        if count is None or str(count) == "0":
+            return None
+        return (
+            f"node {self._config.node_name} already advertises {DEVICE_PLUGIN_RESOURCE}={count} "
+            "from a device plugin: not registering and not publishing ResourceSlices, since "
+            "both would hand out the same GPUs; remove the NVIDIA device plugin from this node"
+        )
+
+    async def _discover(self) -> None:
+        """health.json, NVML and the first discovery: reads only, so they need not wait
+        for the guard."""
+        cfg = self._config
+        # In setup, so a health.json it cannot understand keeps the node not ready with
+        # one line, as an unreadable claim record does, instead of crashing the process.
+        self._taints = await asyncio.to_thread(read_state, cfg.plugins_dir / cfg.driver_name)
+        backend, sysfs_root = await asyncio.to_thread(self._load_nvml)
+
+        reported: set[str] = set()  # skipped GPUs warned about once, not every resync
+
+        async def rediscover() -> Inventory:
+            return await asyncio.to_thread(
+                discover,
+                backend,
+                sysfs_root=sysfs_root,
+                reported=reported,
+                dynamic_mig=cfg.dynamic_mig,
+            )
+
+        # One inventory for the publisher and the claim state, for the process's life.
+        self._devices = NodeDevices(
+            rediscover, node_name=cfg.node_name, consumable_capacity=cfg.consumable_capacity
+        )
+        found = await self._devices.refresh()
+        log.info("GPUs discovered", extra=kv(node=cfg.node_name, devices=len(found)))
+
+    async def _open_state(self) -> DeviceState:
+        cfg = self._config
+        assert self._devices is not None and self._backend is not None, "_discover first"
+        backend, sysfs_root = self._backend
+        mps_pods = None
+        if cfg.mps_pod is not None:
+            loop = asyncio.get_running_loop()
+            mps_pods = MpsPods(Client(self._api), loop, cfg.mps_pod, cfg.node_name)
+        kinds_node = GpuNode(
+            container_driver_root=cfg.container_driver_root,
+            nvidia_driver_root=cfg.nvidia_driver_root,
+            nvidia_smi=cfg.nvidia_smi,
+            mps_control=cfg.mps_control,
+            nvml_library=await asyncio.to_thread(library.find, cfg.container_driver_root),
+            mig_maker=Maker(backend, sysfs_root),
+            mps_pods=mps_pods,
+        )
+        state_config = StateConfig(
+            plugin_dir=cfg.plugins_dir / cfg.driver_name,
+            cdi_root=cfg.cdi_root,
+            driver_name=cfg.driver_name,
+            node_name=cfg.node_name,
+            nvidia_driver_root=cfg.nvidia_driver_root,
+            container_driver_root=cfg.container_driver_root,
+            pod_uid=cfg.pod_uid,
+            nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
+            flavor=flavor.gpu(kinds_node),
+        )
+        state = await DeviceState.open(state_config, self._api, self._devices)
+        if cfg.dynamic_mig:
+            # Recovery may have destroyed the instances a crash left, which the first
+            # discovery took for out of band: their placements are free again.
+            await self._devices.refresh()
+        return state
+
+    def _load_nvml(self) -> "tuple[Nvml, Path]":
+        from driver import nvml
+
+        cfg = self._config
+        if self._backend is None:  # setup retries reuse the backend
+            self._backend = self._exit_stack.enter_context(
+                nvml.backend(
+                    cfg.nvml,
+                    profile=cfg.profile,
+                    node_name=cfg.node_name,
+                    state_file=cfg.sim_state,
+                    driver_root=cfg.container_driver_root,
+                    sysfs_root=cfg.sysfs_root,
+                )
+            )
+            if cfg.nvml == "system":
+                # Which copy serves this node: the first thing to know when discovery looks
+                # wrong (load is idempotent: the path of the copy already loaded).
+                path = library.load(cfg.container_driver_root)
+                log.info("NVML library loaded", extra=kv(node=cfg.node_name, path=str(path)))
+        return self._backend
+
+    async def _serve(self, state: DeviceState) -> asyncio.Event:
+        """Serve ``state`` and publish the node's slices; the event is set once published."""
+        cfg = self._config
+        assert self._devices is not None, "_open_state runs first"
+        # Health first: the first slice already carries what the last instance persisted.
+        monitor = HealthMonitor(
+            cfg.plugins_dir / cfg.driver_name,
+            self._health,
+            pool=cfg.node_name,
+            ignored=cfg.ignored_xids,
+            on_change=lambda: controller.trigger(),
+            recovery=self._recovery(),
+            taints=self._taints,
+        )
+        watched = self._watched()
+        monitor.set_devices(watched.devices, watched.migs)
+        metrics = Metrics(
+            board=self._health,
+            events_by_xid=lambda: monitor.events_by_xid,
+            slice_writes=lambda: controller.stats.writes,
+            slice_write_failures=lambda: controller.stats.failures,
+            api_errors=lambda: errors_of(self._api),
+        )
+        await state.observe(metrics)  # what is prepared, recovered claims first
+        self._registry = metrics.registry  # guests' families join it
+        assert self._devices is not None
+        devices_of = self._devices
+        first = True
+
+        async def published() -> list[dict[str, Any]]:
+            # Each resync rediscovers, but the first: setup discovered a moment ago.
+            # Devices that came or went change what is watched.
+            nonlocal watched, first
+            devices = devices_of.discovered() if first else await devices_of.published()
+            first = False
+            now = self._watched()
+            if now != watched:
+                log.info(
+                    "GPU inventory changed: following it with the health watcher",
+                    extra=kv(
+                        node=cfg.node_name,
+                        added=len(now.devices.keys() - watched.devices.keys()),
+                        removed=len(watched.devices.keys() - now.devices.keys()),
+                    ),
+                )
+                if self._watcher is not None and now.gpus != watched.gpus:
+                    self._watcher[1].watch(now.gpus)
+                watched = now
+                monitor.set_devices(now.devices, now.migs)
+            return devices
+
+        dra = grpc.aio.server()
+        draservice.add_to_server(dra, state, metrics)
+        health.add_to_server(dra, self._health)
+        registration = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(
+                driver_name=cfg.driver_name,
+                endpoint=str(self._paths.dra),
+                versions=draservice.SUPPORTED_VERSIONS + health.SERVICE_NAMES,
+            ),
+            registration,
+        )
+        # The DRA socket first: the kubelet calls it as soon as registration succeeds.
+        for path, server in ((self._paths.dra, dra), (self._paths.registration, registration)):
+            socket_server = SocketServer(path, server)
+            await socket_server.start()
+            self._servers.append(socket_server)
+        controller = SliceController(
+            self._api,
+            node_name=cfg.node_name,
+            driver_name=cfg.driver_name,
+            devices=monitor.tainted(published),
+            counter_sets=self._devices.counter_sets,
+            resync_period=cfg.slice_resync_period,
+            node_uid=self._node_uid,
+        )
+        # First of the tasks: a joining node's pool waits on it, nothing else does.
+        self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
+        if cfg.metrics_port is not None:  # after the controller: its counts are scraped
+            self._metrics = MetricsServer(metrics, port=cfg.metrics_port, host=cfg.metrics_address)
+            await self._metrics.start()
+        self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
+        if cfg.recovery_probes > 0:
+            self._tasks.append(asyncio.create_task(monitor.run_recovery(), name="health-recovery"))
+        if self._hup is not None:
+            self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))
+        self._start_watcher(monitor)
+        self._tasks.append(
+            asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
+        )
+        self._tasks.append(
+            asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
+        )
+        return controller.published
+
+    async def _start_guests(self, stop: asyncio.Event) -> None:
+        """Each other driver of this process, on this one's NVML and inventory; one that
+        refuses says why in one line and the GPU driver serves on. A refusal is retried as
+        the GPU driver's setup is, every ``retry_period`` and logged again only when its
+        reason changes, until it serves or the process stops; but not an NVIDIA driver
+        below the floor, which only a driver upgrade (and so a restart) changes."""
+        assert self._devices is not None and self._backend is not None
+        devices = self._devices
+
+        async def rediscover() -> None:
+            await devices.refresh()
+
+        host = Host(
+            api_client=self._api,
+            inventory=lambda: devices.inventory,
+            rediscover=rediscover,
+            proc_root=self._backend[1],
+            nvml_mode=self._config.nvml,
+            registry=self._registry,
+        )
+        for guest in self._guests:
+            reason = await self._start_guest(guest, host, "")
+            if reason is not None and reason != _FINAL:
+                self._guest_tasks.append(
+                    asyncio.create_task(
+                        self._retry_guest(guest, host, stop, reason), name=f"start-{guest.name}"
+                    )
+                )
+
+    async def _start_guest(self, guest: Guest, host: Host, last: str) -> str | None:
+        """One start of ``guest``: None when it serves, else why not (logged unless it is
+        ``last``), or _FINAL when no retry can help."""
+        try:
+            await guest.start(host)
+        except asyncio.CancelledError:
+            await guest.stop()  # stopped mid-start: what it started so far goes too
+            raise
+        except Exception as exc:  # a guest's failure is its own: the GPU driver serves on
+            final = isinstance(exc, DriverTooOld)
+            reason = f"{type(exc).__name__}: {exc}"
+            if reason != last:
+                log.error(
+                    "not serving driver",
+                    exc_info=not isinstance(exc, DriverError | OSError),
+                    extra=kv(
+                        driver=guest.name,
+                        error=str(exc),
+                        retry_in="never" if final else f"{self._config.retry_period:g}s",
+                    ),
+                )
+            await guest.stop()
+            return _FINAL if final else reason
+        self._serving.append(guest)
+        return None
+
+    async def _retry_guest(self, guest: Guest, host: Host, stop: asyncio.Event, last: str) -> None:
+        while not await _wait(stop, self._config.retry_period):
+            reason = await self._start_guest(guest, host, last)
+            if reason is None:
+                log.info("serving driver after a failed start", extra=kv(driver=guest.name))
+                return
+            if reason == _FINAL:
+                return
+            last = reason
+
+    def _recovery(self) -> Recovery | None:
+        from drivers.gpu.model.events import EventNvml, probe
+
+        cfg = self._config
+        if cfg.recovery_probes <= 0:
+            return None
+        assert self._backend is not None
+        nvml = cast(EventNvml, self._backend[0])
+        return Recovery(
+            probes=cfg.recovery_probes,
+            period=cfg.recovery_period,
+            xids=cfg.recoverable_xids,
+            probe=lambda uuid: probe(nvml, uuid),
+        )
+
+    def _watched(self) -> Watched:
+        assert self._devices is not None
+        return Watched.of(self._devices.current, self._devices.inventory)
+
+    def _start_watcher(self, monitor: HealthMonitor) -> None:
+        from drivers.gpu.model.events import EventNvml, EventWatcher
+
+        assert self._backend is not None
+        nvml = cast(EventNvml, self._backend[0])
+        watcher = EventWatcher(nvml, self._watched().gpus, monitor.submit)
+        # A thread of its own: the wait blocks in C for up to 5 s at a time.
+        thread = threading.Thread(target=watcher.run, name="nvml-events", daemon=True)
+        thread.start()
+        self._watcher = (thread, watcher)
+
+    async def _wait_for_stop(self, stop: asyncio.Event) -> int:
+        stopping = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopping, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        if stopping in done:
+            log.info("stopping on signal")
+            return 0
+        stopping.cancel()
+        for task in done:
+            # A background loop only ends by failing: restart the whole process.
+            exc = task.exception()
+            log.error("background task ended", extra=kv(task=task.get_name(), error=repr(exc)))
+        self._probes.set_not_ready("a background task failed")
+        return 1
+
+    async def _shutdown(self) -> None:
+        for task in self._guest_tasks:  # a start in flight stops what it started
+            task.cancel()
+        await asyncio.gather(*self._guest_tasks, return_exceptions=True)
+        self._guest_tasks.clear()
+        for guest in reversed(self._serving):
+            await guest.stop()
+        self._serving.clear()
+        # Registration first, so the kubelet stops choosing this instance.
+        for server in reversed(self._servers):
+            await server.stop()
+        self._servers.clear()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._metrics is not None:
+            await self._metrics.stop()
+            self._metrics = None
+        if self._watcher is not None:  # before NVML goes away with the exit stack
+            thread, watcher = self._watcher
+            watcher.stop()
+            await asyncio.to_thread(thread.join, 10)
+            self._watcher = None
+        await asyncio.to_thread(self._exit_stack.close)
+
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def _libc() -> "ctypes.CDLL | None":
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl): its allocator has neither knob
+        return None
+
+
+def limit_malloc_arenas() -> None:
+    """One glibc heap per thread (gRPC's pollers, the executor, the NVML watcher) keeps
+    freed memory per thread; the daemon's threads mostly wait, so two heaps serve them."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_ARENA_MAX, 2)
+
+
+# How long after ready the start-up may wait on its first publish (an API server that
+# refuses it) before the collector resumes anyway.
+_SETTLE_S = 10.0
+
+
+async def _settle(published: asyncio.Event) -> None:
+    """End start-up once the node's slices are first published (a joining node's pool waits
+    on that, nothing waits on this), or ``_SETTLE_S`` after ready."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(published.wait(), _SETTLE_S)
+    _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    """Start-up (imports, discovery, the first slice write) frees much of what it allocated,
+    but glibc keeps freed heap pages mapped: hand them back, so the node's resting RSS is
+    what the daemon holds, not what it once touched. The collector resumes here, after one
+    full collection (:func:`gcpause.pause_start_up`)."""
+    gcpause.start_up_over()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
