@@ -6,7 +6,7 @@ PYTHON ?= python3
 # Kubernetes minor of the e2e tier (tests/e2e/versions.toml pins the patch).
 K8S ?= 1.36
 
-.PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean
+.PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ e2e: e2e-build
 		--ignore=tests/e2e/test_level3.py --ignore=tests/e2e/test_level3_computedomain.py
 	K8S=$(K8S) $(PY) -m tests.e2e.netns $(E2E_PYTEST) \
 		tests/e2e/test_level3.py tests/e2e/test_level3_computedomain.py
+
+# The real-GPU suite (tests/gpu/): on a machine with an NVIDIA GPU and driver; skips, with the
+# reason, where there is none. It changes no GPU setting and prints one table. On a machine
+# without this virtualenv, GPU_CHECK_PY=python3 runs it with that interpreter's packages.
+GPU_CHECK_PY ?= $(PY)
+gpu-check: $(if $(filter $(PY),$(GPU_CHECK_PY)),$(STAMP))
+	$(GPU_CHECK_PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider tests/gpu
 
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done

@@ -1,0 +1,1 @@
+"""The real-GPU suite: ``make gpu-check``, never part of ``make test``."""
