@@ -68,7 +68,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "--kubernetes-version",
         default="1.34",
         metavar="V",
-        help="Kubernetes version whose schema and feature-gate defaults apply, 1.34 to 1.37 "
+        help="Kubernetes version whose schema and feature-gate defaults apply, 1.34 to 1.38 "
         "(e.g. 1.35 or v1.35.2-eks-113cf36; default 1.34)",
     )
     parser.add_argument(

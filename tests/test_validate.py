@@ -543,9 +543,9 @@ def test_parse_version(text: str, expected: tuple[int, int]) -> None:
     assert parse_version(text) == expected
 
 
-@pytest.mark.parametrize("text", ["1.33", "1.38", "banana", "1", "1.x"])
+@pytest.mark.parametrize("text", ["1.33", "1.39", "banana", "1", "1.x"])
 def test_parse_version_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match=r"1\.34 to 1\.37|not a Kubernetes version"):
+    with pytest.raises(ValueError, match=r"1\.34 to 1\.38|not a Kubernetes version"):
         parse_version(text)
 
 
@@ -618,7 +618,7 @@ def test_cli_rejects_unsupported_version(
 ) -> None:
     code, lines = run(["--kubernetes-version", "1.30", write(tmp_path, "ok.yaml", claim())])
     assert code == 2 and lines == []
-    assert "1.34 to 1.37" in capsys.readouterr().err
+    assert "1.34 to 1.38" in capsys.readouterr().err
 
 
 def test_selector_check_is_injectable() -> None:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 Version = tuple[int, int]
 
-# The versions this tool has schemas and gate defaults for (kubernetes-validate's range that
-# has resource.k8s.io/v1).
+# The versions this tool has gate defaults for: kubernetes-validate's range that has
+# resource.k8s.io/v1, and 1.38, whose resource.k8s.io/v1 has no new field (1.38.0-beta.0
+# against 1.37.2; the 1.37 schemas check it).
 OLDEST: Version = (1, 34)
-NEWEST: Version = (1, 37)
+NEWEST: Version = (1, 38)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +29,18 @@ class Gate:
 DRA_CONSUMABLE_CAPACITY = Gate("DRAConsumableCapacity", alpha=(1, 34), on_by_default=(1, 36))
 DRA_EXTENDED_RESOURCE = Gate("DRAExtendedResource", alpha=(1, 34), on_by_default=(1, 36))
 DRA_DEVICE_TAINTS = Gate("DRADeviceTaints", alpha=(1, 33), on_by_default=(1, 36))
+# Beta and off in 1.36, GA and on from 1.37 (locked in 1.38).
+DRA_DEVICE_TAINT_RULES = Gate("DRADeviceTaintRules", alpha=(1, 33), on_by_default=(1, 37))
 # DRAPrioritizedList (firstAvailable) and DRAAdminAccess (adminAccess) are on by default from
 # 1.34, the oldest version this tool checks, so they never warn.
+
+
+# The versions of resource.k8s.io that serve DeviceTaintRule, by the first minor serving each.
+TAINT_RULE_VERSIONS: dict[str, Version] = {
+    "resource.k8s.io/v1alpha3": (1, 33),
+    "resource.k8s.io/v1beta2": (1, 36),
+    "resource.k8s.io/v1": (1, 37),
+}
 
 
 def warning(gate: Gate, version: Version) -> str:

@@ -302,6 +302,9 @@ def _rule_findings(
     doc: Mapping[str, Any], ctx: rules.Context, claims: workloads.Claims
 ) -> Iterator[Finding]:
     kind = doc.get("kind")
+    if kind == "DeviceTaintRule":
+        yield from rules.check_taint_rule(doc, ctx)
+        return
     if kind in workloads.POD_SPEC_PATHS:
         yield from rules.check_metadata(doc.get("metadata"), str(kind))
         yield from workloads.check_workload(doc, claims)

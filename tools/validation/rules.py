@@ -470,6 +470,27 @@ def _toleration(path: str, toleration: Mapping[str, Any], ctx: Context) -> Itera
         )
 
 
+def check_taint_rule(doc: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
+    """A DeviceTaintRule (an admin's drain of a device or a pool): served from which version,
+    its gate, and its taint's effect."""
+    api_version = _str(doc.get("apiVersion")) or ""
+    first = gates.TAINT_RULE_VERSIONS.get(api_version)
+    if first is None or ctx.version < first:
+        served = [v for v, since in gates.TAINT_RULE_VERSIONS.items() if since <= ctx.version]
+        yield Finding(
+            "apiVersion",
+            f"{api_version!r} serves no DeviceTaintRule in Kubernetes "
+            f"{ctx.version[0]}.{ctx.version[1]}: write {served[-1]}",
+        )
+        return
+    yield from _gated("spec", gates.DRA_DEVICE_TAINT_RULES, ctx, "a DeviceTaintRule")
+    taint = _map(_map(doc.get("spec")).get("taint"))
+    effect = _str(taint.get("effect")) or ""
+    effects = _effects(ctx.version)
+    if effect not in effects:
+        yield Finding("spec.taint.effect", f"{effect!r} must be one of {', '.join(effects)}")
+
+
 def _capacity_requests(
     path: str, requests: Mapping[str, Any], class_name: str | None, ctx: Context
 ) -> Iterator[Finding]:
