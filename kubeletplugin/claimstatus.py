@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from driver.common.logs import kv
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
 from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError
-from kubeletplugin.healthstream import DeviceHealth
+from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,10 @@ def merged(existing: list[Obj], ours: list[Obj], driver: str, pool: str) -> list
     return kept + ours
 
 
+def _same(a: list[Obj], b: list[Obj]) -> bool:
+    return sorted(a, key=_key) == sorted(b, key=_key)
+
+
 @dataclass
 class WriterStats:
     writes: int = 0
@@ -132,7 +136,7 @@ class ClaimStatusWriter:
     driver: str
     pool: str
     devices: Callable[[], Mapping[str, NodeDevice]]
-    health: Callable[[], Iterable[DeviceHealth]] = tuple
+    board: HealthBoard | None = None  # the node's device health, which conditions follow
     stats: WriterStats = field(default_factory=WriterStats)
     _claims: dict[str, _Claim] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
@@ -218,7 +222,8 @@ class ClaimStatusWriter:
             existing: list[Obj] = list(status.get("devices") or [])
             ours: list[Obj] = []
             if known.prepared is not None and claim["metadata"].get("uid") == known.prepared.uid:
-                boards = {(h.pool, h.device): h for h in self.health()}
+                health = self.board.snapshot()[1] if self.board is not None else ()
+                boards = {(h.pool, h.device): h for h in health}
                 mine = [
                     e
                     for e in existing
@@ -258,17 +263,31 @@ class ClaimStatusWriter:
         raise ConflictError("update resourceclaims/status: five conflicts in a row", status=409,
                             verb="update", resource="resourceclaims/status")  # fmt: skip
 
-
-def _same(a: list[Obj], b: list[Obj]) -> bool:
-    return sorted(a, key=_key) == sorted(b, key=_key)
+    async def follow_board(self) -> None:
+        """Check every claim's condition again whenever the health board moves."""
+        if self.board is None:
+            return
+        version = self.board.snapshot()[0]
+        while True:
+            await self.board.wait_change(version, 3600.0)
+            now = self.board.snapshot()[0]
+            if now != version:
+                version = now
+                self.health_changed()
 
 
 @contextlib.asynccontextmanager
-async def running(writer: ClaimStatusWriter) -> Any:
-    task = asyncio.create_task(writer.run(), name="claim-status")
+async def running(writer: ClaimStatusWriter) -> AsyncIterator[ClaimStatusWriter]:
+    """The writer and its board follower, for as long as the block runs."""
+    tasks = [
+        asyncio.create_task(writer.run(), name="claim-status"),
+        asyncio.create_task(writer.follow_board(), name="claim-status-health"),
+    ]
     try:
         yield writer
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

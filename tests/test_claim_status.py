@@ -15,7 +15,7 @@ from kubernetes.aio import client as k8s
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.rest import Client
 from kubeletplugin.claimstatus import ClaimStatusWriter, desired_entries, merged, running
-from kubeletplugin.healthstream import DeviceHealth
+from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.state import ClaimRef
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import create_claim, wait_for
@@ -72,10 +72,10 @@ async def _status(api: Any, ref: ClaimRef) -> list[dict[str, Any]]:
 @pytest.fixture
 async def writer(
     api_client: k8s.ApiClient,
-) -> AsyncIterator[tuple[ClaimStatusWriter, list[DeviceHealth]]]:
-    board: list[DeviceHealth] = []
+) -> AsyncIterator[tuple[ClaimStatusWriter, HealthBoard]]:
+    board = HealthBoard()
     w = ClaimStatusWriter(
-        Client(api_client), DRIVER, NODE, devices=lambda: {"gpu-0": GPU0}, health=lambda: board
+        Client(api_client), DRIVER, NODE, devices=lambda: {"gpu-0": GPU0}, board=board
     )
     async with running(w):
         yield w, board
@@ -126,13 +126,11 @@ async def test_health_moves_the_condition_and_unprepare_clears(
     w, board = writer
     w.prepared(_prepared(claim))
     await _until(api_client, claim, lambda d: len(d) == 1)
-    board.append(DeviceHealth(NODE, "gpu-0", "Unhealthy", "XID 79: fell off the bus"))
-    w.health_changed()
+    board.replace([DeviceHealth(NODE, "gpu-0", "Unhealthy", "XID 79: fell off the bus")])
     (entry,) = await _until(api_client, claim, lambda d: d[0]["conditions"][0]["status"] == "False")
     assert entry["conditions"][0]["reason"] == "Unhealthy"
     assert "XID 79" in entry["conditions"][0]["message"]
-    board.clear()
-    w.health_changed()
+    board.replace([DeviceHealth(NODE, "gpu-0", "Healthy")])
     await _until(api_client, claim, lambda d: d[0]["conditions"][0]["status"] == "True")
     w.unprepared(claim.uid)
     await _until(api_client, claim, lambda d: d == [])
