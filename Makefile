@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 # Kubernetes minor of the e2e tier (tests/e2e/versions.toml pins the patch).
-K8S ?= 1.36
+K8S ?= 1.37
 
 .PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean gpu-check
 
@@ -42,10 +42,8 @@ e2e-build: $(STAMP)
 # namespaces of its own (tests/e2e/netns.py): a pod network, kube-proxy, an rshared root.
 E2E_PYTEST := $(PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider
 e2e: e2e-build
-	K8S=$(K8S) $(E2E_PYTEST) tests/oracles tests/e2e \
-		--ignore=tests/e2e/test_level3.py --ignore=tests/e2e/test_level3_computedomain.py
-	K8S=$(K8S) $(PY) -m tests.e2e.netns $(E2E_PYTEST) \
-		tests/e2e/test_level3.py tests/e2e/test_level3_computedomain.py
+	K8S=$(K8S) $(E2E_PYTEST) tests/oracles tests/e2e --ignore-glob='tests/e2e/test_level3*'
+	K8S=$(K8S) $(PY) -m tests.e2e.netns $(E2E_PYTEST) tests/e2e/test_level3*.py
 
 # The real-GPU suite (tests/gpu/): on a machine with an NVIDIA GPU and driver; skips, with the
 # reason, where there is none. It changes no GPU setting and prints one table. On a machine

@@ -45,7 +45,13 @@ FEATURE_GATES: dict[str, dict[str, bool]] = {
         "DRADeviceTaints": True,
         "DRAConsumableCapacity": True,
     },
+    "1.35": {  # the same three are still alpha and off in 1.35
+        "DRAPartitionableDevices": True,
+        "DRADeviceTaints": True,
+        "DRAConsumableCapacity": True,
+    },
     "1.36": {},
+    "1.37": {},
 }
 
 

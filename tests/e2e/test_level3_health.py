@@ -1,0 +1,148 @@
+"""Level 3: the pod shows its GPU's health (KEP-4680, ``ResourceHealthStatus``, beta and on from
+1.36), through the real kubelet.
+
+An XID on the simulated GPU a running pod holds becomes, through the plugin's
+``DRAResourceHealth`` stream, ``Unhealthy`` for that device in the pod's
+``containerStatuses[].allocatedResourcesStatus``; the plugin's recovery probes clear it and
+the pod says ``Healthy`` again. The time from the event to each pod status is printed.
+Runs inside :mod:`tests.e2e.netns` (``make e2e`` does that); elsewhere it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from driver.nvml.faults import Faults, XidEvent
+from driver.nvml.profile import load_profile
+from driver.nvml.simulated import SimulatedNvml
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.installed import LEVEL3, MINOR, Installed, create_namespace, simulated_node
+from tests.e2e.kube import as_pod, await_until, wait_until
+from tests.e2e.workloads import example_docs, get_pod, runnable
+from tests.simroot import NODE as SIM_NODE
+
+pytestmark = [*LEVEL3, pytest.mark.timeout(900)]
+
+PROFILE = "p4d.24xlarge"
+RECOVERABLE_XID = 8  # in the chart's health.autoRecover.xids by default
+NS = "health"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def release() -> AsyncIterator[Installed]:
+    async with simulated_node(f"l3h-{MINOR}", PROFILE) as node:
+        create_namespace(node.cp)
+        await node.install(
+            "--set", "health.autoRecover.probes=2", "--set", "health.autoRecover.periodSeconds=1"
+        )
+        yield node
+
+
+def _holder(cp: ControlPlane) -> dict[str, Any]:
+    """The single-GPU example's pod, kept running; its claim once the pod runs."""
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    wait_until(f"default SA in {NS}", lambda: cp.raw(
+        "GET", f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] == 200)  # fmt: skip
+    docs = example_docs("single-gpu.yaml")
+    for claim in (d for d in docs if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")):
+        cp.create(claim, NS)
+    workload = next(d for d in docs if d["kind"] not in ("ResourceClaim", "ResourceClaimTemplate"))
+    pod = runnable(as_pod(workload), host_network=False)
+    pod["metadata"] = {"name": "holder"}
+    pod["spec"]["containers"][0]["command"] = ["sh", "-c", "exec sleep 3600"]
+    cp.create(pod, NS)
+    wait_until("the holder running", lambda: get_pod(cp, NS, "holder").get("status", {}).get(
+        "phase") == "Running", 120)  # fmt: skip
+    (claim,) = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"]
+    return dict(claim)
+
+
+def _health(cp: ControlPlane) -> dict[str, str]:
+    """resourceID -> health, as the kubelet wrote the holder's container status."""
+    statuses = get_pod(cp, NS, "holder").get("status", {}).get("containerStatuses") or []
+    return {
+        r["resourceID"]: r.get("health", "")
+        for s in statuses
+        for a in s.get("allocatedResourcesStatus") or []
+        for r in a.get("resources") or []
+    }
+
+
+def _minor(cp: ControlPlane, device: str) -> int:
+    slices = cp.call("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+    (found,) = [d for s in slices for d in s["spec"].get("devices") or [] if d["name"] == device]
+    return int(found["attributes"]["minor"]["int"])
+
+
+def _plugin_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"kubelet-plugin" in argv and any(a.endswith(b"gpu-dra") for a in argv):
+                pids.append(int(entry.name))
+    return pids
+
+
+def _render(driver_root: Path, *xids: XidEvent) -> None:
+    """The node's hardware file with ``xids``, as fake_root laid it out (its node name seeds the
+    GPUs' UUIDs); the plugin's rediscovery (SIGHUP) re-reads it, and its event set then sees
+    each new XID once."""
+    nvml = SimulatedNvml(load_profile(PROFILE), driver_root, node_name=SIM_NODE,
+                         faults=Faults(xid_events=xids))  # fmt: skip
+    nvml.render()
+    for pid in _plugin_pids():
+        os.kill(pid, signal.SIGHUP)
+
+
+async def test_an_xid_shows_in_the_pods_status_and_clears_on_recovery(
+    release: Installed,
+) -> None:
+    cp = release.cp
+    claim = _holder(cp)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    resource_id = f"{result['driver']}/{result['pool']}/{result['device']}"
+    healthy = await await_until(
+        "the pod's device health reported",
+        lambda: _health(cp).get(resource_id) == "Healthy" or None,
+        90,
+    )
+    assert healthy
+    injected = time.monotonic()
+    _render(release.driver_root, XidEvent(gpu=_minor(cp, result["device"]), xid=RECOVERABLE_XID))
+    await await_until(
+        "Unhealthy in the pod status",
+        lambda: _health(cp).get(resource_id) == "Unhealthy" or None,
+        90,
+    )
+    to_unhealthy = time.monotonic() - injected
+    _render(release.driver_root)  # the XID gone from the file: the probes find the GPU well
+    await await_until(
+        "Healthy again in the pod status",
+        lambda: _health(cp).get(resource_id) == "Healthy" or None,
+        90,
+    )
+    to_healthy = time.monotonic() - injected
+    print(
+        "\npod health through the real kubelet: "
+        + json.dumps(
+            {
+                "resourceID": resource_id,
+                "xid": RECOVERABLE_XID,
+                "event_to_unhealthy_s": round(to_unhealthy, 2),
+                "event_to_healthy_again_s": round(to_healthy, 2),
+            }
+        )
+    )
