@@ -1,7 +1,10 @@
 """Stand-ins for the driver's tools (``nvidia-smi``, ``nvidia-cuda-mps-control``): shell
 scripts that record each call, one a line, and fail on demand."""
 
+import contextlib
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -22,3 +25,12 @@ class StandIn:
         calls = self.log.read_text().splitlines() if self.log.exists() else []
         self.log.unlink(missing_ok=True)
         return calls
+
+
+@contextlib.contextmanager
+def short_dir() -> Iterator[Path]:
+    """A directory under /tmp short enough for the socket paths a test makes under it:
+    pytest's tmp_path is some 60 bytes before a test adds anything, and the MPS sockets
+    must fit 106 (drivers.gpu.kinds.mpspaths)."""
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="m") as name:
+        yield Path(name)

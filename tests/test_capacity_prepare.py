@@ -25,8 +25,10 @@ from tests.test_state import _inventory
 from tests.test_state import create_claim as create_state_claim
 from tests.test_timeslicing import Smi
 
-# The fixture of test_mps, used here as it is (dirs and kube come from conftest).
+# The fixtures of test_mps, used here as they are (dirs and kube come from conftest): a short
+# tmp_path, as the daemons' sockets live under it.
 control = test_mps.control
+tmp_path = test_mps.tmp_path
 DRIVER = "gpu.nvidia.com"
 KIND = "k8s.gpu.nvidia.com/claim"
 

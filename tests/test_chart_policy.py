@@ -426,7 +426,8 @@ def _daemon(node: str, image: str = "gpu-dra-driver:0.1.0") -> dict[str, Any]:
     config = MpsPodConfig(namespace="gpu-dra-driver", image=image, pull_policy="IfNotPresent")
     spec = DaemonSpec(node, "GPU-9b7e2a4c-1111-2222-3333-444455556666",
                       Path("/driver-root/usr/bin/nvidia-cuda-mps-control"),
-                      Path("/var/lib/kubelet/plugins/gpu.nvidia.com/kinds/gpu/mps/GPU-9b7e"),
+                      Path("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/9b7e2a4c1111"),
+                      Path("/var/lib/kubelet/plugins/gpu.nvidia.com/kinds/gpu/mps/GPU-9b7e/log"),
                       Path("/"), Path("/driver-root"))  # fmt: skip
     return daemon_pod(config, spec)
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds import NodeDevices, mpspaths
 from drivers.gpu.kinds.gpu import KIND as GPU
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.pluginharness import wait_for
-from tests.standin import StandIn
+from tests.standin import StandIn, short_dir
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 from tests.test_timeslicing import Smi
 
@@ -29,9 +29,19 @@ STAND_IN = """#!/bin/sh
 if [ "$1" = "-f" ]; then
   echo "-f CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >> {log}
   if [ -e {fail} ]; then echo "An MPS control daemon cannot start: no GPU"; exit 1; fi
-  echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid"
-  trap 'rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0' TERM
-  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  # As the real one: control_lock and the log FIFO made, then exit 1, printing nothing,
+  # when a socket it binds would be over 106 bytes (drivers.gpu.kinds.mpspaths).
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control_lock"
+  [ -p "$CUDA_MPS_PIPE_DIRECTORY/log" ] || mkfifo "$CUDA_MPS_PIPE_DIRECTORY/log"
+  for name in control control_privileged; do
+    path="$CUDA_MPS_PIPE_DIRECTORY/$name"
+    if [ "$(printf %s "$path" | wc -c)" -gt {max_socket} ]; then exit 1; fi
+  done
+  cd "$CUDA_MPS_PIPE_DIRECTORY"
+  echo $$ > daemon.pid
+  trap 'rm -f control control_privileged; exit 0' TERM
+  : > control_privileged
+  : > control
   while :; do sleep 0.05; done
 fi
 read cmd
@@ -44,7 +54,8 @@ class Control(StandIn):
     """The stand-in control binary; its calls, one a line, go to a file."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(root, "nvidia-cuda-mps-control", STAND_IN)
+        script = STAND_IN.replace("{max_socket}", str(mpspaths.MAX_SOCKET_PATH))
+        super().__init__(root, "nvidia-cuda-mps-control", script)
 
 
 def mps(driver: str = DRIVER, **settings: Any) -> dict[str, Any]:
@@ -58,13 +69,20 @@ def mps(driver: str = DRIVER, **settings: Any) -> dict[str, Any]:
 def daemon_pids(root: Path) -> list[int]:
     """The stand-in daemons that some pid file under ``root`` names and that still run."""
     pids = []
-    for path in root.rglob("pipe/daemon.pid"):
+    for path in set(root.rglob("daemon.pid")):
         pid = int(path.read_text())
         with contextlib.suppress(OSError):
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             if state != "Z":
                 pids.append(pid)
     return pids
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """Short: the daemons' sockets live under it."""
+    with short_dir() as path:
+        yield path
 
 
 @pytest.fixture
@@ -102,16 +120,17 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     assert len(daemon_pids(tmp_path)) == 1
 
     spec = json.loads(cdi.spec_path(tmp_path / "cdi", ref.uid).read_text())
-    gpu_dir = tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid
+    pipe = _pipe(tmp_path, uuid)
     edits = spec["containerEdits"]
     assert {
-        f"CUDA_MPS_PIPE_DIRECTORY={gpu_dir / 'pipe'}",
+        f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10Gi",
     } <= set(edits["env"])
     # The pipe is all a client needs; the daemon's log directory is no container's to write.
     assert not any(e.startswith("CUDA_MPS_LOG_DIRECTORY=") for e in edits["env"])
-    assert [m["hostPath"] for m in edits["mounts"]] == [str(gpu_dir / "pipe")]
+    # The container sees the pipe at the host's path: the sockets' budget holds there too.
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [(str(pipe),) * 2]
     plain_spec = json.loads(cdi.spec_path(tmp_path / "cdi", plain.uid).read_text())
     assert "mounts" not in plain_spec["containerEdits"]
 
@@ -191,7 +210,7 @@ async def test_a_daemon_that_dies_is_reported_and_restarted(
     (pid,) = daemon_pids(tmp_path)
     os.kill(pid, signal.SIGKILL)
     await wait_for(lambda: GPU.mps.running_pid(uuid) is None, "the daemon gone")
-    pipe = tmp_path / "plugins" / "gpu.nvidia.com" / "kinds" / "gpu" / "mps" / uuid / "pipe"
+    pipe = _pipe(tmp_path, uuid)
     assert (pipe / "control").exists()  # killed: it could not remove its pipe
     await state.watch()
     assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid}"]
@@ -207,11 +226,15 @@ def _gpu_dir(tmp_path: Path, uuid: str) -> Path:
     return tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid
 
 
+def _pipe(tmp_path: Path, uuid: str) -> Path:
+    return mpspaths.pipe_dir(tmp_path / "plugins" / DRIVER, uuid)
+
+
 def serving(tmp_path: Path, uuid: str) -> bool:
     """``uuid``'s daemon restarted and ready: the plugin finds it as soon as it runs, but
     the stand-in writes its own pid file and then its pipe a moment later."""
     pid = GPU.mps.running_pid(uuid)
-    pipe = _gpu_dir(tmp_path, uuid) / "pipe"
+    pipe = _pipe(tmp_path, uuid)
     with contextlib.suppress(OSError, ValueError):
         return pid == int((pipe / "daemon.pid").read_text()) and (pipe / "control").exists()
     return False
@@ -263,7 +286,7 @@ async def test_a_directory_planted_at_one_gpus_control_pipe_stops_no_other_resta
         lambda: GPU.mps.running_pid(a_uuid) is None and GPU.mps.running_pid(b_uuid) is None,
         "both daemons gone",
     )
-    control_a = _gpu_dir(tmp_path, a_uuid) / "pipe" / "control"
+    control_a = _pipe(tmp_path, a_uuid) / "control"
     control_a.unlink()
     control_a.mkdir()  # what a container with the pipe directory mounted can do
     (control_a / "junk").write_text("x")

@@ -18,7 +18,7 @@ from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError
 from driver.kube.rest import Client
-from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds import NodeDevices, mpspaths
 from drivers.gpu.kinds.mpspod import (
     DaemonSpec,
     MpsPodConfig,
@@ -31,6 +31,7 @@ from kubeletplugin.state import DeviceState
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for
 from tests.podrunner import PodRunner
+from tests.standin import short_dir
 from tests.test_mps import Control, daemon_pids, mps
 from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim
 from tests.test_timeslicing import Smi
@@ -39,6 +40,13 @@ NAMESPACE = "gpu-dra"
 IMAGE = "gpu-dra-driver:0.1.0"
 POD_CONFIG = MpsPodConfig(namespace=NAMESPACE, image=IMAGE, pull_policy="IfNotPresent",
                           pull_secrets=("regcred",))  # fmt: skip
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """Short: the daemons' sockets live under it."""
+    with short_dir() as path:
+        yield path
 
 
 @pytest.fixture
@@ -72,6 +80,10 @@ def _gpu_dir(tmp_path: Path, uuid: str) -> Path:
     return tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid
 
 
+def _pipe(tmp_path: Path, uuid: str) -> Path:
+    return mpspaths.pipe_dir(tmp_path / "plugins" / DRIVER, uuid)
+
+
 async def test_a_daemon_pod_per_gpu_adopted_by_the_next_plugin_deleted_at_the_last_unprepare(
     api_client: k8s.ApiClient, tmp_path: Path, control: Control, runner: PodRunner
 ) -> None:
@@ -95,11 +107,12 @@ async def test_a_daemon_pod_per_gpu_adopted_by_the_next_plugin_deleted_at_the_la
     assert container["command"] == [str(control.path), "-f"]
     assert {e["name"]: e["value"] for e in container["env"]} == {
         "CUDA_VISIBLE_DEVICES": uuid,
-        "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
+        "CUDA_MPS_PIPE_DIRECTORY": str(_pipe(tmp_path, uuid)),
         "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
     }
     assert {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]} == {
-        "driver-root": "/host/driver", "pipe": str(gpu_dir / "pipe"), "log": str(gpu_dir / "log"),
+        "driver-root": "/host/driver", "pipe": str(_pipe(tmp_path, uuid)),
+        "log": str(gpu_dir / "log"),
     }  # fmt: skip
     (pid,) = daemon_pids(tmp_path)
     assert runner.started == [pod["metadata"]["name"]]
@@ -173,10 +186,11 @@ async def test_a_pod_gone_under_its_claims_is_made_again_and_one_without_claims_
 
     # A pod of this node whose GPU has no holder and no record of it (its state directory
     # lost): the next plugin's first watch deletes it; another node's pod is left alone.
-    other = DaemonSpec("node-other", uuid, control.path, _gpu_dir(tmp_path, uuid),
-                       Path("/"), Path("/"))  # fmt: skip
+    other = DaemonSpec("node-other", uuid, control.path, _pipe(tmp_path, uuid),
+                       _gpu_dir(tmp_path, uuid) / "log", Path("/"), Path("/"))  # fmt: skip
     gone = _uuid(tmp_path, "gpu-3")
-    mine = DaemonSpec(NODE, gone, control.path, _gpu_dir(tmp_path, gone), Path("/"), Path("/"))
+    mine = DaemonSpec(NODE, gone, control.path, _pipe(tmp_path, gone),
+                      _gpu_dir(tmp_path, gone) / "log", Path("/"), Path("/"))  # fmt: skip
     for spec in (other, mine):
         apiserver.put(daemon_pod(POD_CONFIG, spec))
     state = await _state(api_client, tmp_path, smi, control)

@@ -33,7 +33,7 @@ from driver.kube.rest import Client, errors_of
 from driver.nvml import library
 from driver.slices import SliceController
 from drivers.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
-from drivers.gpu.kinds import GpuNode, NodeDevices
+from drivers.gpu.kinds import GpuNode, NodeDevices, mpspaths
 from drivers.gpu.kinds.mpspod import MpsPodConfig, MpsPods
 from drivers.gpu.model.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS, Taint
 from drivers.gpu.model.discovery import discover
@@ -133,6 +133,9 @@ async def run(
             driver_name=config.driver_name,
             pod_uid=config.pod_uid,
         )
+        # Any claim may ask for MPS: a node whose daemon could never bind its sockets
+        # (sun_path) is refused here, in one line, not at each claim's prepare.
+        mpspaths.check(config.plugins_dir.absolute() / config.driver_name)
     except PermanentError as exc:
         log.error("invalid configuration", extra=kv(error=exc))
         return 2

@@ -2,9 +2,11 @@
 
 A GPU in exclusive-process mode admits one MPS server, so the claims on one GPU share
 one control daemon, ``nvidia-cuda-mps-control -f``, started by the first prepare and
-stopped by the last unprepare. Its files live in ``<state dir>/<gpu uuid>/``: ``pipe/``
-(mounted into the containers through the CDI spec: all a client needs), ``log/`` (the
-daemon's, which no container sees), ``pid`` (the daemon,
+stopped by the last unprepare. Its pipe directory, where the daemon binds its sockets and
+which is mounted into the containers through the CDI spec (all a client needs), is
+``<plugin dir>/mps/<digest of the uuid>/``, short enough for a socket's path
+(:mod:`drivers.gpu.kinds.mpspaths` has the arithmetic). Its other files live in
+``<state dir>/<gpu uuid>/``: ``log/`` (the daemon's, which no container sees), ``pid`` (the daemon,
 so that the next plugin adopts it after a restart: the pid and the binary in
 ``/proc/<pid>/cmdline`` must both match) and ``holders/<claim uid>``, written before
 the daemon starts and removed before it stops, which counts the claims. A daemon runs
@@ -13,6 +15,13 @@ SIGKILL of a plugin run on the host. In a pod it would not outlive the pod (its 
 namespace ends with it), so there the daemon is a pod of its own (``--mps-daemon=pod``,
 :mod:`drivers.gpu.kinds.mpspod`), named in a ``pod`` file instead of ``pid``. The recovery
 is the unprepare, so a crash at any step ends with a daemon exactly where a holder is.
+
+The previous release put the pipe at ``<state dir>/<gpu uuid>/pipe/``. A daemon it started
+there serves on after an upgrade: its claims' containers have that directory mounted, so it
+is adopted, and restarted there if it dies, until its GPU's last claim goes; meanwhile the
+new pipe path is a symlink to it (made in the plugin's own directory, which no container
+can write), so a new claim's spec names the new path and reaches the same daemon. Then the
+link goes, and the GPU's next daemon starts in the new layout.
 
 One GPU per MPS claim: a client reaches one pipe directory (``CUDA_MPS_PIPE_DIRECTORY``),
 and a daemon per GPU keeps the count per GPU.
@@ -28,6 +37,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -40,7 +50,9 @@ from driver.common.errors import PermanentError, RetryableError
 from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.logs import kv
 from driver.common.quantity import Quantity
+from driver.common.wire import Obj
 from driver.devicekind import PreparedClaim
+from drivers.gpu.kinds import mpspaths
 from drivers.gpu.kinds.base import GpuKindContext
 from drivers.gpu.kinds.files import PRIVATE, SHARED, exists, open_dir, open_regular, remove_entry
 from drivers.gpu.kinds.mpspod import (
@@ -48,6 +60,7 @@ from drivers.gpu.kinds.mpspod import (
     DaemonSpec,
     MpsPods,
     failure,
+    pipe_of,
     pod_name,
     terminating,
 )
@@ -128,6 +141,7 @@ class Mps:
     def __init__(self, uuid_key: str) -> None:
         self._uuid_key = uuid_key
         self._dir: Path | None = None
+        self._pipes: Path | None = None  # <plugin dir>/mps: the pipe directories
         self._control: Path | None = None
         self._smi: NvidiaSmi | None = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped when they exit
@@ -139,6 +153,9 @@ class Mps:
     def attach(self, context: GpuKindContext) -> None:
         self._dir = context.state_dir / "mps"
         ensure_dir(self._dir, PRIVATE)
+        # The kind's state is <plugin dir>/kinds/<kind> (kubeletplugin.records).
+        self._pipes = mpspaths.pipes_root(context.state_dir.parents[1])
+        ensure_dir(self._pipes, PRIVATE)
         self._failing = {}
         node = context.node
         root = node.container_driver_root
@@ -161,7 +178,7 @@ class Mps:
             return {}
         _one_gpu(claim, gpus)  # the spec is built at plan time: refused before any record
         ((uuid, settings),) = gpus.items()
-        pipe = self._gpu_dir(uuid) / "pipe"
+        pipe = self._new_pipe(uuid)  # a link to the daemon's pipe while an adopted one serves
         env = [f"CUDA_MPS_PIPE_DIRECTORY={pipe}"]
         if "activeThreadPercentage" in settings:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={settings['activeThreadPercentage']}")
@@ -183,7 +200,7 @@ class Mps:
                 holder = self._gpu_dir(uuid) / "holders" / claim.uid
                 ensure_dir(holder.parent, PRIVATE)
                 write_atomic(holder, f"{claim.namespace}/{claim.name}\n")
-                self._ensure_running(uuid, claim)
+                self._ensure_running(uuid, claim, claim.uid)
 
     def unprepare(self, claim: PreparedClaim) -> None:
         for uuid in wanted(claim, self._uuid_key):
@@ -261,36 +278,99 @@ class Mps:
                 extra=kv(gpu_uuid=uuid, claims=len(holders), claim_uid=claim.uid,
                          claim_namespace=namespace, claim_name=name),
             )  # fmt: skip
-            self._ensure_running(uuid, claim)
+            self._ensure_running(uuid, claim, None)
             return True
 
     def running_pid(self, uuid: str) -> int | None:
         """The daemon of ``uuid``: the one its pid file names, or else one a plugin killed
         between starting it and writing that file, found in ``/proc`` and adopted."""
+        running = self._running(uuid)
+        return running[0] if running is not None else None
+
+    def _running(self, uuid: str) -> tuple[int, Path] | None:
+        """The daemon of ``uuid`` and the pipe it serves (this layout's or the last's)."""
         self._reap()
         with contextlib.suppress(OSError, ValueError):
             pid = int((self._gpu_dir(uuid) / "pid").read_text())
-            if self._is_daemon(pid, uuid):
-                return pid
+            if (pipe := self._daemon_pipe(pid, uuid)) is not None:
+                return pid, pipe
         for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and self._is_daemon(int(entry.name), uuid):
+            if entry.name.isdigit() and (pipe := self._daemon_pipe(int(entry.name), uuid)):
                 write_atomic(self._gpu_dir(uuid) / "pid", f"{entry.name}\n")
-                return int(entry.name)
+                return int(entry.name), pipe
         return None
 
-    def _is_daemon(self, pid: int, uuid: str) -> bool:
-        """Alive, our binary in the foreground (``-f``), serving ``uuid``'s pipe."""
+    def _daemon_pipe(self, pid: int, uuid: str) -> Path | None:
+        """Alive, our binary in the foreground (``-f``), serving one of ``uuid``'s pipes:
+        that pipe."""
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             # argv[0], or argv[1] after the interpreter of a script (a test's stand-in).
             if str(self._control).encode() not in argv[:2] or b"-f" not in argv:
-                return False
+                return None
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except (OSError, IndexError):
-            return False
-        pipe = f"CUDA_MPS_PIPE_DIRECTORY={self._gpu_dir(uuid) / 'pipe'}".encode()
-        return state != "Z" and pipe in environ
+            return None
+        if state == "Z":
+            return None
+        for pipe in (self._new_pipe(uuid), self._legacy_pipe(uuid)):
+            if f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode() in environ:
+                return pipe
+        return None
+
+    # ---- the pipe directory (drivers.gpu.kinds.mpspaths) --------------------------------
+
+    def _new_pipe(self, uuid: str) -> Path:
+        if self._pipes is None or not is_gpu_uuid(uuid):
+            self._gpu_dir(uuid)  # raises what fits
+        assert self._pipes is not None
+        return self._pipes / mpspaths.gpu_key(uuid)
+
+    def _legacy_pipe(self, uuid: str) -> Path:
+        return mpspaths.legacy_pipe_dir(self._gpu_dir(uuid))
+
+    def _pipe_to_start(self, uuid: str, new_holder: str | None) -> Path:
+        """Where the GPU's next daemon serves: the last release's pipe while its claims
+        hold the GPU (their containers have it mounted), else this layout's. The last
+        release's claims are the holders but ``new_holder`` when no daemon of this layout
+        ever ran for the GPU (its pipe is made at the first start, and removed only to
+        make the link)."""
+        new, legacy = self._new_pipe(uuid), self._legacy_pipe(uuid)
+        if new.is_symlink():
+            return legacy
+        if new.is_dir() or not legacy.is_dir():
+            return new
+        holders = self._gpu_dir(uuid) / "holders"
+        others = [h for h in holders.glob("*") if h.name != new_holder] if holders.is_dir() else []
+        return legacy if others else new
+
+    def _serve_from(self, uuid: str, pipe: Path) -> None:
+        """This layout's pipe path made to reach ``pipe``: itself (a directory; a link of
+        an earlier adoption removed), or a link to the last release's pipe."""
+        new = self._new_pipe(uuid)
+        if pipe == new:
+            if new.is_symlink():
+                new.unlink()
+            ensure_dir(new, SHARED, parent_mode=PRIVATE)
+            return
+        if new.is_symlink() and new.readlink() == pipe:
+            return
+        if new.is_symlink():
+            new.unlink()
+        elif new.is_dir():
+            # No daemon serves it (the one daemon of the GPU serves the last release's
+            # pipe): what its last daemon left, and a container may have written.
+            shutil.rmtree(new)
+        new.symlink_to(pipe)
+        log.info("MPS control daemon of the last release adopted; its pipe linked",
+                 extra=kv(gpu_uuid=uuid, pipe=pipe, link=new))  # fmt: skip
+
+    def _unlink(self, uuid: str) -> None:
+        """The last claim of an adopted daemon went: the GPU's next one is this layout's."""
+        new = self._new_pipe(uuid)
+        if new.is_symlink():
+            new.unlink()
 
     # ---- the daemon -------------------------------------------------------------------
 
@@ -300,14 +380,16 @@ class Mps:
         pod = self._pods.get(uuid)
         return pod is not None and not terminating(pod) and failure(pod) is None
 
-    def _ensure_running(self, uuid: str, claim: PreparedClaim) -> None:
+    def _ensure_running(self, uuid: str, claim: PreparedClaim, new_holder: str | None) -> None:
+        """``new_holder``: the claim whose prepare counted it just now, None for a restart."""
         if self._pods is not None:
-            self._ensure_pod(uuid, claim, self._pods)
+            self._ensure_pod(uuid, claim, self._pods, new_holder)
             return
-        if self.running_pid(uuid) is not None:
+        if (running := self._running(uuid)) is not None:
+            self._serve_from(uuid, running[1])
             return  # another claim's, or adopted from the plugin before us
-        gpu_dir = self._gpu_dir(uuid)
-        pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
+        pipe, logs = self._pipe_to_start(uuid, new_holder), self._gpu_dir(uuid) / "log"
+        self._serve_from(uuid, pipe)
         for d in (pipe, logs):
             ensure_dir(d, SHARED, parent_mode=PRIVATE)
         with contextlib.ExitStack() as stack:
@@ -317,7 +399,7 @@ class Mps:
                 raise MpsDaemonError(
                     f"claim {claim}: the MPS directories of GPU {uuid} cannot be used: {exc}"
                 ) from exc
-            self._start(uuid, claim, pipe_fd, out)
+            self._start(uuid, claim, pipe, pipe_fd, out)
 
     @staticmethod
     def _open_for_start(stack: contextlib.ExitStack, pipe: Path, logs: Path) -> tuple[int, int]:
@@ -336,7 +418,7 @@ class Mps:
         stack.callback(os.close, out)
         return pipe_fd, out
 
-    def _start(self, uuid: str, claim: PreparedClaim, pipe_fd: int, out: int) -> None:
+    def _start(self, uuid: str, claim: PreparedClaim, pipe: Path, pipe_fd: int, out: int) -> None:
         if self._control is None or self._smi is None:
             raise MpsError("MPS used before the claim state attached it")
         gpu_dir = self._gpu_dir(uuid)
@@ -344,7 +426,7 @@ class Mps:
         env = {
             **os.environ,
             "CUDA_VISIBLE_DEVICES": uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
             "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
         }
         try:
@@ -384,9 +466,10 @@ class Mps:
             self._stop_pod(uuid, claim, self._pods)
             return
         gpu_dir = self._gpu_dir(uuid)
-        pid = self.running_pid(uuid)
-        if pid is not None and self._control is not None:
-            self._quit(uuid)
+        running = self._running(uuid)
+        if running is not None and self._control is not None:
+            pid = running[0]
+            self._quit(running[1])
             deadline = time.monotonic() + _STOP_WAIT_S
             while self.running_pid(uuid) is not None:
                 if time.monotonic() > deadline:
@@ -400,12 +483,15 @@ class Mps:
                          claim_name=claim.name, gpu_uuid=uuid, pid=pid),
             )  # fmt: skip
         (gpu_dir / "pid").unlink(missing_ok=True)
+        self._unlink(uuid)
         if self._smi is not None and gpu_dir.exists():
             self._smi.run("-i", uuid, "-c", "DEFAULT")
 
     # ---- the daemon as a pod (drivers.gpu.kinds.mpspod) ----------------------------------
 
-    def _ensure_pod(self, uuid: str, claim: PreparedClaim, pods: MpsPods) -> None:
+    def _ensure_pod(
+        self, uuid: str, claim: PreparedClaim, pods: MpsPods, new_holder: str | None
+    ) -> None:
         """The GPU's daemon pod serving: adopted when one serves or is starting (a plugin
         restarted, the other plugin pod of a surge, a create whose answer was lost),
         replaced when one will not serve, else created. The ``pod`` file names it from
@@ -414,9 +500,6 @@ class Mps:
         if self._control is None or self._smi is None:
             raise MpsError("MPS used before the claim state attached it")
         gpu_dir = self._gpu_dir(uuid)
-        pipe, logs = gpu_dir / "pipe", gpu_dir / "log"
-        for d in (pipe, logs):
-            ensure_dir(d, SHARED, parent_mode=PRIVATE)
         pod = pods.get(uuid)
         if pod is not None and (terminating(pod) or failure(pod) is not None):
             log.warning(
@@ -427,6 +510,13 @@ class Mps:
             pods.delete(uuid)
             pods.wait_gone(uuid, _POD_GONE_WAIT_S)
             pod = None
+        pipe = self._pod_pipe(uuid, pod) if pod is not None else None
+        if pipe is None:
+            pipe = self._pipe_to_start(uuid, new_holder)
+        logs = gpu_dir / "log"
+        self._serve_from(uuid, pipe)
+        for d in (pipe, logs):
+            ensure_dir(d, SHARED, parent_mode=PRIVATE)
         with contextlib.ExitStack() as stack:
             try:
                 pipe_fd = open_dir(pipe)
@@ -440,7 +530,9 @@ class Mps:
             created = pod is None
             if pod is None:
                 self._smi.run("-i", uuid, "-c", "EXCLUSIVE_PROCESS")
-                spec = DaemonSpec(pods.node_name, uuid, self._control, gpu_dir, *self._driver_roots)
+                spec = DaemonSpec(
+                    pods.node_name, uuid, self._control, pipe, logs, *self._driver_roots
+                )
                 write_atomic(gpu_dir / "pod", f"{uuid}\n")
                 pod = pods.create(spec)
                 crashpoint("after-mps-pod-created")
@@ -475,14 +567,24 @@ class Mps:
                 )
             time.sleep(_POLL_S)
 
+    def _pod_pipe(self, uuid: str, pod: Obj) -> Path | None:
+        """The pipe a daemon pod serves: this layout's, the last release's, or None (a pod
+        not of this GPU's, then replaced)."""
+        pipe = pipe_of(pod)
+        for ours in (self._new_pipe(uuid), self._legacy_pipe(uuid)):
+            if pipe == str(ours):
+                return ours
+        return None
+
     def _stop_pod(self, uuid: str, claim: PreparedClaim | None, pods: MpsPods) -> None:
         """``quit`` through the pipe, as to a daemon of the plugin's own, then the pod
         deleted and gone; then the compute mode back to DEFAULT."""
         gpu_dir = self._gpu_dir(uuid)
         pod = pods.get(uuid)
         if pod is not None:
-            if not terminating(pod) and failure(pod) is None:
-                self._quit(uuid)
+            pipe = self._pod_pipe(uuid, pod)
+            if not terminating(pod) and failure(pod) is None and pipe is not None:
+                self._quit(pipe)
                 deadline = time.monotonic() + _STOP_WAIT_S
                 while (pod := pods.get(uuid)) is not None and failure(pod) is None:
                     if time.monotonic() > deadline:
@@ -496,6 +598,7 @@ class Mps:
                          **(_claim_kv(claim) if claim is not None else {})),
             )  # fmt: skip
         (gpu_dir / "pod").unlink(missing_ok=True)
+        self._unlink(uuid)
         if self._smi is not None and gpu_dir.exists():
             self._smi.run("-i", uuid, "-c", "DEFAULT")
 
@@ -528,8 +631,8 @@ class Mps:
                 swept.append(uuid)
         return swept
 
-    def _quit(self, uuid: str) -> None:
-        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self._gpu_dir(uuid) / "pipe")}
+    def _quit(self, pipe: Path) -> None:
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
                 [str(self._control)], input=b"quit\n", env=env, timeout=_STOP_WAIT_S,

@@ -82,12 +82,14 @@ class MpsPodConfig:
 @dataclass(frozen=True, slots=True)
 class DaemonSpec:
     """One GPU's daemon: what the pod runs and mounts (paths as the plugin sees them,
-    which are the host's for ``gpu_dir``: the plugins directory is mounted at its path)."""
+    which are the host's for ``pipe`` and ``log``: the plugins directory is mounted at its
+    path, so the pod binds its sockets at the path the budget was computed for)."""
 
     node_name: str
     uuid: str
     control: Path  # the control binary, under container_driver_root
-    gpu_dir: Path  # holds pipe/ and log/
+    pipe: Path  # CUDA_MPS_PIPE_DIRECTORY (drivers.gpu.kinds.mpspaths)
+    log: Path  # CUDA_MPS_LOG_DIRECTORY
     nvidia_driver_root: Path  # on the host
     container_driver_root: Path  # where the pod mounts it
 
@@ -104,7 +106,7 @@ def daemon_pod(config: MpsPodConfig, spec: DaemonSpec) -> Obj:
     in the host's PID namespace as NVIDIA's (the MPS server and its clients meet by PID),
     no service account token (it calls no API), tolerating every taint (it lives as long
     as its clients: an eviction would take their server)."""
-    pipe, logs = spec.gpu_dir / "pipe", spec.gpu_dir / "log"
+    pipe, logs = spec.pipe, spec.log
     volumes = [("driver-root", spec.nvidia_driver_root, spec.container_driver_root, True),
                ("pipe", pipe, pipe, False), ("log", logs, logs, False)]  # fmt: skip
     container: Obj = {
@@ -180,6 +182,15 @@ def _exit(terminated: Mapping[str, Any] | None) -> str:
         return ""
     said = terminated.get("message") or terminated.get("reason") or ""
     return f"the daemon exited with {terminated.get('exitCode')}" + (f" ({said})" if said else "")
+
+
+def pipe_of(pod: Mapping[str, Any]) -> str | None:
+    """The pipe directory a daemon pod serves, as its container's environment names it."""
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        for env in container.get("env") or ():
+            if env.get("name") == "CUDA_MPS_PIPE_DIRECTORY":
+                return str(env.get("value", ""))
+    return None
 
 
 def terminating(pod: Mapping[str, Any]) -> bool:
