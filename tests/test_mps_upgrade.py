@@ -1,0 +1,155 @@
+"""MPS across the upgrade that moved the pipe directory out of the kind's state (where its
+sockets did not fit ``sun_path`` on a node) to ``<plugin dir>/mps/<digest>``: a claim the
+last release prepared is read, recovered and unprepared; its daemon is adopted and serves
+on, restarted where its claims' containers see it; new claims name the new path, which
+reaches the adopted daemon while it serves, and the GPU's next daemon is of the new layout.
+
+The last release is reproduced by its one difference: the pipe it made, ``<state>/pipe``
+(``Mps._legacy_pipe``), where this release makes the new one (``Mps._new_pipe``). Its
+daemons ran only where that pipe fit the sockets (not on a node at the chart's paths, nor
+under a test's usual plugin directory): the plugin directory here is a short one."""
+
+import json
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.aio import client as k8s
+
+from drivers.gpu.kinds import NodeDevices, mpspaths
+from drivers.gpu.kinds.gpu import KIND as GPU
+from drivers.gpu.kinds.mps import Mps
+from kubeletplugin import cdi
+from kubeletplugin.claims import ClaimRef
+from kubeletplugin.state import DeviceState
+from tests import test_mps
+from tests.pluginharness import wait_for
+from tests.test_mps import Control, daemon_pids, mps
+from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim
+from tests.test_timeslicing import Smi
+
+control = test_mps.control
+tmp_path = test_mps.tmp_path
+
+
+async def _state(api: k8s.ApiClient, root: Path, smi: Smi, control: Control) -> DeviceState:
+    config = _config(root, nvidia_smi=smi.path, mps_control=control.path, plugin_dir=root / "p")
+    inventory = _inventory("p5.48xlarge", root)
+    devices = NodeDevices.of(inventory, node_name=NODE, consumable_capacity=True)
+    return await DeviceState.open(config, api, devices)
+
+
+async def _share(api: k8s.ApiClient, name: str, device: str) -> ClaimRef:
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device,
+              "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": "10Gi"}}  # fmt: skip
+    return await create_claim(api, name, [device], results=[result], config=[mps()])
+
+
+def _env(root: Path, ref: ClaimRef) -> list[str]:
+    spec: Any = json.loads(cdi.spec_path(root / "cdi", ref.uid).read_text())
+    return list(spec["containerEdits"]["env"])
+
+
+def _daemon_pipe(pid: int) -> str:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (pipe,) = [e for e in environ if e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")]
+    return pipe.decode().partition("=")[2]
+
+
+@pytest.fixture
+def last_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    with monkeypatch.context() as m:
+        m.setattr(Mps, "_new_pipe", Mps._legacy_pipe)
+        yield m
+
+
+async def test_a_daemon_of_the_last_release_serves_its_claims_and_new_ones_until_the_last(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control, last_release: Any
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    uuid0 = _inventory("p5.48xlarge", tmp_path).by_device_name()["gpu-0"].uuid
+    uuid1 = _inventory("p5.48xlarge", tmp_path).by_device_name()["gpu-1"].uuid
+    plugin_dir = tmp_path / "p"
+    legacy = plugin_dir / "kinds" / "gpu" / "mps" / uuid0 / "pipe"
+    new = mpspaths.pipe_dir(plugin_dir, uuid0)
+
+    state = await _state(api_client, tmp_path, smi, control)
+    old = await _share(api_client, "old", "gpu-0")
+    assert (await state.prepare([old]))[old.uid].error == ""
+    assert f"CUDA_MPS_PIPE_DIRECTORY={legacy}" in _env(tmp_path, old)
+    (adopted,) = daemon_pids(tmp_path)
+    assert _daemon_pipe(adopted) == str(legacy)
+    old_spec = cdi.spec_path(tmp_path / "cdi", old.uid).read_bytes()
+    last_release.undo()
+    control.calls()
+
+    # The upgrade: the claim is read and recovered as it is, its daemon adopted.
+    state = await _state(api_client, tmp_path, smi, control)
+    assert cdi.spec_path(tmp_path / "cdi", old.uid).read_bytes() == old_spec
+    assert GPU.mps.running_pid(uuid0) == adopted and control.calls() == []
+
+    # A new share of the GPU names the new path, which reaches the adopted daemon; a new
+    # claim on another GPU starts a daemon of the new layout.
+    shared, other = (
+        await _share(api_client, "shared", "gpu-0"),
+        await _share(api_client, "b", "gpu-1"),
+    )
+    answers = await state.prepare([shared, other])
+    assert {uid: r.error for uid, r in answers.items()} == {shared.uid: "", other.uid: ""}
+    assert f"CUDA_MPS_PIPE_DIRECTORY={new}" in _env(tmp_path, shared)
+    assert new.is_symlink() and new.readlink() == legacy and (new / "control").exists()
+    other_pipe = mpspaths.pipe_dir(plugin_dir, uuid1)
+    assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid1}"]
+    assert other_pipe.is_dir() and not other_pipe.is_symlink()
+    assert _daemon_pipe(GPU.mps.running_pid(uuid1) or 0) == str(other_pipe)
+
+    # The adopted daemon dies: it comes back where the old claim's container sees it.
+    os.kill(adopted, signal.SIGKILL)
+    await wait_for(lambda: GPU.mps.running_pid(uuid0) is None, "the daemon gone")
+    await state.watch()
+    restarted = GPU.mps.running_pid(uuid0)
+    assert restarted is not None and _daemon_pipe(restarted) == str(legacy)
+    assert (new / "control").exists()
+
+    # Its claims go; the last one stops it and the link; the GPU's next daemon is new.
+    assert await state.unprepare([old]) == {old.uid: ""}
+    assert GPU.mps.running_pid(uuid0) == restarted
+    assert await state.unprepare([shared]) == {shared.uid: ""}
+    assert GPU.mps.running_pid(uuid0) is None and not new.is_symlink()
+    control.calls()
+    again = await _share(api_client, "again", "gpu-0")
+    assert (await state.prepare([again]))[again.uid].error == ""
+    assert new.is_dir() and not new.is_symlink()
+    assert _daemon_pipe(GPU.mps.running_pid(uuid0) or 0) == str(new)
+    assert await state.unprepare([again, other]) == {again.uid: "", other.uid: ""}
+    assert daemon_pids(tmp_path) == []
+
+
+async def test_the_last_releases_claims_restart_their_dead_daemon_at_their_pipe(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control, last_release: Any
+) -> None:
+    """A daemon that died during the upgrade: the plugin never saw it serve, and only its
+    claims' holders and pipe tell where it was."""
+    smi = Smi(tmp_path / "smi")
+    uuid0 = _inventory("p5.48xlarge", tmp_path).by_device_name()["gpu-0"].uuid
+    plugin_dir = tmp_path / "p"
+    legacy = plugin_dir / "kinds" / "gpu" / "mps" / uuid0 / "pipe"
+    state = await _state(api_client, tmp_path, smi, control)
+    old = await _share(api_client, "old", "gpu-0")
+    assert (await state.prepare([old]))[old.uid].error == ""
+    (pid,) = daemon_pids(tmp_path)
+    os.kill(pid, signal.SIGKILL)
+    await wait_for(lambda: daemon_pids(tmp_path) == [], "the daemon gone")
+    last_release.undo()
+
+    state = await _state(api_client, tmp_path, smi, control)
+    await state.watch()
+    restarted = GPU.mps.running_pid(uuid0)
+    assert restarted is not None and _daemon_pipe(restarted) == str(legacy)
+    assert mpspaths.pipe_dir(plugin_dir, uuid0).readlink() == legacy
+    assert await state.unprepare([old]) == {old.uid: ""}
+    assert daemon_pids(tmp_path) == [] and not mpspaths.pipe_dir(plugin_dir, uuid0).exists()
