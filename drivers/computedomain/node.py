@@ -158,7 +158,7 @@ class ComputeDomainDriver:
             registration,
         )
         for path, server in ((paths.dra, dra), (paths.registration, registration)):
-            socket_server = SocketServer(path, server)
+            socket_server = SocketServer(path, server, stale=paths.others(path))
             await socket_server.start()
             self._servers.append(socket_server)
         controller = SliceController(

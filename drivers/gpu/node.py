@@ -424,7 +424,7 @@ class _Node:
         )
         # The DRA socket first: the kubelet calls it as soon as registration succeeds.
         for path, server in ((self._paths.dra, dra), (self._paths.registration, registration)):
-            socket_server = SocketServer(path, server)
+            socket_server = SocketServer(path, server, stale=self._paths.others(path))
             await socket_server.start()
             self._servers.append(socket_server)
         controller = SliceController(
