@@ -485,6 +485,15 @@ def test_gpu_device_class(default: list[dict[str, Any]]) -> None:
         ("nodeSelection.excludeKarpenter=maybe", "/nodeSelection/excludeKarpenter"),
         ("kubeletPlugin.nvml=cuda", "/kubeletPlugin/nvml"),
         ("cdiRoot=relative/path", "/cdiRoot"),
+        # 56 and 70 bytes: no room for the MPS sockets, or for a registration socket.
+        (
+            "kubeletPlugin.kubeletPluginsDirectoryPath=/" + "k" * 47 + "/plugins",
+            "/kubeletPlugin/kubeletPluginsDirectoryPath",
+        ),
+        (
+            "kubeletPlugin.kubeletRegistrarDirectoryPath=/" + "k" * 52 + "/plugins_registry",
+            "/kubeletPlugin/kubeletRegistrarDirectoryPath",
+        ),
         ("kubeletPlugn.logLevel=INFO", "kubeletPlugn"),
         ("health.autoRecover.xids={8,79}", "/health/autoRecover/xids/1"),
         ("health.autoRecover.probes=-1", "/health/autoRecover/probes"),

@@ -1,9 +1,9 @@
 """Simulated nodes: each a real ``gpu-dra kubelet-plugin`` subprocess on its own host dirs.
 
 Every node gets a short directory under the demo's work directory (unix socket paths
-are limited to 107 bytes) holding the kubelet's registrar and plugins directories,
-the CDI root, the plugin's log, and its TMPDIR, so whatever the plugin leaves
-behind is removed with the work directory.
+are limited: gRPC binds 105 bytes, the MPS daemon 106) holding the kubelet's registrar
+and plugins directories, the CDI root, the plugin's log, and its TMPDIR, so whatever
+the plugin leaves behind is removed with the work directory.
 """
 
 import asyncio
