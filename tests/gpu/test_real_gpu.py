@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from drivers.gpu.kinds import mpspaths
 from sandbox.kubeletsim import KubeletSim
 from tests.gpu.conftest import row
 from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
@@ -277,18 +278,16 @@ async def test_mps_pair_held_to_its_limits(
         assert len(_mps_daemons()) >= 1
         seen = []
         for claim in (a, b):
-            spec = next(p for p in dirs.cdi.glob("*.json") if claim.uid in p.name)
-            env = _env(
-                {
-                    "env": [
-                        e
-                        for d in json.loads(spec.read_text())["devices"]
-                        for e in d["containerEdits"].get("env", [])
-                    ]
-                }
+            spec = json.loads(
+                next(p for p in dirs.cdi.glob("*.json") if claim.uid in p.name).read_text()
             )
+            # The claim's edits (MPS's among them) are the spec's; each device's its own.
+            edits = [spec.get("containerEdits", {})] + [
+                d["containerEdits"] for d in spec["devices"]
+            ]
+            env = _env({"env": [e for edit in edits for e in edit.get("env", [])]})
             pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
-            assert len(pipe + "/control_privileged") <= 107, pipe
+            assert len(pipe + "/control_privileged") <= mpspaths.MAX_SOCKET_PATH, pipe
             result = _client(env)
             assert result["alloc"]["25"] != "ok", result  # over the claim's 20 GiB
             assert result["alloc"]["10"] == "ok", result

@@ -477,6 +477,12 @@ class Mps:
                         os.kill(pid, signal.SIGKILL)
                     deadline = time.monotonic() + _STOP_WAIT_S
                 time.sleep(_POLL_S)
+            # Gone as a daemon once a zombie: one of ours is reaped now, not at the next
+            # start (the real-GPU check saw it still listed right after the unprepare).
+            if (child := self._children.get(pid)) is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(_STOP_WAIT_S)
+            self._reap()
             log.info(
                 "MPS control daemon stopped",
                 extra=kv(claim_uid=claim.uid, claim_namespace=claim.namespace,
