@@ -2,13 +2,15 @@
 sockets did not fit ``sun_path`` on a node) to ``<plugin dir>/mps/<digest>``: a claim the
 last release prepared is read, recovered and unprepared; its daemon is adopted and serves
 on, restarted where its claims' containers see it; new claims name the new path, which
-reaches the adopted daemon while it serves, and the GPU's next daemon is of the new layout.
+reaches the adopted daemon while it serves, and the GPU's next daemon is of the new layout;
+the same for a daemon run as a pod (``--mps-daemon=pod``).
 
 The last release is reproduced by its one difference: the pipe it made, ``<state>/pipe``
 (``Mps._legacy_pipe``), where this release makes the new one (``Mps._new_pipe``). Its
 daemons ran only where that pipe fit the sockets (not on a node at the chart's paths, nor
 under a test's usual plugin directory): the plugin directory here is a short one."""
 
+import asyncio
 import json
 import os
 import signal
@@ -20,24 +22,36 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
+from driver.kube.rest import Client
 from drivers.gpu.kinds import NodeDevices, mpspaths
 from drivers.gpu.kinds.gpu import KIND as GPU
 from drivers.gpu.kinds.mps import Mps
+from drivers.gpu.kinds.mpspod import MpsPods, pipe_of
 from kubeletplugin import cdi
 from kubeletplugin.claims import ClaimRef
 from kubeletplugin.state import DeviceState
-from tests import test_mps
+from tests import test_mps, test_mps_pod
 from tests.pluginharness import wait_for
+from tests.podrunner import PodRunner
 from tests.test_mps import Control, daemon_pids, mps
 from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim
 from tests.test_timeslicing import Smi
 
 control = test_mps.control
 tmp_path = test_mps.tmp_path
+runner = test_mps_pod.runner
 
 
-async def _state(api: k8s.ApiClient, root: Path, smi: Smi, control: Control) -> DeviceState:
-    config = _config(root, nvidia_smi=smi.path, mps_control=control.path, plugin_dir=root / "p")
+async def _state(
+    api: k8s.ApiClient, root: Path, smi: Smi, control: Control, *, pods: bool = False
+) -> DeviceState:
+    more: dict[str, Any] = {}
+    if pods:
+        loop = asyncio.get_running_loop()
+        more["mps_pods"] = MpsPods(Client(api), loop, test_mps_pod.POD_CONFIG, NODE)
+    config = _config(
+        root, nvidia_smi=smi.path, mps_control=control.path, plugin_dir=root / "p", **more
+    )
     inventory = _inventory("p5.48xlarge", root)
     devices = NodeDevices.of(inventory, node_name=NODE, consumable_capacity=True)
     return await DeviceState.open(config, api, devices)
@@ -153,3 +167,38 @@ async def test_the_last_releases_claims_restart_their_dead_daemon_at_their_pipe(
     assert mpspaths.pipe_dir(plugin_dir, uuid0).readlink() == legacy
     assert await state.unprepare([old]) == {old.uid: ""}
     assert daemon_pids(tmp_path) == [] and not mpspaths.pipe_dir(plugin_dir, uuid0).exists()
+
+
+async def test_a_daemon_pod_of_the_last_release_is_adopted_and_deleted_with_its_last_claim(
+    api_client: k8s.ApiClient,
+    tmp_path: Path,
+    control: Control,
+    runner: PodRunner,
+    last_release: Any,
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    uuid0 = _inventory("p5.48xlarge", tmp_path).by_device_name()["gpu-0"].uuid
+    plugin_dir = tmp_path / "p"
+    legacy = plugin_dir / "kinds" / "gpu" / "mps" / uuid0 / "pipe"
+    new = mpspaths.pipe_dir(plugin_dir, uuid0)
+    state = await _state(api_client, tmp_path, smi, control, pods=True)
+    old = await _share(api_client, "old", "gpu-0")
+    assert (await state.prepare([old]))[old.uid].error == ""
+    (pod,) = runner.pods()
+    assert pipe_of(pod) == str(legacy)
+    last_release.undo()
+    control.calls()
+
+    state = await _state(api_client, tmp_path, smi, control, pods=True)
+    shared = await _share(api_client, "shared", "gpu-0")
+    assert (await state.prepare([shared]))[shared.uid].error == ""
+    (again,) = runner.pods()  # adopted: the same pod, no second daemon
+    assert again["metadata"]["uid"] == pod["metadata"]["uid"] and control.calls() == []
+    assert f"CUDA_MPS_PIPE_DIRECTORY={new}" in _env(tmp_path, shared)
+    assert new.readlink() == legacy and (new / "control").exists()
+
+    assert await state.unprepare([old]) == {old.uid: ""}
+    assert len(runner.pods()) == 1
+    assert await state.unprepare([shared]) == {shared.uid: ""}
+    assert control.calls() == ["quit"]  # through the pipe the pod serves
+    assert runner.pods() == [] and daemon_pids(tmp_path) == [] and not new.is_symlink()
