@@ -202,3 +202,26 @@ async def test_a_daemon_pod_of_the_last_release_is_adopted_and_deleted_with_its_
     assert await state.unprepare([shared]) == {shared.uid: ""}
     assert control.calls() == ["quit"]  # through the pipe the pod serves
     assert runner.pods() == [] and daemon_pids(tmp_path) == [] and not new.is_symlink()
+
+
+async def test_a_prepare_of_the_last_release_cut_short_is_recovered_by_this_one(
+    api_client: k8s.ApiClient, tmp_path: Path, control: Control, last_release: Any
+) -> None:
+    """Killed between the daemon's start and the spec: the claim's record of its side
+    effects is what is left, and recovery undoes them, the last release's daemon too."""
+    smi = Smi(tmp_path / "smi")
+    uuid0 = _inventory("p5.48xlarge", tmp_path).by_device_name()["gpu-0"].uuid
+    state = await _state(api_client, tmp_path, smi, control)
+    old = await _share(api_client, "old", "gpu-0")
+    assert (await state.prepare([old]))[old.uid].error == ""
+    assert len(daemon_pids(tmp_path)) == 1
+    cdi.spec_path(tmp_path / "cdi", old.uid).unlink()  # the spec is written last
+    assert list((tmp_path / "p" / "claims").glob(f"{old.uid}*"))
+    last_release.undo()
+    control.calls()
+
+    await _state(api_client, tmp_path, smi, control)
+    assert control.calls() == ["quit"] and daemon_pids(tmp_path) == []
+    assert GPU.mps.running_pid(uuid0) is None
+    assert not list((tmp_path / "p" / "claims").glob(f"{old.uid}*"))
+    assert not mpspaths.pipe_dir(tmp_path / "p", uuid0).exists()
