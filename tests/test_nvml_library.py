@@ -260,7 +260,13 @@ def test_mig_mode_off_has_no_mig_devices_and_lifecycle_not_supported(tmp_path: P
     try:
         gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
         assert pynvml.nvmlDeviceGetMigMode(gpu) == [0, 0]
-        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7  # the 1g profile's instances
+        # A real H200 with MIG off: no MIG devices to walk, and every profile's full count.
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 0
+        remaining = [pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, p) for p in
+                     (19, 14, 9, 5, 0, 20, 15)]  # fmt: skip
+        assert remaining == [7, 3, 2, 1, 1, 1, 4]
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):  # no profile of that ID
+            pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 99)
         assert pynvml.nvmlDeviceIsMigDeviceHandle(gpu).value == 0  # pynvml returns the c_uint
         with pytest.raises(pynvml.NVMLError_InvalidArgument):  # MIG mode is off
             pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
@@ -355,3 +361,4 @@ def test_no_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(build.BuildError, match=r"no C compiler \(cc\)"):
         build.library()
+

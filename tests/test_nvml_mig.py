@@ -216,9 +216,14 @@ def test_instances_created_at_a_placement_and_destroyed_ci_first(tmp_path: Path)
     node.nvml.nvmlInit()
     try:
         gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7  # in MIG mode: the 1g's count
         gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, _placement(4, 4))  # 3g
         info = pynvml.nvmlGpuInstanceGetInfo(gi)
         assert (info.profileId, info.placement.start, info.placement.size) == (9, 4, 4)
+        # Memory slices 0-3 and 4 compute slices are left: 3g, 1g.5gb, 2g, 4g, 7g, 1g.10gb.
+        remaining = [pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, p)
+                     for p in (9, 19, 14, 5, 0, 15)]  # fmt: skip
+        assert remaining == [1, 4, 2, 1, 0, 2]
         assert (
             (caps / f"gi{info.id}" / "access")
             .read_text()
