@@ -3,28 +3,42 @@
 ``refusal(argv)`` (argv without the program name) is None for a form the real tool accepts
 and a :class:`Refusal` (exit code, message) otherwise. The stand-ins of tests refuse
 through it, and the real-GPU suite checks every argv the plugin sent its recording
-stand-in against it. The grammar is the one of the recorded help of nvidia-smi 580.159.04
-(``-h``, ``compute-policy -h``, ``mig -h``) and the calls recorded on a real H200
-(reference/wave4/realgpu: smi-syntax.txt, nvidia-tools.txt), limited to the options this
-project and its tests use: a form outside it is refused, so a stand-in never accepts what
-the real tool might not.
+stand-in against it. The grammar is the recorded help of nvidia-smi 580.159.04 (``-h``,
+``compute-policy -h``, ``mig -h``: reference/wave4/realgpu/nvidia-tools.txt), limited to
+the options this project and its tests use, so a stand-in never takes what the real tool
+might not; the answers are those a real H200 gave (tests/data/nvidia-smi-forms-h200.txt,
+read-only and refused forms only, and smi-syntax.txt for the driver's two setting forms).
 
-Exit code 2 is the tool's "a supplied argument or flag is invalid" (nvidia-smi(1), and the
-recorded ``-q -d FABRIC``). Only that refusal's message was recorded ("Failed to parse
---display/-d flags"); the others use the tool's general one.
+Recorded: a value may follow an option as the next word or after "=", short options too
+(``-i=<uuid>``); display flags are case-insensitive; ``--format`` is optional; a bare
+``compute-policy -i <uuid>`` prints its help and exits 0; an unknown option or a missing
+value exits 255 (compute-policy's: 2), a bad value or combination 2. Where no answer was
+recorded (an option given twice, two actions at once) the form is refused with the tool's
+general message.
 """
 
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-INVALID_ARGUMENT_EXIT = 2
-INVALID = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
-BAD_DISPLAY = "Failed to parse --display/-d flags"  # recorded: nvidia-smi -q -d FABRIC
+INVALID_EXIT = 2  # nvidia-smi(1): a supplied argument or flag is invalid
+UNPARSED_EXIT = 255  # recorded for an unknown option and for a missing value
+HELP = "Please run 'nvidia-smi -h' for help."
+INVALID = f"Invalid combination of input arguments. {HELP}"  # unrecorded cases
+BAD_DISPLAY = "Failed to parse --display/-d flags"
+DISPLAY_WITH_XML = (
+    "Invalid combination of input arguments: --display/-d flags can not be combined with "
+    "-x/--xml-format flags."
+)
+BAD_FORMAT = "Format modifier is not recognized."
+BAD_TIMESLICE = (
+    "Failed to set timeslice policy with value Unknown for GPU 0 : Invalid Argument\n"
+    "Failed to set timeslice for requested devices : Invalid Argument"
+)
 
 COMPUTE_MODES = frozenset(
     {"0", "1", "2", "3", "DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS"}
-)
+)  # the help's spellings; another case was not tried on the real tool
 TIMESLICES = frozenset({"0", "1", "2", "3"})  # 0=DEFAULT, 1=SHORT, 2=MEDIUM, 3=LONG
 TOGGLES = frozenset({"0", "1", "DISABLED", "ENABLED"})
 DISPLAY = frozenset(
@@ -44,9 +58,25 @@ class Refusal:
 
 
 class _Refused(Exception):
-    def __init__(self, message: str = INVALID) -> None:
+    def __init__(self, message: str = INVALID, exit_code: int = INVALID_EXIT) -> None:
         super().__init__(message)
-        self.message = message
+        self.refusal = Refusal(exit_code, message)
+
+
+def _not_recognized(word: str, sub: bool) -> _Refused:
+    if sub:
+        return _Refused(f'Option "{word}" is not recognized.')
+    return _Refused(f"ERROR: Option {word} is not recognized. Please run 'nvidia-smi -h'.", 255)
+
+
+def _missing(word: str, sub: bool) -> _Refused:
+    if sub:
+        return _Refused(f'Option "{word}" is missing its value.')
+    return _Refused(f"ERROR: Option {word} is missing its value. {HELP}", UNPARSED_EXIT)
+
+
+def _not_valid_here(word: str) -> _Refused:
+    return _Refused(f"ERROR: Option {word} is not valid for this command. {HELP}")
 
 
 _Table = Mapping[str, tuple[str | None, str, bool]]  # name -> (short, long, takes a value)
@@ -82,90 +112,87 @@ _MIG: _Table = {
 _MODIFY = ("compute-mode", "persistence-mode", "mig")
 
 
-def _options(argv: Sequence[str], table: _Table) -> dict[str, str]:
-    """name -> value ("" for a flag). A short option's value is the next word; a long one's
-    follows "=" or is the next word (both recorded for --set-timeslice). Each at most once."""
+def _options(argv: Sequence[str], table: _Table, *, sub: bool) -> dict[str, tuple[str, str]]:
+    """name -> (the word used, value; "" for a flag), in order given."""
     by_word = {w: (name, takes) for name, (s, lg, takes) in table.items() for w in (s, lg) if w}
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}
     words = list(argv)
     while words:
         word = words.pop(0)
         head, eq, tail = word.partition("=")
-        if eq and head.startswith("--") and head in by_word and by_word[head][1]:
-            name, value = by_word[head][0], tail
+        if eq and head in by_word and by_word[head][1]:
+            (name, _), used, value = by_word[head], head, tail
         elif word in by_word:
-            name, takes = by_word[word]
-            value = ""
+            (name, takes), used, value = by_word[word], word, ""
             if takes:
                 if not words or words[0].startswith("-"):
-                    raise _Refused
+                    raise _missing(word, sub)
                 value = words.pop(0)
         else:
+            raise _not_recognized(head if eq else word, sub)
+        if table[name][2] and not value:
+            raise _missing(used, sub)
+        if name in found:
             raise _Refused
-        if name in found or (table[name][2] and not value):
-            raise _Refused
-        found[name] = value
+        found[name] = (used, value)
     return found
 
 
-def _ids(value: str) -> None:
-    if any(not part or part.startswith("-") for part in value.split(",")):
+def _check_ids(opts: Mapping[str, tuple[str, str]]) -> None:
+    if "id" in opts and any(not p for p in opts["id"][1].split(",")):
         raise _Refused
+
+
+def _only(opts: Mapping[str, tuple[str, str]], allowed: set[str]) -> None:
+    for name, (word, _) in opts.items():
+        if name not in allowed:
+            raise _not_valid_here(word)
 
 
 def _main(argv: Sequence[str]) -> None:
-    opts = _options(argv, _MAIN)
-    if "id" in opts:
-        _ids(opts["id"])
-    alone = {"help", "version", "list"} & set(opts)
-    if alone:
-        if len(opts) != 1:
-            raise _Refused
+    opts = _options(argv, _MAIN, sub=False)
+    _check_ids(opts)
+    first = next(iter(opts), None)
+    if first in ("help", "version", "list"):
+        _only(opts, {first})
         return
-    modify = [m for m in _MODIFY if m in opts]
+    modify = [m for m in opts if m in _MODIFY]
     if modify:  # DEVICE MODIFICATION: any one of, plus optional -i, -eow
-        if len(modify) != 1 or set(opts) - {modify[0], "id", "error-on-warning"}:
-            raise _Refused
-        allowed = COMPUTE_MODES if modify[0] == "compute-mode" else TOGGLES
-        if opts[modify[0]] not in allowed:
-            raise _Refused
+        _only(opts, {modify[0], "id", "error-on-warning"})
+        word, value = opts[modify[0]]
+        if value not in (COMPUTE_MODES if modify[0] == "compute-mode" else TOGGLES):
+            raise _Refused(f"ERROR: Option {value} is invalid for {word}. {HELP}")
         return
-    if "query-gpu" in opts:  # SELECTIVE QUERY: --format=csv mandatory
-        formats = opts.get("format", "").split(",")
+    if "query-gpu" in opts:  # SELECTIVE QUERY
+        _only(opts, {"query-gpu", "format", "id", "filename"})
+        formats = opts.get("format", ("", "csv"))[1].split(",")
         if formats[0] != "csv" or set(formats[1:]) - {"noheader", "nounits"}:
-            raise _Refused
-        if set(opts) - {"query-gpu", "format", "id", "filename"}:
-            raise _Refused
+            raise _Refused(BAD_FORMAT)
         return
     if "query" in opts:
-        if set(opts) - {"query", "id", "xml", "display", "filename"}:
-            raise _Refused
-        if "display" in opts and "xml" in opts:  # the help: -d "doesn't work with -x"
-            raise _Refused
-        if "display" in opts and set(opts["display"].split(",")) - DISPLAY:
+        _only(opts, {"query", "id", "xml", "display", "filename"})
+        if "display" in opts and "xml" in opts:
+            raise _Refused(DISPLAY_WITH_XML)
+        if "display" in opts and set(opts["display"][1].upper().split(",")) - DISPLAY:
             raise _Refused(BAD_DISPLAY)
         return
-    if set(opts) - {"id", "filename"}:  # the summary, of one GPU or all
-        raise _Refused
+    _only(opts, {"id", "filename"})  # the summary, of one GPU or all
 
 
 def _compute_policy(argv: Sequence[str]) -> None:
-    opts = _options(argv, _COMPUTE_POLICY)
-    if "id" in opts:
-        _ids(opts["id"])
-    actions = {"help", "list", "set-timeslice"} & set(opts)
-    if len(actions) != 1 or ("help" in opts and len(opts) != 1):
-        raise _Refused
-    if "set-timeslice" in opts and opts["set-timeslice"] not in TIMESLICES:
-        raise _Refused
+    opts = _options(argv, _COMPUTE_POLICY, sub=True)
+    _check_ids(opts)
+    if len({"help", "list", "set-timeslice"} & set(opts)) > 1:
+        raise _Refused  # two actions: unrecorded
+    if "set-timeslice" in opts and opts["set-timeslice"][1] not in TIMESLICES:
+        raise _Refused(BAD_TIMESLICE)
+    # No action at all prints the help, and exits 0.
 
 
 def _mig(argv: Sequence[str]) -> None:
-    opts = _options(argv, _MIG)
-    if "id" in opts:
-        _ids(opts["id"])
-    actions = {"help", "lgip", "lgi", "lci"} & set(opts)
-    if len(actions) != 1 or ("help" in opts and len(opts) != 1):
+    opts = _options(argv, _MIG, sub=True)
+    _check_ids(opts)
+    if len({"help", "lgip", "lgi", "lci"} & set(opts)) != 1:
         raise _Refused
 
 
@@ -179,7 +206,7 @@ def refusal(argv: Sequence[str]) -> Refusal | None:
         else:
             _main(argv)
     except _Refused as exc:
-        return Refusal(INVALID_ARGUMENT_EXIT, exc.message)
+        return exc.refusal
     return None
 
 
