@@ -117,7 +117,7 @@ def test_fabric_identity_only_when_complete_and_nonzero(tmp_path: Path) -> None:
     assert {g.fabric_clique_id for g in gpus} == {32766}
     (cluster,) = {g.fabric_cluster_uuid for g in gpus}
     assert cluster is not None and len(cluster) == 36
-    for state in ("zero", "in-progress", "not-supported"):
+    for state in ("zero", "in-progress", "not-supported", "none"):
         node.nvml.faults = Faults(fabric=state)
         gpus = _discover(node).gpus
         assert {(g.fabric_cluster_uuid, g.fabric_clique_id) for g in gpus} == {(None, None)}
@@ -255,6 +255,11 @@ def test_normalize_pci_bus_id() -> None:
 def test_bad_profile_and_state_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(UnknownProfileError, match=r"p5\.48xlarge"):
         load_profile("p9.huge")
+    no_xid = tmp_path / "no-xid.yaml"  # XIDs are the one event the library delivers
+    gpu = "{name: X, brand: NVIDIA, architecture: HOPPER, computeCapability: '9.0', memoryMiB: 1"
+    no_xid.write_text(f"extends: p5.48xlarge\ngpu: {gpu}, supportedEventTypes: 2}}\n")
+    with pytest.raises(SimulationConfigError, match="supportedEventTypes"):
+        load_profile(no_xid)
     state = tmp_path / "state.yaml"
     state.write_text("failingQueries: [{gpu: 1, call: nvmlDeviceGetUUID, error: Nope}]\n")
     node = _node(tmp_path, state_file=state)

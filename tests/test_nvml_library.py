@@ -260,7 +260,13 @@ def test_mig_mode_off_has_no_mig_devices_and_lifecycle_not_supported(tmp_path: P
     try:
         gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
         assert pynvml.nvmlDeviceGetMigMode(gpu) == [0, 0]
-        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7  # the 1g profile's instances
+        # A real H200 with MIG off: no MIG devices to walk, and every profile's full count.
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 0
+        remaining = [pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, p) for p in
+                     (19, 14, 9, 5, 0, 20, 15)]  # fmt: skip
+        assert remaining == [7, 3, 2, 1, 1, 1, 4]
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):  # no profile of that ID
+            pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 99)
         assert pynvml.nvmlDeviceIsMigDeviceHandle(gpu).value == 0  # pynvml returns the c_uint
         with pytest.raises(pynvml.NVMLError_InvalidArgument):  # MIG mode is off
             pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
@@ -355,3 +361,47 @@ def test_no_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(build.BuildError, match=r"no C compiler \(cc\)"):
         build.library()
+
+
+def _fabric_of(node: SimulatedNode) -> tuple[int, int, int, bytes]:
+    node.nvml.nvmlInit()
+    try:
+        info = pynvml.c_nvmlGpuFabricInfoV_t()
+        info.version = pynvml.nvmlGpuFabricInfo_v2
+        pynvml.nvmlDeviceGetGpuFabricInfoV(
+            pynvml.nvmlDeviceGetHandleByIndex(0), ctypes.pointer(info)
+        )
+        return info.state, info.status, info.cliqueId, bytes(info.clusterUuid)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_fabric_answers_per_gpu(tmp_path: Path) -> None:
+    # The real H200 answers the call, with the state "not supported" and nothing else.
+    h200 = SimulatedNode("p5e.48xlarge", "h200", tmp_path / "h200")
+    assert _fabric_of(h200) == (pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, 0, 0, bytes(16))
+    h100 = SimulatedNode("p5.48xlarge", "h100", tmp_path / "h100")
+    assert _fabric_of(h100) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0, 0, bytes(16))
+    gb200 = SimulatedNode("p6e-gb200.36xlarge", "gb200", tmp_path / "gb200")
+    state, _, clique, cluster = _fabric_of(gb200)
+    assert (state, clique) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 32766) and any(cluster)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # Ampere has no fabric call
+        _fabric_of(SimulatedNode("p4d.24xlarge", "a100", tmp_path / "a100"))
+
+
+def test_supported_event_types_and_what_registers(tmp_path: Path) -> None:
+    xid_dbe = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+    for profile, supported in (("p5e.48xlarge", 0xFF9F), ("p5.48xlarge", 0x8)):
+        SimulatedNode(profile, "ev", tmp_path / profile).nvml.nvmlInit()
+        events = pynvml.nvmlEventSetCreate()
+        try:
+            gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+            assert pynvml.nvmlDeviceGetSupportedEventTypes(gpu) == supported
+            if supported & pynvml.nvmlEventTypeDoubleBitEccError:
+                pynvml.nvmlDeviceRegisterEvents(gpu, xid_dbe, events)
+            else:  # a type the GPU does not report is refused
+                with pytest.raises(pynvml.NVMLError_NotSupported):
+                    pynvml.nvmlDeviceRegisterEvents(gpu, xid_dbe, events)
+        finally:
+            pynvml.nvmlEventSetFree(events)
+            pynvml.nvmlShutdown()

@@ -10,6 +10,7 @@ import pynvml
 import pytest
 
 from driver.nvml.faults import Faults, QueryFault
+from driver.nvml.profile import load_profile, profile_names
 from driver.nvml.simulated import SimulatedNode, mig_minor
 
 MIG_PROFILE = "p4d.24xlarge-mig"  # GPUs 0-3: 3g.20gb@0, 2g.10gb@4, 1g.10gb@6
@@ -24,20 +25,20 @@ def _placements(gpu: Any, profile_id: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(
-    ("profile", "names"),
+    ("profile", "names", "memory"),
     [
         ("p4d.24xlarge", ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb", "1g.5gb+me",
-                          "1g.10gb"]),
+                          "1g.10gb"], [4864, 9856, 19968, 19968, 40192, 4864, 9856]),
         ("p4de.24xlarge", ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.10gb+me",
-                           "1g.20gb"]),
+                           "1g.20gb"], [9728, 19968, 40192, 40192, 80640, 9728, 19968]),
         ("p5.48xlarge", ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.10gb+me",
-                         "1g.20gb"]),
+                         "1g.20gb"], [9984, 20096, 40448, 40448, 81152, 9984, 20096]),
         ("p5e.48xlarge", ["1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", "1g.18gb+me",
-                          "1g.35gb"]),
+                          "1g.35gb"], [16384, 33280, 71424, 71424, 143360, 16384, 33280]),
     ],
 )  # fmt: skip
 def test_profiles_by_index_ids_and_placements(
-    tmp_path: Path, profile: str, names: list[str]
+    tmp_path: Path, profile: str, names: list[str], memory: list[int]
 ) -> None:
     node = SimulatedNode(profile, "n", tmp_path)
     node.nvml.nvmlInit()
@@ -55,6 +56,8 @@ def test_profiles_by_index_ids_and_placements(
         by_index = {i: (info.id, str(info.name)) for i, info in found.items()}
         assert sorted(by_index) == [0, 1, 2, 3, 4, 7, 9]
         assert [by_index[i][1] for i in (0, 1, 2, 3, 4, 7, 9)] == [f"MIG {n}" for n in names]
+        # memorySizeMB, what published MIG devices carry: the sources are in each profile file
+        assert [found[i].memorySizeMB for i in (0, 1, 2, 3, 4, 7, 9)] == memory
         ids = {name.removeprefix("MIG "): pid for pid, name in by_index.values()}
         assert ids[names[0]] == 19 and ids[names[2]] == 9 and ids[names[4]] == 0
         assert _placements(gpu, ids[names[0]]) == [(s, 1) for s in range(7)]  # never slice 7
@@ -216,9 +219,14 @@ def test_instances_created_at_a_placement_and_destroyed_ci_first(tmp_path: Path)
     node.nvml.nvmlInit()
     try:
         gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7  # in MIG mode: the 1g's count
         gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, _placement(4, 4))  # 3g
         info = pynvml.nvmlGpuInstanceGetInfo(gi)
         assert (info.profileId, info.placement.start, info.placement.size) == (9, 4, 4)
+        # Memory slices 0-3 and 4 compute slices are left: 3g, 1g.5gb, 2g, 4g, 7g, 1g.10gb.
+        remaining = [pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, p)
+                     for p in (9, 19, 14, 5, 0, 15)]  # fmt: skip
+        assert remaining == [1, 4, 2, 1, 0, 2]
         assert (
             (caps / f"gi{info.id}" / "access")
             .read_text()
@@ -412,3 +420,21 @@ def test_instances_are_one_state_for_every_process_of_the_node(tmp_path: Path) -
         assert _mig_layout(gpu) == [(theirs, 0, 4), (small_id, 4, 1)]
     finally:
         pynvml.nvmlShutdown()
+
+
+def test_every_mig_table_is_on_nvmls_grid() -> None:
+    """Every real memorySizeMB recorded (the H200's from NVML, the others' from nvidia-smi) is
+    a multiple of 128 MiB, grows with the memory slices, and stays under the GPU's memory."""
+    tables = 0
+    for name in profile_names():
+        profile = load_profile(name)
+        by_slices: dict[int, set[int]] = {}
+        for m in profile.mig_profiles:
+            assert m.memory_mib % 128 == 0, (name, m.name, m.memory_mib)
+            by_slices.setdefault(m.memory_slices, set()).add(m.memory_mib)
+        sizes = [by_slices[s] for s in sorted(by_slices)]
+        assert all(len(s) == 1 for s in sizes), (name, by_slices)  # one size per slice count
+        flat = [next(iter(s)) for s in sizes]
+        assert flat == sorted(flat) and all(v < profile.memory_mib for v in flat), name
+        tables += bool(flat)
+    assert tables >= 4  # A100 40GB and 80GB, H100, H200

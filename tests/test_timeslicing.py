@@ -4,6 +4,7 @@
 import json
 import multiprocessing
 import random
+import sys
 import threading
 import uuid as uuid_module
 from pathlib import Path
@@ -23,10 +24,27 @@ from tests.fsfaults import disk_full, read_only
 from tests.standin import StandIn
 from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
 
-STAND_IN = """#!/bin/sh
-echo "$*" >> {log}
-if [ -e {fail} ]; then
-  only=$(cat {fail})
+ROOT = Path(__file__).resolve().parent.parent
+
+# Records each call; refuses what the real nvidia-smi refuses, as it does (tests.smiforms).
+# The driver's two forms, exactly, skip the interpreter: one costs ~140 ms on a loaded
+# machine, and the concurrency tests below make hundreds of calls; test_smiforms holds
+# this shortcut to the checker.
+STAND_IN = f"""#!/bin/sh
+echo "$*" >> {{log}}
+id=; ok=
+if [ $# -eq 4 ] && [ "$1" = -i ] && [ "$3" = -c ] && [ "$4" = DEFAULT ]; then id=$2; fi
+if [ "$1" = compute-policy ] && [ "$2" = -i ]; then
+  if [ $# -eq 5 ] && [ "$4" = --set-timeslice ]; then case $5 in [0-3]) id=$3;; esac; fi
+  if [ $# -eq 4 ]; then case $4 in --set-timeslice=[0-3]) id=$3;; esac; fi
+fi
+case $id in GPU-*|MIG-*) ok=1;; esac
+if [ -z "$ok" ]; then
+  {sys.executable} -IS -c "import sys; sys.path.insert(0, '{ROOT}'); \\
+from tests.smiforms import main; main()" "$@" || exit $?
+fi
+if [ -e {{fail}} ]; then
+  only=$(cat {{fail}})
   case "$*" in *"$only"*) echo "Unable to set the compute policy: GPU is busy" >&2; exit 3;; esac
 fi
 exit 0

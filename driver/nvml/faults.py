@@ -19,7 +19,8 @@ State file format (every key optional; a missing or empty file means no faults):
     failingQueries:                   # a GPU that errors on one NVML function
       - {gpu: 2, call: nvmlDeviceGetUUID, error: GpuIsLost}   # error: NVMLError_<error>,
                                                               # default Unknown
-    fabric: not-supported | zero | in-progress | completed   # GPU fabric info, every GPU
+    fabric: not-supported | none | zero | in-progress | completed   # GPU fabric info, every
+                                      # GPU; none: the call answers, state not supported
     fabricCluster: rack-a             # seed of the fabric cluster UUID (default: node name);
                                       # nodes with the same seed share one NVLink fabric
     xidEvents:                        # XID events of a GPU (minor), for nvmlEventSetWait
@@ -42,7 +43,7 @@ import yaml
 from driver.common.errors import PermanentError
 
 NvmlState = Literal["ok", "missing", "not-loaded"]
-FabricState = Literal["not-supported", "zero", "in-progress", "completed"]
+FabricState = Literal["not-supported", "none", "zero", "in-progress", "completed"]
 
 _NVML_STATES: frozenset[str] = frozenset(get_args(NvmlState))
 FABRIC_STATES: frozenset[str] = frozenset(get_args(FabricState))

@@ -10,14 +10,16 @@ Profile keys::
     instanceType: p5.48xlarge
     count: 8
     gpu: {name, brand, architecture, computeCapability: "9.0", memoryMiB,
-          migCapable: false, migEnabled: false}   # brand: NVML_BRAND_<brand>,
-                                                  # architecture: NVML_DEVICE_ARCH_<architecture>
+          migCapable: false, migEnabled: false,   # brand: NVML_BRAND_<brand>,
+          pciDeviceId: 0x233010DE,                # architecture: NVML_DEVICE_ARCH_<architecture>
+          supportedEventTypes: 0x8}               # both optional: NVML's answers (defaults:
+                                                  # the H100 SXM's ID; XID events only)
     pciBusIds: ["0000:53:00.0", ...]     # optional, one per GPU; generated otherwise
     pcieRoots: ["pci0000:44", ...]       # optional, one per GPU; derived from the bus otherwise
     numaNodes: [0, 0, 1, 1] | {spread: N} | omitted (all 0)
     nvlink: {topology: none | nvswitch | pairs | links, linksPerGpu: 18,
              links: [[0, 1], [1, 2]]}    # links: GPU positions joined by one NVLink each
-    fabric: not-supported | zero | in-progress | {state: completed, cliqueId: 7}
+    fabric: not-supported | none | zero | in-progress | {state: completed, cliqueId: 7}
     driverVersion: "580.95.05"           # optional
     cudaDriverVersion: "13.0"            # optional
     faults: {...}                        # optional, see driver.nvml.faults
@@ -48,6 +50,8 @@ from driver.nvml.faults import FABRIC_STATES, Faults, SimulationConfigError
 
 DEFAULT_DRIVER_VERSION = "580.95.05"
 DEFAULT_CUDA_DRIVER_VERSION = "13.0"
+DEFAULT_PCI_DEVICE_ID = 0x233010DE
+DEFAULT_EVENT_TYPES = pynvml.nvmlEventTypeXidCriticalError
 _UUID_NAMESPACE = uuid.UUID("6f1b6c1e-9b1f-4a53-8d7e-3c2a3f0e5d11")
 _TOPOLOGIES = frozenset({"none", "nvswitch", "pairs", "links"})
 
@@ -146,6 +150,8 @@ class Profile:
     mig_enabled_gpus: frozenset[int] = frozenset()
     mig_pending_gpus: frozenset[int] = frozenset()
     mig_layout: tuple[tuple[MigProfile, int], ...] = ()  # (profile, start) per instance
+    pci_device_id: int = DEFAULT_PCI_DEVICE_ID
+    event_types: int = DEFAULT_EVENT_TYPES  # nvmlDeviceGetSupportedEventTypes
 
     def gpus(self, node_name: str) -> tuple[SimGpu, ...]:
         return tuple(self._gpu(i, node_name) for i in range(self.count))
@@ -299,7 +305,16 @@ def _build(name: str, data: Mapping[str, Any], source: str) -> Profile:
         mig_enabled_gpus=_gpu_set(mig.get("enabled"), count),
         mig_pending_gpus=_gpu_set(mig.get("pending"), count),
         mig_layout=_mig_layout(mig.get("instances") or (), mig_profiles, source),
+        pci_device_id=int(gpu.get("pciDeviceId", DEFAULT_PCI_DEVICE_ID)),
+        event_types=_event_types(gpu.get("supportedEventTypes", DEFAULT_EVENT_TYPES), source),
     )
+
+
+def _event_types(value: Any, source: str) -> int:
+    mask = int(value)
+    if not mask & pynvml.nvmlEventTypeXidCriticalError:  # the one event the library delivers
+        raise SimulationConfigError(f"{source}: supportedEventTypes must include XID (0x8)")
+    return mask
 
 
 def _mig_profile(row: Any, source: str) -> MigProfile:

@@ -16,6 +16,7 @@ typedef int (*fn_one)(void *);
 typedef int (*fn_ptr)(void *, void *);
 typedef int (*fn_index)(void *, unsigned, void **);
 typedef int (*fn_text)(void *, char *, unsigned);
+typedef int (*fn_capacity)(void *, unsigned, unsigned *);
 
 #define SYM(type, name) type name = (type)dlsym(lib, #name); if (!name) return fail(#name)
 #define EXPECT(call, want) do { int got_ = (call); if (got_ != (want)) { \
@@ -39,9 +40,10 @@ int main(int argc, char **argv) {
     SYM(fn_ptr, nvmlGpuInstanceGetInfo); SYM(fn_ptr, nvmlComputeInstanceGetInfo_v2);
     SYM(fn_index, nvmlDeviceGetMigDeviceHandleByIndex); SYM(fn_text, nvmlDeviceGetUUID);
     SYM(fn_ptr, nvmlDeviceGetMemoryInfo);
+    SYM(fn_capacity, nvmlDeviceGetGpuInstanceRemainingCapacity);
     unsigned char info[256];
     struct placement places[8], at = {4, 4}, bad = {2, 4};
-    unsigned count = 0;
+    unsigned count = 0, left = 0;
     void *gpu = NULL, *gi = NULL, *ci = NULL, *mig = NULL;
     char uuid[96];
     unsigned long long memory[3];
@@ -60,11 +62,18 @@ int main(int argc, char **argv) {
     count = 8;
     EXPECT(nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 9, places, &count), 0);
     EXPECT(nvmlDeviceGetGpuInstancePossiblePlacements_v2(gpu, 9, places, NULL), 2);
+    EXPECT(nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 19, &left), 0);
+    EXPECT(left, 7);
+    EXPECT(nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 19, NULL), 2);
+    EXPECT(nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 99, &left), 2);  /* no such ID */
+    EXPECT(nvmlDeviceGetGpuInstanceRemainingCapacity(NULL, 19, &left), 2);
     EXPECT(nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, &bad, &gi), 2);
     EXPECT(nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, NULL, &gi), 2);
     for (int round = 0; round < 3; round++) {
         EXPECT(nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, &at, &gi), 0);
         EXPECT(nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, &at, &gi), 23);  /* taken */
+        EXPECT(nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 0, &left), 0);
+        EXPECT(left, 0);  /* the 7g's memory slices are taken */
         EXPECT(nvmlGpuInstanceGetInfo(gi, info), 0);
         EXPECT(nvmlGpuInstanceCreateComputeInstance(gi, 2, &ci), 0);
         EXPECT(nvmlGpuInstanceCreateComputeInstance(gi, 2, &ci), 23);

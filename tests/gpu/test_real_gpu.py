@@ -27,6 +27,7 @@ from drivers.gpu.kinds import mpspaths
 from sandbox.kubeletsim import KubeletSim
 from tests.gpu.conftest import row
 from tests.pluginharness import NodeDirs, PluginProcess, create_claim, create_node
+from tests.smiforms import refusal
 from tests.test_mps import mps
 from tests.test_timeslicing import Smi
 
@@ -161,8 +162,7 @@ def _leftovers(dirs: NodeDirs) -> list[str]:
 def _check_smi_calls(smi: Smi) -> list[str]:
     """The plugin's nvidia-smi calls; each must be a form the real tool accepts."""
     calls = smi.calls()
-    forms = ("-i GPU-", "compute-policy -i GPU-")
-    bad = [c for c in calls if not c.startswith(forms)]
+    bad = [c for c in calls if refusal(c.split()) is not None]
     assert not bad, f"nvidia-smi argv the real tool would not take: {bad}"
     return calls
 

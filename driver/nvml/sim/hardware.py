@@ -12,9 +12,12 @@ import pynvml
 from driver.nvml.faults import Faults, SimulationConfigError, cuda_version_number
 from driver.nvml.profile import Profile, SimGpu
 
-# Fabric state and status per FabricState, as NVML reports them.
-_FABRIC = {
-    "not-supported": (pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, pynvml.NVML_SUCCESS),
+# Fabric state and status per FabricState, as NVML reports them; None: the call itself
+# answers NOT_SUPPORTED (Ampere). "none" is a GPU that answers it with no fabric, as a real
+# H200 without NVSwitch did (state 0, status 0).
+_FABRIC: dict[str, tuple[int, int] | None] = {
+    "not-supported": None,
+    "none": (pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, pynvml.NVML_SUCCESS),
     "zero": (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS),
     "in-progress": (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_ERROR_NOT_READY),
     "completed": (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS),
@@ -24,7 +27,6 @@ _INIT = {
     "missing": str(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND),
     "not-loaded": str(pynvml.NVML_ERROR_DRIVER_NOT_LOADED),
 }
-PCI_DEVICE_ID = 0x233010DE
 MAX_GPUS = 512  # the C library's table
 
 
@@ -42,13 +44,14 @@ def hardware_text(
     """The file for ``gpus`` of ``profile`` with ``faults`` (already layered) applied;
     instances created at run time get their access files under ``root``."""
     fabric = faults.fabric or profile.fabric
-    state, status = _FABRIC[fabric]
+    answer = _FABRIC[fabric]
     lines = [
         f"# simulated NVML hardware: profile {_one_line(profile.name)}",
         f"init {_INIT[faults.nvml or 'ok']}",
         f"driver {_one_line(faults.driver_version or profile.driver_version)}",
         f"cuda {cuda_version_number(faults.cuda_driver_version or profile.cuda_driver_version)}",
-        f"fabric {state} {status}",
+        "fabric none" if answer is None else f"fabric {answer[0]} {answer[1]}",
+        f"events {profile.event_types}",
     ]
     if fabric == "completed":
         lines += [f"clique {profile.fabric_clique_id}", f"cluster {fabric_cluster.hex()}"]
@@ -78,7 +81,7 @@ def hardware_text(
             f"cc {major} {minor}",
             f"memory {gpu.memory_bytes}",
             f"pci {gpu.pci_bus_id}",
-            f"pcidevid {PCI_DEVICE_ID:#x}",
+            f"pcidevid {profile.pci_device_id:#x}",
             f"mig {int(gpu.mig_capable)} {int(gpu.mig_enabled)} {int(gpu.mig_pending)}",
             f"present {int(gpu.minor not in removed)}",
         ]

@@ -16,6 +16,11 @@
  *   init ok | <nvmlReturn_t>           what nvmlInit answers (12: no library, 9: no driver)
  *   driver 580.95.05                   cuda 13000
  *   fabric <NVML_GPU_FABRIC_STATE_*> <status>   clique 7   cluster <32 hex digits>
+ *   fabric none                        the fabric info call answers NOT_SUPPORTED (the
+ *                                  default); "fabric 0 0" is a GPU that answers it, with the
+ *                                  state NOT_SUPPORTED, as a real H200 without a fabric does
+ *   events <mask>                      nvmlDeviceGetSupportedEventTypes of every GPU (default
+ *                                  0x8, XID); only XIDs are ever delivered
  *   gpu <minor>                        starts a GPU; the lines below describe it:
  *     uuid GPU-...   name ...   brand 14   arch 9   cc 9 0   memory <bytes>
  *     pci 0000:53:00.0   pcidevid <n>   present 0|1
@@ -132,8 +137,10 @@ struct hardware {
     nvmlReturn_t init;
     char driver[80];
     int cuda;
+    int fabric_info; /* the fabric info calls answer; else NOT_SUPPORTED */
     unsigned fabric_state, clique;
     nvmlReturn_t fabric_status;
+    unsigned long long events; /* supported event types */
     unsigned char cluster[16];
     struct nvmlDevice_st gpus[MAX_GPUS];
     unsigned order[MAX_GPUS], count; /* visible GPUs by index, as minors */
@@ -326,8 +333,16 @@ static int parse_line(struct hardware *h, char *line, struct nvmlDevice_st **gpu
     }
     if (!strcmp(key, "fabric")) {
         char status[16];
+        h->fabric_info = 0;
+        if (!strcmp(value, "none")) return 0;
         if (sscanf(value, "%u %15s", &h->fabric_state, status) != 2) return -1;
+        h->fabric_info = 1;
         return (h->fabric_state > 3) ? -1 : parse_code(status, &h->fabric_status);
+    }
+    if (!strcmp(key, "events")) {
+        if (parse_uint(value, 0xffffffffffffffffull, &n) || !(n & EVENT_XID)) return -1;
+        h->events = n;
+        return 0;
     }
     if (!strcmp(key, "clique")) {
         if (parse_uint(value, 0xffffffffu, &n)) return -1;
@@ -451,6 +466,7 @@ static int read_hardware(struct hardware *h) {
     memset(h, 0, sizeof *h);
     copy_text(h->driver, sizeof h->driver, "580.95.05");
     h->cuda = 13000;
+    h->events = EVENT_XID;
     if (!path || !*path) {
         installed_root(root, sizeof root);
         snprintf(installed, sizeof installed, "%s%s", root, INSTALLED_FILE);
@@ -937,7 +953,7 @@ QUERY(nvmlDeviceGetPciInfo, "nvmlDeviceGetPciInfo", nvmlPciInfo_t *, {
 QUERY(nvmlDeviceGetGpuFabricInfoV, "nvmlDeviceGetGpuFabricInfoV", nvmlGpuFabricInfoV_t *, {
     if (out->version != FABRIC_INFO_V2 && out->version != FABRIC_INFO_V3)
         return ARGUMENT_VERSION_MISMATCH;
-    if (hw.fabric_state == 0) return NOT_SUPPORTED;
+    if (!hw.fabric_info) return NOT_SUPPORTED;
     memcpy(out->clusterUuid, hw.cluster, 16);
     out->status = hw.fabric_status;
     out->cliqueId = hw.clique;
@@ -947,7 +963,7 @@ QUERY(nvmlDeviceGetGpuFabricInfoV, "nvmlDeviceGetGpuFabricInfoV", nvmlGpuFabricI
     return OK;
 })
 QUERY(nvmlDeviceGetGpuFabricInfo, "nvmlDeviceGetGpuFabricInfo", nvmlGpuFabricInfo_t *, {
-    if (hw.fabric_state == 0) return NOT_SUPPORTED;
+    if (!hw.fabric_info) return NOT_SUPPORTED;
     memcpy(out->clusterUuid, hw.cluster, 16);
     out->status = hw.fabric_status;
     out->cliqueId = hw.clique;
@@ -955,12 +971,15 @@ QUERY(nvmlDeviceGetGpuFabricInfo, "nvmlDeviceGetGpuFabricInfo", nvmlGpuFabricInf
     return OK;
 })
 QUERY(nvmlDeviceGetSupportedEventTypes, "nvmlDeviceGetSupportedEventTypes",
-      unsigned long long *, { *out = EVENT_XID; return OK; })
+      unsigned long long *, { *out = hw.events; return OK; })
 ANY_QUERY(nvmlDeviceIsMigDeviceHandle, "nvmlDeviceIsMigDeviceHandle", unsigned *,
           { *out = (unsigned)g->is_mig; return OK; })
 QUERY(nvmlDeviceGetMaxMigDeviceCount, "nvmlDeviceGetMaxMigDeviceCount", unsigned *, {
     if (!g->mig_capable) return NOT_SUPPORTED;
-    *out = 0; /* the most instances any profile allows; 0 without a profile table */
+    /* The most instances any profile allows, in MIG mode; 0 with MIG off, as a real H200
+     * answers (the driver reads the count only to walk the MIG devices there are). */
+    *out = 0;
+    if (!g->mig_enabled) return OK;
     for (unsigned p = 0; p < GI_PROFILE_COUNT; p++)
         if (hw.profiles[p].defined && hw.profiles[p].instances > *out)
             *out = hw.profiles[p].instances;
@@ -1092,7 +1111,7 @@ static nvmlReturn_t register_locked(nvmlDevice_t g, unsigned long long types, nv
     nvmlReturn_t r = device(g, "nvmlDeviceRegisterEvents");
     if (r != OK) return r;
     if (!valid_set(set)) return INVALID_ARGUMENT;
-    if (types & ~EVENT_XID) return NOT_SUPPORTED;
+    if (types & ~hw.events) return NOT_SUPPORTED;
     set->types[g->minor] |= types;
     return OK;
 }
@@ -1214,6 +1233,7 @@ static nvmlReturn_t gi_profile_locked(nvmlDevice_t g, unsigned index, void *out,
     }
     nvmlGpuInstanceProfileInfo_v2_t *o = out;
     if (o->version != GI_PROFILE_V2) return ARGUMENT_VERSION_MISMATCH;
+    o->version = 0; /* the real library checks the version in and answers 0 (H200, R580) */
     memcpy(&o->id, &info.id, offsetof(nvmlGpuInstanceProfileInfo_t, memorySizeMB));
     o->memorySizeMB = info.memorySizeMB;
     memset(o->name, 0, sizeof o->name);
@@ -1576,6 +1596,41 @@ EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
     LOCKED_CHANGE(create_gi_locked(g, id, placement, out));
 }
 
+/* How many more instances of the profile `id` fit now: the profile's own limit, free memory
+ * slices at its placements, compute slices left. With MIG off there are no instances, and
+ * the answer is the profile's count, as a real H200 gives it (7, 3, 2, 1, 1, 1, 4). */
+static nvmlReturn_t remaining_locked(nvmlDevice_t g, unsigned id, unsigned *out) {
+    unsigned index, count = 0, compute = 0, used = 0, n = 0;
+    nvmlReturn_t r = mig_gpu(g, "nvmlDeviceGetGpuInstanceRemainingCapacity");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if ((r = profile_by_id(id, &index)) != OK) return r;
+    const struct mig_profile *p = &hw.profiles[index];
+    for (unsigned s = 0; s < MAX_MIG; s++) {
+        const struct nvmlGpuInstance_st *o = &hw.gis[s];
+        if (!o->defined || o->parent != g->minor) continue;
+        const struct mig_profile *q = &hw.profiles[o->profile];
+        used |= ((1u << q->memslices) - 1) << o->start;
+        compute += q->slices;
+        if (o->profile == index) count++;
+    }
+    /* Placements are aligned and of one size: taking the first free ones finds the most. */
+    for (unsigned i = 0; i < p->nstarts; i++) {
+        unsigned span = ((1u << p->memslices) - 1) << p->starts[i];
+        if (count + n >= p->instances || compute + p->slices > 7) break;
+        if (used & span) continue;
+        used |= span;
+        compute += p->slices;
+        n++;
+    }
+    *out = n;
+    return OK;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t g, unsigned id,
+                                                              unsigned *out) {
+    LOCKED(remaining_locked(g, id, out));
+}
+
 static unsigned uuid_serial;
 
 static nvmlReturn_t create_ci_locked(nvmlGpuInstance_t gi, unsigned ci_profile,
@@ -1643,6 +1698,5 @@ EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { LOCKED_CHANGE
     EXPORT nvmlReturn_t symbol(__VA_ARGS__) { return NOT_SUPPORTED; }
 
 NOT_YET(nvmlDeviceSetMigMode, nvmlDevice_t g, unsigned mode, nvmlReturn_t *status)
-NOT_YET(nvmlDeviceGetGpuInstanceRemainingCapacity, nvmlDevice_t g, unsigned p, unsigned *n)
 NOT_YET(nvmlDeviceCreateGpuInstance, nvmlDevice_t g, unsigned p, void **gi)
 NOT_YET(nvmlGpuInstanceGetComputeInstanceRemainingCapacity, void *gi, unsigned p, unsigned *n)
