@@ -137,3 +137,153 @@ def test_a_tenants_claim_or_template_for_the_daemon_class_is_denied(
     assert _class_denials(daemon_class, _claim(first), "resourceclaims") == [message]
     channel = {"name": "c", "exactly": {"deviceClassName": names.DEFAULT_CHANNEL_CLASS}}
     assert _class_denials(daemon_class, _claim(channel), "resourceclaims") == []
+
+
+# -- the IMEX daemons' writes ------------------------------------------------------------
+
+DAEMON_USER = f"system:serviceaccount:{NAMESPACE}:{names.DAEMON_SERVICE_ACCOUNT}"
+POD = f"{names.daemon_name(UID)}-x7k2q"  # the DaemonSet's generated name
+CLIQUE_ID = "00000000-0000-0000-0000-000000000001.0"
+
+
+def _token(pod: str = POD, node: str = "gb-a") -> dict[str, list[str]]:
+    return {
+        "authentication.kubernetes.io/pod-name": [pod],
+        "authentication.kubernetes.io/node-name": [node],
+    }
+
+
+@pytest.fixture(scope="module")
+def pods() -> dict[str, Any]:
+    return policy("-compute-domain-daemon-pods")
+
+
+@pytest.fixture(scope="module")
+def cliques() -> dict[str, Any]:
+    return policy("-compute-domain-daemon-cliques")
+
+
+def _pod(name: str, image: str = "registry.example/gpu-dra:1", **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "x", **labels}},
+        "spec": {"nodeName": "gb-a", "containers": [{"name": "c", "image": image}]},
+    }
+
+
+def _patch(spec: dict[str, Any], old: dict[str, Any], new: dict[str, Any], **kw: Any) -> list[str]:
+    return evaluate(
+        spec,
+        operation="UPDATE",
+        resource="pods",
+        namespace=NAMESPACE,
+        obj=new,
+        old=old,
+        user=DAEMON_USER,
+        extra=kw.pop("extra", _token()),
+    )
+
+
+def test_a_daemon_labels_its_own_pod_with_its_clique(pods: dict[str, Any]) -> None:
+    # What cliquesource.label_pod sends, merged into the pod.
+    labelled = _pod(POD, **{names.CLIQUE_LABEL: CLIQUE_ID})
+    assert _patch(pods, _pod(POD), labelled) == []
+    assert _patch(pods, labelled, _pod(POD, **{names.CLIQUE_LABEL: ""})) == []
+
+
+def test_a_daemon_may_not_patch_another_pod_or_more_than_the_label(pods: dict[str, Any]) -> None:
+    plugin = "gpu-dra-driver-kubelet-plugin-abcde"
+    assert _patch(pods, _pod(plugin), _pod(plugin, image="attacker/root:1")) == [
+        f"the IMEX daemon of pod {POD} may not modify pod {plugin}",
+        f"an IMEX daemon may change only the label {names.CLIQUE_LABEL} of its own pod",
+    ]
+    only_label = [f"an IMEX daemon may change only the label {names.CLIQUE_LABEL} of its own pod"]
+    assert _patch(pods, _pod(POD), _pod(POD, image="attacker/root:1")) == only_label
+    assert _patch(pods, _pod(POD), _pod(POD, team="x")) == only_label
+    annotated = _pod(POD)
+    annotated["metadata"]["annotations"] = {"a": "b"}
+    assert _patch(pods, _pod(POD), annotated) == only_label
+    unbound = _patch(pods, _pod(POD), _pod(POD), extra={})
+    assert unbound[0].startswith("the service account token carries no pod name")
+    # Another user (the controller, an admin) is none of this policy's.
+    other = evaluate(pods, operation="UPDATE", resource="pods", namespace=NAMESPACE,
+                     obj=_pod(plugin, image="x"), old=_pod(plugin))  # fmt: skip
+    assert other == []
+
+
+def _member(node: str = "gb-a", pod: str = POD, ip: str = "10.0.0.1") -> Any:
+    from cluster.imexdaemon.membership import Member
+
+    return Member(NAMESPACE, UID, CLIQUE_ID, node, pod, f"uid-{pod}", ip)
+
+
+def _write(
+    spec: dict[str, Any], new: dict[str, Any], old: dict[str, Any] | None = None, **kw: Any
+) -> list[str]:
+    return evaluate(
+        spec,
+        operation="UPDATE" if old is not None else "CREATE",
+        resource="computedomaincliques",
+        namespace=NAMESPACE,
+        obj=new,
+        old=old,
+        user=DAEMON_USER,
+        extra=kw.pop("extra", _token()),
+    )
+
+
+def test_a_daemon_creates_joins_updates_and_leaves_its_clique(cliques: dict[str, Any]) -> None:
+    from cluster.imexdaemon.membership import joined, left, new_clique
+
+    b_pod = f"{names.daemon_name(UID)}-b0b0b"
+    b_token = _token(b_pod, "gb-b")
+    first = new_clique(_member(), ready=False)
+    assert _write(cliques, first) == []
+    both = joined(first, _member("gb-b", b_pod, "10.0.0.2"), ready=False)
+    assert both is not None
+    assert _write(cliques, both, first, extra=b_token) == []
+    ready = joined(both, _member(), ready=True)
+    assert ready is not None and _write(cliques, ready, both) == []
+    gone = left(ready, _member())
+    assert gone is not None and _write(cliques, gone, ready) == []
+
+
+def test_a_daemon_may_not_write_another_nodes_entry_or_domain(cliques: dict[str, Any]) -> None:
+    from cluster.imexdaemon.membership import joined, new_clique
+
+    b_pod = f"{names.daemon_name(UID)}-b0b0b"
+    first = new_clique(_member(), ready=True)
+    both = joined(first, _member("gb-b", b_pod, "10.0.0.2"), ready=True)
+    assert both is not None
+    # gb-a rewrites gb-b's address (a peer's /etc/hosts line), or drops it.
+    forged = {
+        **both,
+        "daemons": [both["daemons"][0], {**both["daemons"][1], "ipAddress": "6.6.6.6"}],
+    }
+    entry_denial = [
+        f"the IMEX daemon on node gb-a may write only its own node's entry of clique {UID}.{CLIQUE_ID}"
+    ]
+    assert _write(cliques, forged, both) == entry_denial
+    assert _write(cliques, {**both, "daemons": both["daemons"][:1]}, both) == entry_denial
+    # A clique created holding another node.
+    assert _write(cliques, first, extra=_token(node="gb-z")) == [
+        f"the IMEX daemon on node gb-z may write only its own node's entry of clique {UID}.{CLIQUE_ID}"
+    ]
+    # Another domain's clique: a daemon of one domain listing itself among another's peers.
+    other = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+    foreign = new_clique(_member(), ready=True)
+    foreign["metadata"] = {
+        **foreign["metadata"],
+        "name": f"{other}.{CLIQUE_ID}",
+        "labels": {names.COMPUTE_DOMAIN_LABEL: other, names.CLIQUE_LABEL: CLIQUE_ID},
+    }
+    (denial,) = _write(cliques, foreign)
+    assert denial.startswith(f"the IMEX daemon of pod {POD} may write only a clique of its own")
+    # Its labels or another pod among the owners.
+    relabelled = {**both, "metadata": {**both["metadata"], "labels": {"x": "y"}}}
+    assert len(_write(cliques, relabelled, both)) == 2
+    owned = {**both, "metadata": {**both["metadata"], "ownerReferences": [
+        {"apiVersion": "v1", "kind": "Pod", "name": "gpu-dra-driver-kubelet-plugin-abcde", "uid": "u"}]}}  # fmt: skip
+    (denial,) = _write(cliques, owned, both)
+    assert "may add only its own pod to the owners" in denial
