@@ -208,6 +208,43 @@ async def test_deletion_leaves_nothing_and_keeps_other_domains_labels(
     assert labels == {"gb-1": {}, "gb-2": {LABEL: other}}
 
 
+async def test_a_tenants_labelled_template_neither_blocks_nor_is_deleted(
+    apiserver: LocalApiServer, running: Running
+) -> None:
+    """A ResourceClaimTemplate in another namespace, labelled with the domain's UID and held by
+    its own finalizer (issue #38): only the domain's namespace and the driver's count, so the
+    domain is deleted as ever and the tenant's object is left alone, in both roles."""
+    ctl = running.start()
+    apiserver.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})
+    uid = created(apiserver)
+    await settled(ctl, lambda: apiserver.objects("daemonsets"))
+    for target in (names.TARGET_WORKLOAD, names.TARGET_DAEMON):
+        apiserver.seed(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {
+                    "name": f"decoy-{target.lower()}",
+                    "namespace": "team-b",
+                    "labels": {LABEL: uid, names.TARGET_LABEL: target},
+                    "finalizers": ["example.com/hold"],
+                },
+                "spec": {"spec": {"devices": {"requests": []}}},
+            }
+        )
+    await settled(ctl)
+    apiserver.delete("computedomains", "cd1", "default")
+    await settled(ctl, lambda: not apiserver.objects("computedomains"))
+    assert apiserver.objects("daemonsets") == []
+    decoys = apiserver.objects("resourceclaimtemplates", "team-b")
+    assert sorted(d["metadata"]["name"] for d in decoys) == ["decoy-daemon", "decoy-workload"]
+    assert not any(d["metadata"].get("deletionTimestamp") for d in decoys)
+    assert [o["metadata"]["namespace"] for o in apiserver.objects("resourceclaimtemplates")] == [
+        "team-b",
+        "team-b",
+    ]
+
+
 async def test_a_release_answered_after_its_deleted_event_leaves_no_ghost(
     apiserver: LocalApiServer, running: Running
 ) -> None:

@@ -634,10 +634,51 @@ def test_the_domain_is_released_without_waiting_for_its_daemon_pods(cluster: Clu
 
 
 def test_objects_of_a_domain_that_is_gone_are_cleaned_up(cluster: Cluster) -> None:
+    """All but the workload template, whose namespace the gone domain no longer tells (it
+    may be a tenant's): it is let go once someone deletes it."""
     uid = built(cluster)
     del cluster.objects[("computedomains", "default", "cd1")]  # its finalizer removed by hand
     cluster.converge(uid)
+    workload = ("resourceclaimtemplates", "default", "cd1-channel")
+    assert leftovers(cluster, uid) == [workload]
+    template = cluster.objects[workload]
+    cluster.apply(
+        Write(
+            "delete",
+            "resourceclaimtemplates",
+            "default",
+            "cd1-channel",
+            "the user",
+            preconditions={
+                "uid": template["metadata"]["uid"],
+                "resourceVersion": template["metadata"]["resourceVersion"],
+            },
+        )
+    )
+    cluster.converge(uid)
     assert leftovers(cluster, uid) == []
+
+
+def test_templates_outside_the_domains_and_drivers_namespaces_count_for_nothing(
+    cluster: Cluster,
+) -> None:
+    uid = built(cluster)
+    for target in (names.TARGET_WORKLOAD, names.TARGET_DAEMON):
+        decoy = {
+            "metadata": {
+                "name": f"decoy-{target}",
+                "namespace": "team-b",
+                "labels": {LABEL: uid, names.TARGET_LABEL: target},
+                "finalizers": [names.FINALIZER, "example.com/hold"],
+            }
+        }
+        cluster.add("resourceclaimtemplates", decoy)
+    assert plan(uid, cluster.observed(uid), SETTINGS) == ()  # no stray to delete
+    mark_deleted(cluster, uid)
+    cluster.converge(uid)
+    assert cluster.observed(uid).domain is None
+    assert {k[1] for k in leftovers(cluster, uid)} == {"team-b"}
+    assert all(w.namespace != "team-b" for w in cluster.writes)
 
 
 def test_deleting_a_domain_that_never_got_objects(cluster: Cluster) -> None:

@@ -26,7 +26,12 @@ The domain is released without waiting for its daemon pods: they, and through th
 claims and cliques, go with the DaemonSet by garbage collection, and nothing on the node needs
 the domain to unprepare them (NVIDIA's #380: pods stuck terminating because their unprepare
 looked the domain up). An object labelled with the UID of a domain that no longer exists (its
-finalizer removed by hand, or left by an older controller) is deleted the same way.
+finalizer removed by hand, or left by an older controller) is deleted the same way, but for a
+workload template, whose namespace the gone domain no longer tells: it is only let go.
+
+Only the domain's namespace (its workload template) and the driver's (the daemon template,
+DaemonSet, cliques) count: a template elsewhere labelled with the UID is a tenant's, neither
+deleted nor waited for.
 
 Every update is a JSON merge patch carrying the observed ``resourceVersion``, so a stale cache
 gets a 409 instead of overwriting someone's change; deletes carry UID and resourceVersion
@@ -84,8 +89,30 @@ def plan(uid: str, observed: Observed, settings: DaemonSettings) -> tuple[Write,
     """The writes for ``uid`` now, in the order to send them; () when nothing is to do."""
     domain = observed.domain
     if domain is None or _deleting(domain):
-        return _teardown(uid, observed)
+        return _teardown(uid, observed, settings)
     return _live(uid, domain, observed, settings)
+
+
+def _templates(
+    observed: Observed, settings: DaemonSettings
+) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """The domain's workload templates (in its namespace) and daemon templates (in the
+    driver's); then the workload templates of a domain that is gone, whose namespace is not
+    known any more. A label is anyone's to set: a template elsewhere that carries the UID is a
+    tenant's, and counts for nothing (it would hold the domain's deletion, or be deleted)."""
+    domain = observed.domain
+    home = str(domain["metadata"].get("namespace") or "") if domain is not None else None
+    workload, daemon, orphans = [], [], []
+    for template in observed.templates:
+        namespace = _key(template)[0]
+        if _target(template) == names.TARGET_DAEMON:
+            if namespace == settings.namespace:
+                daemon.append(template)
+        elif namespace == home:
+            workload.append(template)
+        elif home is None:
+            orphans.append(template)
+    return workload, daemon, orphans
 
 
 # -- a live domain ---------------------------------------------------------------------------
@@ -103,8 +130,7 @@ def _live(uid: str, domain: Obj, observed: Observed, settings: DaemonSettings) -
                 "add the domain's finalizer",
             )
         )
-    daemon_templates = [t for t in observed.templates if _target(t) == names.TARGET_DAEMON]
-    workload_templates = [t for t in observed.templates if _target(t) != names.TARGET_DAEMON]
+    workload_templates, daemon_templates, _ = _templates(observed, settings)
     writes += _converge(
         TEMPLATES, objects.daemon_template(domain, settings), daemon_templates, "daemon template"
     )
@@ -210,10 +236,14 @@ def _clique_cleanup(cliques: Iterable[Obj], stale: dict[str, set[str]]) -> list[
 # -- a domain being deleted, or gone ------------------------------------------------------------
 
 
-def _teardown(uid: str, observed: Observed) -> tuple[Write, ...]:
-    workload = [t for t in observed.templates if _target(t) != names.TARGET_DAEMON]
-    daemon = [t for t in observed.templates if _target(t) == names.TARGET_DAEMON]
+def _teardown(uid: str, observed: Observed, settings: DaemonSettings) -> tuple[Write, ...]:
+    workload, daemon, orphans = _templates(observed, settings)
     writes: list[Write] = []
+    # A gone domain's workload template may be a tenant's: only our finalizer is let go, once
+    # someone deletes it, and it holds nothing.
+    for obj in orphans:
+        if _deleting(obj):
+            writes += _release(TEMPLATES, obj, "workload template of a gone domain")
     for obj in workload:
         writes += _remove(TEMPLATES, obj, "workload template of a deleted domain")
     for resource, found in ((TEMPLATES, daemon), (DAEMON_SETS, observed.daemon_sets)):
