@@ -144,6 +144,7 @@ def test_a_tenants_claim_or_template_for_the_daemon_class_is_denied(
 DAEMON_USER = f"system:serviceaccount:{NAMESPACE}:{names.DAEMON_SERVICE_ACCOUNT}"
 POD = f"{names.daemon_name(UID)}-x7k2q"  # the DaemonSet's generated name
 CLIQUE_ID = "00000000-0000-0000-0000-000000000001.0"
+_ENTRY = "the IMEX daemon on node {node} may write only its own node's entry of clique"
 
 
 def _token(pod: str = POD, node: str = "gb-a") -> dict[str, list[str]]:
@@ -261,14 +262,12 @@ def test_a_daemon_may_not_write_another_nodes_entry_or_domain(cliques: dict[str,
         **both,
         "daemons": [both["daemons"][0], {**both["daemons"][1], "ipAddress": "6.6.6.6"}],
     }
-    entry_denial = [
-        f"the IMEX daemon on node gb-a may write only its own node's entry of clique {UID}.{CLIQUE_ID}"
-    ]
+    entry_denial = [f"{_ENTRY.format(node='gb-a')} {UID}.{CLIQUE_ID}"]
     assert _write(cliques, forged, both) == entry_denial
     assert _write(cliques, {**both, "daemons": both["daemons"][:1]}, both) == entry_denial
     # A clique created holding another node.
     assert _write(cliques, first, extra=_token(node="gb-z")) == [
-        f"the IMEX daemon on node gb-z may write only its own node's entry of clique {UID}.{CLIQUE_ID}"
+        f"{_ENTRY.format(node='gb-z')} {UID}.{CLIQUE_ID}"
     ]
     # Another domain's clique: a daemon of one domain listing itself among another's peers.
     other = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
@@ -283,7 +282,7 @@ def test_a_daemon_may_not_write_another_nodes_entry_or_domain(cliques: dict[str,
     # Its labels or another pod among the owners.
     relabelled = {**both, "metadata": {**both["metadata"], "labels": {"x": "y"}}}
     assert len(_write(cliques, relabelled, both)) == 2
-    owned = {**both, "metadata": {**both["metadata"], "ownerReferences": [
-        {"apiVersion": "v1", "kind": "Pod", "name": "gpu-dra-driver-kubelet-plugin-abcde", "uid": "u"}]}}  # fmt: skip
+    plugin = {"apiVersion": "v1", "kind": "Pod", "name": "gpu-dra-kubelet-plugin-x", "uid": "u"}
+    owned = {**both, "metadata": {**both["metadata"], "ownerReferences": [plugin]}}
     (denial,) = _write(cliques, owned, both)
     assert "may add only its own pod to the owners" in denial

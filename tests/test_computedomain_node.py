@@ -16,6 +16,7 @@ from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode
 from tests.cdnode import CD_UID, NODE, OTHER_UID
+from tests.computedomains import DRIVER_NAMESPACE
 from tests.pluginharness import NodeDirs, PluginProcess, create_claim, wait_for
 from tests.test_cdi import assert_valid_spec
 
@@ -237,7 +238,7 @@ async def test_a_daemon_claim_outside_the_drivers_namespace_is_refused_and_takes
     error = (await kubelet.prepare([foreign])).claims[foreign.uid].error
     assert (
         "claim team-b/steal: a ComputeDomain daemon claim must be in the driver's namespace "
-        f"({cdnode.DRIVER_NAMESPACE}), not team-b" in error
+        f"({DRIVER_NAMESPACE}), not team-b" in error
     )
     assert not (plugin_dir(dirs) / "domains" / CD_UID).exists()
     assert list((plugin_dir(dirs) / "claims").iterdir()) == []
