@@ -11,8 +11,10 @@ then the DaemonSet, then the workload template, each created when missing, its l
 finalizer restored, a DaemonSet's drifted spec patched (one whose selector drifted, and a
 template whose spec differs, immutable fields both, deleted to be made again); an object of the
 domain's that someone is deleting loses its finalizer, so it goes and comes back as desired;
-the status from the daemons (:mod:`cluster.computedomain.status`); clique entries of daemons
-that no pod runs any more removed.
+the status from the daemons (:mod:`cluster.computedomain.status`), written before the workload
+template, whose create may fail for good (its name taken by a template not the domain's, or
+refused): then the status is NotReady with a ChannelTemplate condition saying why; clique
+entries of daemons that no pod runs any more removed.
 
 A domain being deleted, step by step, each after the last is seen done (NVIDIA's order):
 
@@ -54,6 +56,7 @@ DAEMON_SETS = "daemonsets"
 TEMPLATES = "resourceclaimtemplates"
 CLIQUES = names.CLIQUES
 NODES = "nodes"
+CHANNEL_CONDITION = "ChannelTemplate"  # False while the workload template cannot be made
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,10 @@ class Observed:
     cliques: tuple[Obj, ...] = ()
     nodes: tuple[Obj, ...] = ()
     pods_seen: int = 0
+    # Why the workload template's last create failed for good, as (reason, message); the
+    # shell knows it, the watches cannot show it (the name may be taken by an object that is
+    # not the domain's, so not in the view).
+    channel_problem: tuple[str, str] | None = None
 
 
 def plan(uid: str, observed: Observed, settings: DaemonSettings) -> tuple[Write, ...]:
@@ -137,15 +144,23 @@ def _live(uid: str, domain: Obj, observed: Observed, settings: DaemonSettings) -
     writes += _converge(
         DAEMON_SETS, objects.daemon_set(domain, settings), observed.daemon_sets, "DaemonSet"
     )
-    if objects.workload_template_name(domain):
-        writes += _converge(
-            TEMPLATES, objects.workload_template(domain), workload_templates, "workload template"
-        )
     stale = {
         c["metadata"]["name"]: status.stale_daemons(c, observed.pods, observed.pods_seen)
         for c in observed.cliques
     }
-    writes += _status(domain, observed, stale)
+    problem = observed.channel_problem
+    if problem is not None and any(
+        _key(t) == (meta["namespace"], objects.workload_template_name(domain))
+        for t in workload_templates
+    ):
+        problem = None  # it is there now: the failure was a view behind the server
+    # The status before the workload template: a create that keeps failing must not keep
+    # the user from seeing why.
+    writes += _status(domain, observed, stale, problem)
+    if objects.workload_template_name(domain):
+        writes += _converge(
+            TEMPLATES, objects.workload_template(domain), workload_templates, "workload template"
+        )
     writes += _clique_cleanup(observed.cliques, stale)
     return tuple(writes)
 
@@ -192,15 +207,29 @@ def _immutable_fits(resource: str, current: Obj, desired: Obj) -> bool:
     return covers(current.get("spec"), desired["spec"])  # a template's spec is immutable
 
 
-def _status(domain: Obj, observed: Observed, stale: dict[str, set[str]]) -> list[Write]:
+def _status(
+    domain: Obj, observed: Observed, stale: dict[str, set[str]], problem: tuple[str, str] | None
+) -> list[Write]:
     listed = status.nodes(observed.cliques, observed.pods, stale)
-    overall = status.overall(listed, status.num_nodes(domain))
+    overall = names.NOT_READY if problem else status.overall(listed, status.num_nodes(domain))
+    conditions = []
+    if problem:
+        reason, message = problem
+        conditions = [
+            {"type": CHANNEL_CONDITION, "status": "False", "reason": reason, "message": message}
+        ]
     current = domain.get("status") or {}
-    if current.get("status") == overall and status.same_nodes(current.get("nodes") or (), listed):
+    if (
+        current.get("status") == overall
+        and status.same_nodes(current.get("nodes") or (), listed)
+        and (current.get("conditions") or []) == conditions
+    ):
         return []
     body: Obj = {"status": overall}
     if listed or current.get("nodes"):
         body["nodes"] = listed or None  # null removes the field: the list is a list-map
+    if conditions or current.get("conditions"):
+        body["conditions"] = conditions or None
     meta = domain["metadata"]
     return [
         Write(
