@@ -2,6 +2,7 @@
 tests/test_chart_policy.py does the plugin's: the IMEX daemon DeviceClass only from the driver's
 namespace, and the IMEX daemons' own pod and clique entry as all a daemon may write."""
 
+import random
 from typing import Any
 
 import pytest
@@ -286,3 +287,89 @@ def test_a_daemon_may_not_write_another_nodes_entry_or_domain(cliques: dict[str,
     owned = {**both, "metadata": {**both["metadata"], "ownerReferences": [plugin]}}
     (denial,) = _write(cliques, owned, both)
     assert "may add only its own pod to the owners" in denial
+
+
+# -- the ComputeDomain driver's opaque configs -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cd_configs() -> dict[str, Any]:
+    return policy("-computedomainconfig")
+
+
+def _config_claim(params: Any, driver: str = names.DRIVER_NAME) -> dict[str, Any]:
+    request = {"name": "c", "exactly": {"deviceClassName": names.DEFAULT_CHANNEL_CLASS}}
+    config = {"requests": ["c"], "opaque": {"driver": driver, "parameters": params}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "team-b"},
+        "spec": {"devices": {"requests": [request], "config": [config]}},
+    }
+
+
+def _config_denials(spec: dict[str, Any], params: Any, **kw: Any) -> list[str]:
+    return evaluate(spec, operation="CREATE", resource="resourceclaims", namespace="team-b",
+                    obj=_config_claim(params, **kw))  # fmt: skip
+
+
+def _decoder_admits(params: Any) -> bool:
+    from api.computedomain import parse_compute_domain_config
+    from api.config import ConfigError
+
+    try:
+        parse_compute_domain_config(params, source="opaque config #1")
+    except ConfigError:
+        return False
+    return True
+
+
+def test_the_controllers_configs_are_admitted_and_a_bulky_unknown_kind_is_not(
+    cd_configs: dict[str, Any],
+) -> None:
+    cd = domain(uid=UID)
+    for template in (daemon_template(cd, SETTINGS), workload_template(cd)):
+        params = template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert _config_denials(cd_configs, params) == []
+    bulky = {"apiVersion": names.API_VERSION, "kind": "Anything",
+             **{f"k{i}": "x" * 100 for i in range(2000)}}  # fmt: skip
+    denials = _config_denials(cd_configs, bulky)
+    assert "spec.devices.config[].opaque.parameters: a ComputeDomain config has at most 4 " \
+        "fields, not 2002" in denials  # fmt: skip
+    assert any('field "kind"' in d for d in denials)
+    # Another driver's config is none of this policy's.
+    assert _config_denials(cd_configs, bulky, driver="example.com") == []
+
+
+_VALUES: dict[str, list[Any]] = {
+    "apiVersion": [names.API_VERSION, "resource.nvidia.com/v1", "", None, 1],
+    "kind": [names.CHANNEL_CONFIG_KIND, names.DAEMON_CONFIG_KIND, "GpuConfig",
+             "computedomainchannelconfig", "", None, 3],
+    "domainID": [UID, UID.upper(), UID[:-1], f"{UID}x", "", None, 7, [UID]],
+    "allocationMode": ["All", "Single", "all", "", None, 1],
+    "extra": ["x", None],
+}  # fmt: skip
+
+
+def test_the_policy_admits_exactly_what_the_decoder_parses(cd_configs: dict[str, Any]) -> None:
+    """Generated configs, every field present or absent with valid and near-miss values: the
+    chart's policy and api/computedomain.py give every one the same verdict."""
+    rng = random.Random(20261204)
+    verdicts = {True: 0, False: 0}
+    for _ in range(600):
+        # Each field present mostly, and mostly its first (valid) values.
+        params: dict[str, Any] = {
+            key: values[0] if rng.random() < 0.8 else rng.choice(values)
+            for key, values in _VALUES.items()
+            if rng.random() < (0.95 if key in ("apiVersion", "kind", "domainID") else 0.3)
+        }
+        if rng.random() < 0.5 and params.get("kind") == names.CHANNEL_CONFIG_KIND:
+            params["kind"] = names.DAEMON_CONFIG_KIND
+        ours = _decoder_admits(params)
+        server = _config_denials(cd_configs, params) == []
+        assert server == ours, (params, _config_denials(cd_configs, params))
+        verdicts[ours] += 1
+    shapes: list[Any] = [None, "text", [1], {}]
+    for shape in shapes:
+        assert _config_denials(cd_configs, shape) and not _decoder_admits(shape)
+    assert verdicts[True] > 30 and verdicts[False] > 300, verdicts
