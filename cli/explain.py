@@ -42,6 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from cli import flagvalues
+
 if TYPE_CHECKING:
     from tools.allocation import ClassListing, Explanation
     from tools.allocation.inputs import Inputs
@@ -151,6 +153,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     parser.add_argument(
         "-o", "--output", choices=("table", "json"), default="table", help="output format"
     )
+    flagvalues.add_max_file_size(parser)
     parser.set_defaults(func=run)
 
 
@@ -191,16 +194,17 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.kubeconfig is not None and not args.cluster:
         raise InputError("--kubeconfig needs --cluster")
     inputs = _read_cluster(args.kubeconfig) if args.cluster else Inputs()
+    limit = args.max_file_size
     for path in args.slices:
-        inputs.slices.extend(of_kinds(load_file(path), (SLICE,), str(path)))
+        inputs.slices.extend(of_kinds(load_file(path, max_bytes=limit), (SLICE,), str(path)))
     # A class file may also hold the claims that use the classes (as examples do).
     extra_classes = [
         c
         for p in args.deviceclass
-        for c in of_kinds(load_file(p), (CLASS,), str(p), skip=(CLAIM, TEMPLATE))
+        for c in of_kinds(load_file(p, max_bytes=limit), (CLASS,), str(p), skip=(CLAIM, TEMPLATE))
     ]
     for path in args.allocated:
-        inputs.claims.extend(of_kinds(load_file(path), (CLAIM,), str(path)))
+        inputs.claims.extend(of_kinds(load_file(path, max_bytes=limit), (CLAIM,), str(path)))
 
     if args.filename is None:
         if not extra_classes:
@@ -219,7 +223,10 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
     # Examples keep the workload beside its claim: the claim is what is explained.
     objects = of_kinds(
-        load_file(args.filename), (CLAIM, TEMPLATE, CLASS), str(args.filename), skip=_WORKLOADS
+        load_file(args.filename, max_bytes=limit),
+        (CLAIM, TEMPLATE, CLASS),
+        str(args.filename),
+        skip=_WORKLOADS,
     )
     claims = [o for o in objects if o.get("kind") in (CLAIM, TEMPLATE)]
     if len(claims) != 1:

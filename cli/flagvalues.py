@@ -88,3 +88,25 @@ def positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, more than 0")
     return value
+
+
+def file_size(text: str) -> int:
+    """A byte count: ``1048576``, ``64Mi``, ``10M``."""
+    from tools.userfiles import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_max_file_size(parser: argparse.ArgumentParser) -> None:
+    """``--max-file-size`` of the commands that read users' files (validate, explain)."""
+    parser.add_argument(
+        "--max-file-size",
+        type=file_size,
+        default="64Mi",
+        metavar="SIZE",
+        help="refuse an input file (or stdin) larger than this, e.g. 1Mi (default 64Mi); "
+        "only regular files are read",
+    )

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli import flagvalues
+
 _EPILOG = """\
 what is checked:
   every object: the Kubernetes API schema, unknown fields rejected (kubernetes-validate
@@ -91,18 +93,13 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "none of them defines, or a request no known instance type's devices satisfy, is a "
         "warning, not an error",
     )
+    flagvalues.add_max_file_size(parser)
     parser.add_argument("files", nargs="+", metavar="FILE", help="manifest file, or - for stdin")
     parser.set_defaults(func=_run)
 
 
-def _read(name: str) -> str:
-    if name == "-":
-        return sys.stdin.read()
-    with open(name, encoding="utf-8") as handle:
-        return handle.read()
-
-
 def _run(args: argparse.Namespace) -> int:
+    from tools.userfiles import UserFileError, read_text
     from tools.validation import Severity, parse_version, validate_sources
 
     try:
@@ -114,10 +111,9 @@ def _run(args: argparse.Namespace) -> int:
     unreadable = 0
     for name in args.files:
         try:
-            sources.append((name, _read(name)))
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            print(f"gpu-dra validate: {name}: cannot read: {reason}", file=sys.stderr)
+            sources.append((name, read_text(name, limit=args.max_file_size)))
+        except UserFileError as exc:
+            print(f"gpu-dra validate: {exc}", file=sys.stderr)
             unreadable += 1
     if unreadable:
         return 2

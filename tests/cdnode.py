@@ -121,13 +121,15 @@ async def channel_claim(
     )
 
 
-async def daemon_claim(api: Any, name: str = "daemon", *, uid: str = CD_UID) -> Any:
+async def daemon_claim(
+    api: Any, name: str = "daemon", *, uid: str = CD_UID, namespace: str = DRIVER_NAMESPACE
+) -> Any:
     return await create_claim(
         api,
         name,
         node=NODE,
         devices=[names.DAEMON_DEVICE],
-        namespace=DRIVER_NAMESPACE,
+        namespace=namespace,
         driver=names.DRIVER_NAME,
         config=config(names.DAEMON_CONFIG_KIND, uid),
     )

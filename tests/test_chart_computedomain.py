@@ -94,7 +94,9 @@ def test_compute_domain_schema_is_nvidias() -> None:
     assert tuple(mode["enum"]) == names.ALLOCATION_MODES
     status = at(schema, "status")
     assert status["required"] == ["status"]
-    assert set(status["properties"]) == {"status", "nodes"}
+    # NVIDIA's two, and the conditions this driver adds (its controller's reasons not to
+    # serve the domain): NVIDIA's status writes fit unchanged.
+    assert set(status["properties"]) == {"status", "nodes", "conditions"}
     for path in ("status.status", "status.nodes[].status"):
         field = at(schema, path)
         assert (field["type"], field["default"], field["enum"]) == (

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
+from cluster.computedomain import objects
 from cluster.computedomain.controller import ComputeDomainController
 from cluster.computedomain.metrics import ControllerMetrics
 from driver.common.wire import Obj
 from drivers.computedomain import names
 from sandbox.apiserver import LocalApiServer
 from tests.computedomains import DRIVER_NAMESPACE, SETTINGS, clique, daemon, daemon_pod, domain
+from tests.pluginharness import wait_for
 
 TIMEOUT = 10.0
 LABEL = names.COMPUTE_DOMAIN_LABEL
@@ -124,7 +126,8 @@ async def test_a_domain_gets_nvidias_objects_in_five_writes_and_none_at_rest(
         ("default", "cd1-channel", "Workload"),
         (DRIVER_NAMESPACE, ds["metadata"]["name"], "Daemon"),
     ]
-    assert [w[0] for w in writes(apiserver)] == ["patch", "create", "create", "create", "patch"]
+    # The status before the workload template, whose create may fail for good.
+    assert [w[0] for w in writes(apiserver)] == ["patch", "create", "create", "patch", "create"]
     # At rest: a change that concerns no plan, and every watch broken and resumed, send nothing
     # to our objects (the Lease's renewals are the leader's, on a timer, and not counted).
     before = writes(apiserver)
@@ -208,6 +211,97 @@ async def test_deletion_leaves_nothing_and_keeps_other_domains_labels(
     assert labels == {"gb-1": {}, "gb-2": {LABEL: other}}
 
 
+async def test_a_tenants_labelled_template_neither_blocks_nor_is_deleted(
+    apiserver: LocalApiServer, running: Running
+) -> None:
+    """A ResourceClaimTemplate in another namespace, labelled with the domain's UID and held by
+    its own finalizer (issue #38): only the domain's namespace and the driver's count, so the
+    domain is deleted as ever and the tenant's object is left alone, in both roles."""
+    ctl = running.start()
+    apiserver.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})
+    uid = created(apiserver)
+    await settled(ctl, lambda: apiserver.objects("daemonsets"))
+    for target in (names.TARGET_WORKLOAD, names.TARGET_DAEMON):
+        apiserver.seed(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {
+                    "name": f"decoy-{target.lower()}",
+                    "namespace": "team-b",
+                    "labels": {LABEL: uid, names.TARGET_LABEL: target},
+                    "finalizers": ["example.com/hold"],
+                },
+                "spec": {"spec": {"devices": {"requests": []}}},
+            }
+        )
+    await settled(ctl)
+    apiserver.delete("computedomains", "cd1", "default")
+    await settled(ctl, lambda: not apiserver.objects("computedomains"))
+    assert apiserver.objects("daemonsets") == []
+    decoys = apiserver.objects("resourceclaimtemplates", "team-b")
+    assert sorted(d["metadata"]["name"] for d in decoys) == ["decoy-daemon", "decoy-workload"]
+    assert not any(d["metadata"].get("deletionTimestamp") for d in decoys)
+    assert [o["metadata"]["namespace"] for o in apiserver.objects("resourceclaimtemplates")] == [
+        "team-b",
+        "team-b",
+    ]
+
+
+def _channel_condition(server: LocalApiServer) -> Any:
+    conditions = (one(server, "computedomains", "cd1").get("status") or {}).get("conditions")
+    return conditions[0] if conditions else None
+
+
+async def test_a_channel_template_that_cannot_be_made_is_reported_in_status(
+    apiserver: LocalApiServer, running: Running
+) -> None:
+    """Its name taken by a template not the domain's (409), or refused by the server (422):
+    the status says so, NotReady, though the create keeps failing (issue #38)."""
+    apiserver.seed(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "taken", "namespace": "default"},
+            "spec": {"spec": {"devices": {"requests": []}}},
+        }
+    )
+    ctl = running.start()
+    created(apiserver, num_nodes=0, template="taken")
+    # Not settled(): the failing create stays marked for its retry.
+    await wait_for(lambda: _channel_condition(apiserver) is not None, "the condition", TIMEOUT)
+    cd = one(apiserver, "computedomains", "cd1")
+    assert cd["status"]["status"] == names.NOT_READY  # Ready but for its channel
+    condition = _channel_condition(apiserver)
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "ChannelTemplate",
+        "False",
+        "NameTaken",
+    )
+    assert (
+        "ResourceClaimTemplate default/taken exists and is not this domain's"
+        in (condition["message"])
+    )
+    # The template goes: the domain's own is made, and the condition leaves the status.
+    apiserver.delete("resourceclaimtemplates", "taken", "default")
+    await settled(ctl, lambda: _channel_condition(apiserver) is None)
+    assert one(apiserver, "computedomains", "cd1")["status"] == {"status": names.READY}
+
+
+async def test_a_channel_template_the_server_refuses_is_reported_in_status(
+    apiserver: LocalApiServer, running: Running
+) -> None:
+    [cd] = apiserver.seed(domain(num_nodes=0))
+    # The daemon template made already, so that the one create refused is the channel's.
+    apiserver.seed(objects.daemon_template(cd, SETTINGS))
+    apiserver.faults.fail("create", "resource.k8s.io/resourceclaimtemplates", code=422, times=-1)
+    running.start()
+    await wait_for(lambda: _channel_condition(apiserver) is not None, "the condition", TIMEOUT)
+    condition = _channel_condition(apiserver)
+    assert condition["reason"] == "Rejected"
+    assert "the API server refused ResourceClaimTemplate" in condition["message"]
+
+
 async def test_a_release_answered_after_its_deleted_event_leaves_no_ghost(
     apiserver: LocalApiServer, running: Running
 ) -> None:
@@ -249,7 +343,8 @@ async def test_two_replicas_one_leads_the_other_takes_over(
     await running.stop(first)  # a clean stop releases the Lease: no wait for its expiry
     await asyncio.wait_for(second.synced.wait(), TIMEOUT)
     await settled(second)
-    assert [w[0] for w in writes(apiserver)] == ["patch", "create", "create", "create", "patch"]
+    # The status before the workload template, whose create may fail for good.
+    assert [w[0] for w in writes(apiserver)] == ["patch", "create", "create", "patch", "create"]
     apiserver.delete("computedomains", "cd1", "default")
     await settled(second, lambda: not apiserver.objects("computedomains"))
 

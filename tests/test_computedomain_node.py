@@ -16,6 +16,7 @@ from sandbox.apiserver import LocalApiServer
 from sandbox.kubeletsim import KubeletSim
 from tests import cdnode
 from tests.cdnode import CD_UID, NODE, OTHER_UID
+from tests.computedomains import DRIVER_NAMESPACE
 from tests.pluginharness import NodeDirs, PluginProcess, create_claim, wait_for
 from tests.test_cdi import assert_valid_spec
 
@@ -225,6 +226,26 @@ async def test_daemon_claim_and_a_domain_deleted_before_its_daemon(
     assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
     assert not domain_dir.exists()
     assert list((plugin_dir(dirs) / "claims").iterdir()) == []
+
+
+async def test_a_daemon_claim_outside_the_drivers_namespace_is_refused_and_takes_nothing(
+    apiserver: LocalApiServer, served: tuple[Any, KubeletSim, PluginProcess], dirs: NodeDirs
+) -> None:
+    """A tenant's claim for the daemon device, naming another namespace's domain (issue #38):
+    no /imexd, no capability node, no daemon-0 held from the domain's own daemon."""
+    api, kubelet, _ = served
+    foreign = await cdnode.daemon_claim(api, "steal", namespace="team-b")
+    error = (await kubelet.prepare([foreign])).claims[foreign.uid].error
+    assert (
+        "claim team-b/steal: a ComputeDomain daemon claim must be in the driver's namespace "
+        f"({DRIVER_NAMESPACE}), not team-b" in error
+    )
+    assert not (plugin_dir(dirs) / "domains" / CD_UID).exists()
+    assert list((plugin_dir(dirs) / "claims").iterdir()) == []
+    # The domain's own daemon gets the slot.
+    own = await cdnode.daemon_claim(api)
+    assert (await kubelet.prepare([own])).claims[own.uid].error == ""
+    assert (plugin_dir(dirs) / "domains" / CD_UID).is_dir()
 
 
 async def test_no_clique_gives_no_channel(

@@ -3,6 +3,7 @@ and convergence: applied to a small in-memory cluster, every plan reaches a stat
 nothing, from any prefix of its writes (a controller killed between two of them)."""
 
 import copy
+import dataclasses
 import itertools
 from typing import Any
 
@@ -155,22 +156,48 @@ def total(cluster: Cluster) -> int:
 # -- the objects -----------------------------------------------------------------------------
 
 
-def test_a_new_domain_gets_its_finalizer_then_nvidias_three_objects_then_its_status(
+def test_a_new_domain_gets_its_finalizer_then_nvidias_objects_with_its_status_before_its_channel(
     cluster: Cluster,
 ) -> None:
+    """The status before the workload template: a create of it that fails for good (its name
+    taken, or refused) must not keep the user from seeing the status that says so."""
     uid = created(cluster, num_nodes=2)
     writes = plan(uid, cluster.observed(uid), SETTINGS)
     assert [(w.verb, w.resource) for w in writes] == [
         ("patch", "computedomains"),
         ("create", "resourceclaimtemplates"),
         ("create", "daemonsets"),
-        ("create", "resourceclaimtemplates"),
         ("patch", "computedomains/status"),
+        ("create", "resourceclaimtemplates"),
     ]
     assert writes[0].body == {
         "metadata": {"finalizers": [names.FINALIZER], "resourceVersion": "101"}
     }
-    assert writes[-1].body == {"status": {"status": "NotReady"}}
+    assert writes[3].body == {"status": {"status": "NotReady"}}
+
+
+def test_a_channel_problem_is_a_condition_until_the_template_is_there(cluster: Cluster) -> None:
+    uid = created(cluster, num_nodes=0)
+    cluster.converge(uid)
+    problem = ("NameTaken", "ResourceClaimTemplate default/cd1-channel exists ...")
+    observed = cluster.observed(uid)
+    # The template is in the view: the problem was a view behind the server, nothing to say.
+    fine = dataclasses.replace(observed, channel_problem=problem)
+    assert plan(uid, fine, SETTINGS) == ()
+    workload = ("resourceclaimtemplates", "default", "cd1-channel")
+    del cluster.objects[workload]
+    observed = dataclasses.replace(cluster.observed(uid), channel_problem=problem)
+    status_write, create = plan(uid, observed, SETTINGS)
+    assert status_write.body == {
+        "status": {
+            "status": "NotReady",
+            "conditions": [
+                {"type": "ChannelTemplate", "status": "False", "reason": problem[0],
+                 "message": problem[1]}
+            ],
+        }
+    }  # fmt: skip
+    assert (create.verb, create.name) == ("create", "cd1-channel")
 
 
 def test_the_daemon_template_is_nvidias() -> None:
@@ -634,10 +661,51 @@ def test_the_domain_is_released_without_waiting_for_its_daemon_pods(cluster: Clu
 
 
 def test_objects_of_a_domain_that_is_gone_are_cleaned_up(cluster: Cluster) -> None:
+    """All but the workload template, whose namespace the gone domain no longer tells (it
+    may be a tenant's): it is let go once someone deletes it."""
     uid = built(cluster)
     del cluster.objects[("computedomains", "default", "cd1")]  # its finalizer removed by hand
     cluster.converge(uid)
+    workload = ("resourceclaimtemplates", "default", "cd1-channel")
+    assert leftovers(cluster, uid) == [workload]
+    template = cluster.objects[workload]
+    cluster.apply(
+        Write(
+            "delete",
+            "resourceclaimtemplates",
+            "default",
+            "cd1-channel",
+            "the user",
+            preconditions={
+                "uid": template["metadata"]["uid"],
+                "resourceVersion": template["metadata"]["resourceVersion"],
+            },
+        )
+    )
+    cluster.converge(uid)
     assert leftovers(cluster, uid) == []
+
+
+def test_templates_outside_the_domains_and_drivers_namespaces_count_for_nothing(
+    cluster: Cluster,
+) -> None:
+    uid = built(cluster)
+    for target in (names.TARGET_WORKLOAD, names.TARGET_DAEMON):
+        decoy = {
+            "metadata": {
+                "name": f"decoy-{target}",
+                "namespace": "team-b",
+                "labels": {LABEL: uid, names.TARGET_LABEL: target},
+                "finalizers": [names.FINALIZER, "example.com/hold"],
+            }
+        }
+        cluster.add("resourceclaimtemplates", decoy)
+    assert plan(uid, cluster.observed(uid), SETTINGS) == ()  # no stray to delete
+    mark_deleted(cluster, uid)
+    cluster.converge(uid)
+    assert cluster.observed(uid).domain is None
+    assert {k[1] for k in leftovers(cluster, uid)} == {"team-b"}
+    assert all(w.namespace != "team-b" for w in cluster.writes)
 
 
 def test_deleting_a_domain_that_never_got_objects(cluster: Cluster) -> None:

@@ -100,6 +100,15 @@ def test_leaving_removes_the_entries_of_this_pods_address_only() -> None:
     assert left(after, member()) is None
 
 
+def test_leaving_never_touches_another_nodes_entry_even_at_this_address() -> None:
+    """A stale entry of another node that held this address once is the controller's to
+    remove: the admission policy lets a daemon write its own node's entry only."""
+    clique = new_clique(member(), ready=True)
+    clique["daemons"].append(entry("node-b", "10.0.0.1", 1))
+    after = left(clique, member())
+    assert after is not None and after["daemons"] == [entry("node-b", "10.0.0.1", 1)]
+
+
 @pytest.mark.parametrize(
     ("pod", "ready"),
     [

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from cluster.imexdaemon import hostsfile
 from cluster.imexdaemon.peers import (
     Change,
     Peer,
@@ -88,9 +89,47 @@ def test_an_unusable_index_leaves_that_peer_out_with_a_warning(
     peers = [_peer(0, "10.0.0.1"), _peer(-1, "10.0.0.2"), _peer(18, "10.0.0.3")]
     with caplog.at_level(logging.WARNING):
         assert mapping(peers, CLIQUE, 18) == {"10.0.0.1": "compute-domain-daemon-0000"}
-    assert [r.getMessage() for r in caplog.records].count(
-        "peer has no usable index: left out of the mapping"
-    ) == 2
+    (record,) = caplog.records
+    assert record.getMessage() == "peers left out of the mapping"
+    assert record.__dict__["no_usable_index"] == 2
+
+
+INJECTION = (
+    "10.0.0.9\n# END compute-domain-daemon mappings\n6.6.6.6 kubernetes.default.svc.cluster.local"
+)
+
+
+@pytest.mark.parametrize(
+    "address", [INJECTION, "fe80::1%eth0\n6.6.6.6 kubernetes.default", "10.0.0.300", "", "host"]
+)
+def test_an_address_that_is_no_ip_never_reaches_the_hosts_file(address: str) -> None:
+    """A clique entry's ipAddress is the line written to /etc/hosts: one with a newline and a
+    fake end marker would add host lines that stay after the peer leaves (issue #38)."""
+    peers = [_peer(0, "10.0.0.1"), _peer(1, address)]
+    wanted = mapping(peers, CLIQUE, 18)
+    assert wanted == {"10.0.0.1": "compute-domain-daemon-0000"}
+    text = hostsfile.merge("127.0.0.1\tlocalhost\n", wanted)
+    assert "6.6.6.6" not in text and "kubernetes" not in text
+    assert text.splitlines() == ["127.0.0.1\tlocalhost", hostsfile.BEGIN,
+                                 "10.0.0.1\tcompute-domain-daemon-0000", hostsfile.END]  # fmt: skip
+
+
+def test_addresses_are_written_in_their_canonical_form() -> None:
+    peers = [_peer(0, "2001:DB8:0:0::1")]
+    assert mapping(peers, CLIQUE, 18) == {"2001:db8::1": "compute-domain-daemon-0000"}
+
+
+def test_a_clique_of_100000_bad_entries_logs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    peers = [_peer(i % 40, "bad" if i % 2 else f"10.{i >> 16}.{i >> 8 & 255}.{i & 255}")
+             for i in range(100_000)]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        wanted = mapping(peers, CLIQUE, 18)
+    assert len(wanted) == 9  # the even indexes below 18, each its lowest address
+    (record,) = caplog.records
+    counts = {k: record.__dict__.get(k) for k in ("not_an_ip_address", "no_usable_index",
+                                                  "index_taken")}  # fmt: skip
+    assert counts == {"not_an_ip_address": 50_000, "no_usable_index": 27_500,
+                      "index_taken": 22_491}  # fmt: skip
 
 
 def test_two_addresses_of_one_index_keep_the_lower_on_every_daemon() -> None:

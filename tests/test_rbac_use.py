@@ -210,3 +210,24 @@ async def test_the_compute_domain_driver_uses_exactly_what_its_values_add(
     }
     assert used - enabled == set(), "used without a grant"
     assert added - used == set(), "granted without use"
+
+
+def test_every_service_account_the_chart_grants_to_has_a_use_test() -> None:
+    """Each identity's grants are held to what its code sends by one test: the node process
+    (the two above), the ComputeDomain controller
+    (test_chart_computedomain_controller.test_rbac_is_exactly_what_the_controller_sends) and
+    the IMEX daemon (test_imex_cliquesource.test_the_charts_daemon_role_is_exactly_what_a_
+    daemon_sends). A new identity with grants fails here until it has one."""
+    objects = render(set_values=["computeDomains.enabled=true", "metrics.enabled=true"])
+    bound = {
+        subject["name"]
+        for o in objects
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        for subject in o.get("subjects") or ()
+        if subject.get("kind") == "ServiceAccount"
+    }
+    assert bound == {
+        "gpu-dra-driver-kubelet-plugin",
+        "gpu-dra-driver-compute-domain-controller",
+        "compute-domain-daemon-service-account",
+    }

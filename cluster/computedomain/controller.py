@@ -40,7 +40,15 @@ from driver.common.wire import Obj
 from driver.kube.backoff import Backoff
 from driver.kube.informer import Informer, Key, key_of, version_of
 from driver.kube.leader import LeaderElection
-from driver.kube.rest import MERGE_PATCH, ApiError, Client, ForbiddenError, NotFoundError
+from driver.kube.rest import (
+    MERGE_PATCH,
+    ApiError,
+    Client,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    RejectedError,
+)
 from drivers.computedomain import names
 
 log = logging.getLogger(__name__)
@@ -119,6 +127,7 @@ class ComputeDomainController:
         self._backoffs: dict[str, Backoff] = {}
         self._wake = asyncio.Event()
         self._reported: set[str] = set()
+        self._channel_problems: dict[str, tuple[str, str]] = {}  # uid -> (reason, message)
         self._passes = asyncio.Condition()
         self._pods_behind = 0  # the pod watch's progress when _pods_progressed last looked
 
@@ -261,6 +270,7 @@ class ComputeDomainController:
             cliques=of(planning.CLIQUES),
             nodes=of(planning.NODES),
             pods_seen=self._informers["pods"].seen,
+            channel_problem=self._channel_problems.get(uid),
         )
 
     # -- reconcile --------------------------------------------------------------------------
@@ -284,14 +294,21 @@ class ComputeDomainController:
         for _ in range(MAX_ROUNDS):
             writes = planning.plan(uid, self._observed(uid), self.settings)
             if not writes:
+                if self._observed(uid).domain is None:
+                    self._channel_problems.pop(uid, None)
                 self._not_before.pop(uid, None)
                 self._backoffs.pop(uid, None)
                 self._reported.discard(uid)
                 return
+            write = writes[0]
             try:
                 for write in writes:
                     await self._send(write)
+                    if _is_channel_create(write):
+                        self._channel_problems.pop(uid, None)
             except (ApiError, RetryableError) as exc:
+                if _is_channel_create(write) and isinstance(exc, (ConflictError, RejectedError)):
+                    self._channel_problems[uid] = _channel_problem(write, exc)
                 self._report(uid, exc)
                 self._retry_later(uid, slow=isinstance(exc, ApiError) and exc.slow)
                 return
@@ -393,3 +410,26 @@ class ComputeDomainController:
             informer.remember(answer)  # still there, being deleted: its finalizers hold it
         else:
             informer.forget(answer if answer.get("metadata", {}).get("name") else cached or {})
+
+
+def _is_channel_create(write: Write) -> bool:
+    labels = ((write.body or {}).get("metadata") or {}).get("labels") or {}
+    return (
+        write.verb == "create"
+        and write.resource == planning.TEMPLATES
+        and labels.get(names.TARGET_LABEL) == names.TARGET_WORKLOAD
+    )
+
+
+def _channel_problem(write: Write, exc: ApiError) -> tuple[str, str]:
+    """The reason and message the domain's status gives for its channel template's create
+    that failed with ``exc``: a name taken (409), or a template the server refuses (422)."""
+    where = f"ResourceClaimTemplate {write.namespace}/{write.name}"
+    if isinstance(exc, ConflictError):
+        return (
+            "NameTaken",
+            f"{where} exists and is not this domain's (it lacks the label "
+            f"{names.COMPUTE_DOMAIN_LABEL}): delete it, or make the domain again under "
+            "another spec.channel.resourceClaimTemplate.name",
+        )
+    return "Rejected", f"the API server refused {where}: {exc}"

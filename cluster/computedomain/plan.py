@@ -11,8 +11,10 @@ then the DaemonSet, then the workload template, each created when missing, its l
 finalizer restored, a DaemonSet's drifted spec patched (one whose selector drifted, and a
 template whose spec differs, immutable fields both, deleted to be made again); an object of the
 domain's that someone is deleting loses its finalizer, so it goes and comes back as desired;
-the status from the daemons (:mod:`cluster.computedomain.status`); clique entries of daemons
-that no pod runs any more removed.
+the status from the daemons (:mod:`cluster.computedomain.status`), written before the workload
+template, whose create may fail for good (its name taken by a template not the domain's, or
+refused): then the status is NotReady with a ChannelTemplate condition saying why; clique
+entries of daemons that no pod runs any more removed.
 
 A domain being deleted, step by step, each after the last is seen done (NVIDIA's order):
 
@@ -26,7 +28,12 @@ The domain is released without waiting for its daemon pods: they, and through th
 claims and cliques, go with the DaemonSet by garbage collection, and nothing on the node needs
 the domain to unprepare them (NVIDIA's #380: pods stuck terminating because their unprepare
 looked the domain up). An object labelled with the UID of a domain that no longer exists (its
-finalizer removed by hand, or left by an older controller) is deleted the same way.
+finalizer removed by hand, or left by an older controller) is deleted the same way, but for a
+workload template, whose namespace the gone domain no longer tells: it is only let go.
+
+Only the domain's namespace (its workload template) and the driver's (the daemon template,
+DaemonSet, cliques) count: a template elsewhere labelled with the UID is a tenant's, neither
+deleted nor waited for.
 
 Every update is a JSON merge patch carrying the observed ``resourceVersion``, so a stale cache
 gets a 409 instead of overwriting someone's change; deletes carry UID and resourceVersion
@@ -49,6 +56,7 @@ DAEMON_SETS = "daemonsets"
 TEMPLATES = "resourceclaimtemplates"
 CLIQUES = names.CLIQUES
 NODES = "nodes"
+CHANNEL_CONDITION = "ChannelTemplate"  # False while the workload template cannot be made
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +86,40 @@ class Observed:
     cliques: tuple[Obj, ...] = ()
     nodes: tuple[Obj, ...] = ()
     pods_seen: int = 0
+    # Why the workload template's last create failed for good, as (reason, message); the
+    # shell knows it, the watches cannot show it (the name may be taken by an object that is
+    # not the domain's, so not in the view).
+    channel_problem: tuple[str, str] | None = None
 
 
 def plan(uid: str, observed: Observed, settings: DaemonSettings) -> tuple[Write, ...]:
     """The writes for ``uid`` now, in the order to send them; () when nothing is to do."""
     domain = observed.domain
     if domain is None or _deleting(domain):
-        return _teardown(uid, observed)
+        return _teardown(uid, observed, settings)
     return _live(uid, domain, observed, settings)
+
+
+def _templates(
+    observed: Observed, settings: DaemonSettings
+) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """The domain's workload templates (in its namespace) and daemon templates (in the
+    driver's); then the workload templates of a domain that is gone, whose namespace is not
+    known any more. A label is anyone's to set: a template elsewhere that carries the UID is a
+    tenant's, and counts for nothing (it would hold the domain's deletion, or be deleted)."""
+    domain = observed.domain
+    home = str(domain["metadata"].get("namespace") or "") if domain is not None else None
+    workload, daemon, orphans = [], [], []
+    for template in observed.templates:
+        namespace = _key(template)[0]
+        if _target(template) == names.TARGET_DAEMON:
+            if namespace == settings.namespace:
+                daemon.append(template)
+        elif namespace == home:
+            workload.append(template)
+        elif home is None:
+            orphans.append(template)
+    return workload, daemon, orphans
 
 
 # -- a live domain ---------------------------------------------------------------------------
@@ -103,23 +137,30 @@ def _live(uid: str, domain: Obj, observed: Observed, settings: DaemonSettings) -
                 "add the domain's finalizer",
             )
         )
-    daemon_templates = [t for t in observed.templates if _target(t) == names.TARGET_DAEMON]
-    workload_templates = [t for t in observed.templates if _target(t) != names.TARGET_DAEMON]
+    workload_templates, daemon_templates, _ = _templates(observed, settings)
     writes += _converge(
         TEMPLATES, objects.daemon_template(domain, settings), daemon_templates, "daemon template"
     )
     writes += _converge(
         DAEMON_SETS, objects.daemon_set(domain, settings), observed.daemon_sets, "DaemonSet"
     )
-    if objects.workload_template_name(domain):
-        writes += _converge(
-            TEMPLATES, objects.workload_template(domain), workload_templates, "workload template"
-        )
     stale = {
         c["metadata"]["name"]: status.stale_daemons(c, observed.pods, observed.pods_seen)
         for c in observed.cliques
     }
-    writes += _status(domain, observed, stale)
+    problem = observed.channel_problem
+    if problem is not None and any(
+        _key(t) == (meta["namespace"], objects.workload_template_name(domain))
+        for t in workload_templates
+    ):
+        problem = None  # it is there now: the failure was a view behind the server
+    # The status before the workload template: a create that keeps failing must not keep
+    # the user from seeing why.
+    writes += _status(domain, observed, stale, problem)
+    if objects.workload_template_name(domain):
+        writes += _converge(
+            TEMPLATES, objects.workload_template(domain), workload_templates, "workload template"
+        )
     writes += _clique_cleanup(observed.cliques, stale)
     return tuple(writes)
 
@@ -166,15 +207,29 @@ def _immutable_fits(resource: str, current: Obj, desired: Obj) -> bool:
     return covers(current.get("spec"), desired["spec"])  # a template's spec is immutable
 
 
-def _status(domain: Obj, observed: Observed, stale: dict[str, set[str]]) -> list[Write]:
+def _status(
+    domain: Obj, observed: Observed, stale: dict[str, set[str]], problem: tuple[str, str] | None
+) -> list[Write]:
     listed = status.nodes(observed.cliques, observed.pods, stale)
-    overall = status.overall(listed, status.num_nodes(domain))
+    overall = names.NOT_READY if problem else status.overall(listed, status.num_nodes(domain))
+    conditions = []
+    if problem:
+        reason, message = problem
+        conditions = [
+            {"type": CHANNEL_CONDITION, "status": "False", "reason": reason, "message": message}
+        ]
     current = domain.get("status") or {}
-    if current.get("status") == overall and status.same_nodes(current.get("nodes") or (), listed):
+    if (
+        current.get("status") == overall
+        and status.same_nodes(current.get("nodes") or (), listed)
+        and (current.get("conditions") or []) == conditions
+    ):
         return []
     body: Obj = {"status": overall}
     if listed or current.get("nodes"):
         body["nodes"] = listed or None  # null removes the field: the list is a list-map
+    if conditions or current.get("conditions"):
+        body["conditions"] = conditions or None
     meta = domain["metadata"]
     return [
         Write(
@@ -210,10 +265,14 @@ def _clique_cleanup(cliques: Iterable[Obj], stale: dict[str, set[str]]) -> list[
 # -- a domain being deleted, or gone ------------------------------------------------------------
 
 
-def _teardown(uid: str, observed: Observed) -> tuple[Write, ...]:
-    workload = [t for t in observed.templates if _target(t) != names.TARGET_DAEMON]
-    daemon = [t for t in observed.templates if _target(t) == names.TARGET_DAEMON]
+def _teardown(uid: str, observed: Observed, settings: DaemonSettings) -> tuple[Write, ...]:
+    workload, daemon, orphans = _templates(observed, settings)
     writes: list[Write] = []
+    # A gone domain's workload template may be a tenant's: only our finalizer is let go, once
+    # someone deletes it, and it holds nothing.
+    for obj in orphans:
+        if _deleting(obj):
+            writes += _release(TEMPLATES, obj, "workload template of a gone domain")
     for obj in workload:
         writes += _remove(TEMPLATES, obj, "workload template of a deleted domain")
     for resource, found in ((TEMPLATES, daemon), (DAEMON_SETS, observed.daemon_sets)):

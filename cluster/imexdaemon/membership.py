@@ -118,10 +118,16 @@ def joined(clique: Obj, member: Member, ready: bool) -> Obj | None:
 
 
 def left(clique: Obj, member: Member) -> Obj | None:
-    """``clique`` without this daemon's entries (NVIDIA removes those with its pod's address);
-    None when it holds none."""
+    """``clique`` without this daemon's entries (NVIDIA removes those with its pod's address),
+    of its own node only: the chart's admission policy lets a daemon write no other node's
+    entry, and a stale one at a reused address is the controller's to remove. None when it
+    holds none."""
     daemons = clique.get("daemons") or []
-    kept = [d for d in daemons if d.get("ipAddress") != member.pod_ip]
+    kept = [
+        d
+        for d in daemons
+        if d.get("ipAddress") != member.pod_ip or d.get("nodeName") != member.node_name
+    ]
     if len(kept) == len(daemons):
         return None
     return {**clique, "daemons": kept}

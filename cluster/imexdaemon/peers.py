@@ -6,6 +6,8 @@ Pure: no I/O. A peer is one daemon of the domain as the ComputeDomainClique list
 Only peers of this daemon's clique are mapped: another clique has no NVLink to this one.
 """
 
+import collections
+import ipaddress
 import logging
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -77,32 +79,53 @@ def peers_from_clique(obj: Mapping[str, Any]) -> tuple[Peer, ...]:
     return tuple(peers)
 
 
+def _address(text: str) -> str | None:
+    """``text`` as an IP address in canonical form, or None. It becomes a line of
+    ``/etc/hosts``: anything else (a newline, a fake end marker, a scope ID, which may hold
+    either) would write host lines of the entry's choosing."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        return None
+    return str(address)
+
+
 def mapping(peers: Iterable[Peer], clique_id: str, max_nodes: int) -> dict[str, str]:
     """IP address to daemon name for this clique's peers.
 
-    A peer without a usable index (negative, or beyond ``max_nodes``: no line of ``nodes.cfg``
-    names it) is left out with a warning, where NVIDIA's daemon ends: the rest of the domain
-    keeps working, and the controller's next write may fix it. Two addresses claiming one index
-    keep the lower address, so that every daemon of the domain picks the same one.
+    A peer whose address is no IP address, or without a usable index (negative, or beyond
+    ``max_nodes``: no line of ``nodes.cfg`` names it), is left out, where NVIDIA's daemon ends:
+    the rest of the domain keeps working, and the controller's next write may fix it. Two
+    addresses claiming one index keep the lower address, so that every daemon of the domain
+    picks the same one. What was left out is one warning per call, counted by reason, since a
+    clique lists any number of entries.
     """
     by_name: dict[str, str] = {}
+    dropped: collections.Counter[str] = collections.Counter()
+    examples: dict[str, str] = {}
     for peer in sorted(peers, key=lambda p: (p.index, p.ip)):
         if peer.clique_id != clique_id:
             continue
-        if not 0 <= peer.index < max_nodes:
-            log.warning(
-                "peer has no usable index: left out of the mapping",
-                extra=kv(peer=peer.node_name, ip=peer.ip, index=peer.index, max_nodes=max_nodes),
-            )
+        ip = _address(peer.ip)
+        name = names.daemon_dns_name(peer.index) if 0 <= peer.index < max_nodes else ""
+        if ip is None:
+            why = "not_an_ip_address"
+        elif not name:
+            why = "no_usable_index"
+        elif name in by_name:
+            why = "index_taken"
+        else:
+            by_name[name] = ip
             continue
-        name = names.daemon_dns_name(peer.index)
-        if name in by_name:
-            log.warning(
-                "two peers claim one index: the lower address keeps it",
-                extra=kv(daemon=name, kept=by_name[name], dropped=peer.ip, peer=peer.node_name),
-            )
-            continue
-        by_name[name] = peer.ip
+        dropped[why] += 1
+        examples.setdefault(why, f"{peer.node_name[:63]!r} ip={peer.ip[:64]!r} index={peer.index}")
+    if dropped:
+        log.warning(
+            "peers left out of the mapping",
+            extra=kv(**dropped, first=" | ".join(examples.values()), max_nodes=max_nodes),
+        )
     result: dict[str, str] = {}
     for (
         name,

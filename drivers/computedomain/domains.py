@@ -33,6 +33,11 @@ class WrongNamespaceError(PermanentError):
     """A claim may use only a ComputeDomain of its own namespace."""
 
 
+class ForeignDaemonClaimError(PermanentError):
+    """A daemon claim outside the driver's namespace: only the controller's daemon claim
+    template (there) may take a node's IMEX daemon slot."""
+
+
 class LabelTakenError(RetryableError):
     """The node carries another domain's label: that domain's workload is still here."""
 
@@ -62,6 +67,11 @@ class Domains:
         self._client = client
         self._node = node_name
         self._namespace = namespace
+
+    @property
+    def namespace(self) -> str:
+        """The driver's namespace: its cliques, and the daemon claims of every domain."""
+        return self._namespace
 
     async def find(self, uid: str, namespace: str = "") -> Domain:
         """The ComputeDomain of ``uid`` in ``namespace``, or in any namespace for ""; a list,

@@ -13,8 +13,9 @@ as CDI device nodes made from the ``nvidia-caps-imex-channels`` major, and
 Channel 0 is reserved like any device, so one channel claim is prepared per node at a time;
 another waits (retryable), as NVIDIA's "channel 0 already allocated".
 
-A daemon claim (the domain's DaemonSet pod): the domain's directory
-``<plugin dir>/domains/<cdUID>`` mounted at ``/imexd``, the domain's identity in the
+A daemon claim (the domain's DaemonSet pod, from the controller's template in the driver's
+namespace; a claim elsewhere is refused, since the domain is found cluster-wide): the domain's
+directory ``<plugin dir>/domains/<cdUID>`` mounted at ``/imexd``, the domain's identity in the
 environment, and with a clique the IMEX management capability node. The directory is removed
 with the last daemon claim of the domain on the node (NVIDIA leaves it to a 10-minute sweep);
 its unprepare asks nothing of the API server, so a domain deleted before its daemon pods end
@@ -53,7 +54,7 @@ from driver.common.limits import is_uid
 from driver.devicekind import DeviceKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
 from drivers.computedomain import names, nvcaps
-from drivers.computedomain.domains import Domains, NotReadyError
+from drivers.computedomain.domains import Domains, ForeignDaemonClaimError, NotReadyError
 from kubeletplugin.flavor import ConfigRules, Flavor
 from kubeletplugin.state import PreparePendingError
 
@@ -309,6 +310,14 @@ class DaemonKind(_Kind):
     def prepare(self, claim: PreparedClaim) -> None:
         _, settings = _settings(claim, self.name)
         uid = settings[DOMAIN_ID]  # a UID: the config decoder refuses anything else
+        # The domain is found cluster-wide (the daemon serves a domain of any namespace), so
+        # the claim's own namespace is what proves the controller made it: a tenant's claim
+        # would otherwise get another namespace's /imexd and the IMEX capability.
+        if claim.namespace != self._domains.namespace:
+            raise ForeignDaemonClaimError(
+                f"claim {claim}: a ComputeDomain daemon claim must be in the driver's "
+                f"namespace ({self._domains.namespace}), not {claim.namespace}"
+            )
         domain = self._call(self._domains.find(uid))
         with self._domain_lock(uid):
             holder = json.dumps({"name": domain.name, "namespace": domain.namespace}).encode()

@@ -22,6 +22,8 @@ import pytest
 import pytest_asyncio
 
 from api.config import API_VERSION, ConfigError, parse_gpu_config
+from drivers.computedomain import names as cd_names
+from tests.chart_render import NAMESPACE, render
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, run_root
 from tests.e2e.kube import chart_objects
@@ -30,6 +32,7 @@ MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
 DRIVER = "gpu.nvidia.com"
 POLICY = "gpu-dra-driver-gpuconfig"
 CASES = 2400
+DAEMON_CLASS = "-compute-domain-daemon-class"  # the IMEX daemon class policy's name suffix
 SEED = 20261201
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
@@ -223,6 +226,41 @@ async def test_a_bad_config_is_refused_on_create_with_its_field(cluster: Control
     good = {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
     assert _verdict(cluster, good) == 201
     assert _verdict(cluster, good, template=True) == 201
+
+
+def _daemon_claim(cp: ControlPlane, namespace: str) -> tuple[int, str]:
+    """A dry-run claim for the IMEX daemon DeviceClass in ``namespace``."""
+    request = {"name": "daemon", "exactly": {"deviceClassName": cd_names.DAEMON_CLASS}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "daemon"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims?dryRun=All"
+    code, body = cp.raw("POST", path, claim)
+    return code, body.decode(errors="replace")
+
+
+async def test_the_imex_daemon_class_is_refused_outside_the_drivers_namespace(
+    cluster: ControlPlane,
+) -> None:
+    """A tenant's claim for a node's IMEX daemon slot (issue #38) is refused by the API
+    server; the driver's namespace, where the controller's daemon template lives, is not."""
+    for obj in render((), ("computeDomains.enabled=true",)):
+        name = obj["metadata"]["name"]
+        if obj["kind"].startswith("ValidatingAdmissionPolicy") and name.endswith(DAEMON_CLASS):
+            cluster.create(obj)
+    for namespace in (NAMESPACE, "team-b"):
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        assert cluster.raw("POST", "/api/v1/namespaces", body)[0] in (201, 409)
+    await cluster.wait_for(
+        "the daemon class policy enforced", lambda: _daemon_claim(cluster, "team-b")[0] == 422, 60
+    )
+    code, refusal = _daemon_claim(cluster, "team-b")
+    assert code == 422
+    assert "only a claim in the driver's namespace" in json.loads(refusal)["message"]
+    assert _daemon_claim(cluster, NAMESPACE)[0] == 201
 
 
 async def test_another_drivers_config_is_not_ours_to_check(cluster: ControlPlane) -> None:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from driver.kube.rest import Client
 
 from driver.common.errors import PermanentError, RetryableError
+from tools import userfiles
 
 # Kinds each input carries, by the field of Inputs they go to.
 SLICE = "ResourceSlice"
@@ -82,10 +83,17 @@ _DOC_START = re.compile(r"^apiVersion:", re.MULTILINE)
 def parse_text(text: str, source: str) -> list[dict[str, Any]]:
     """All objects in a manifest text, Lists flattened; ``source`` names it in errors."""
     stripped = text.lstrip()
-    if stripped.startswith(("{", "[")):
-        docs = _parse_json(stripped, source)
-    else:
-        docs = _parse_yaml(text, source)
+    try:
+        if stripped.startswith(("{", "[")):
+            docs = _parse_json(stripped, source)
+        else:
+            docs = _parse_yaml(text, source)
+    except RecursionError as exc:  # the decoders recurse: past ~1000 levels, not ours to bound
+        raise InputError(f"{source}: nested deeper than {userfiles.MAX_DEPTH} levels") from exc
+    # Before anything walks them: an alias bomb expands to a billion values there.
+    for index, doc in enumerate(docs):
+        if why := userfiles.document_error(doc):
+            raise InputError(f"{source}: document #{index + 1}: {why}")
     return flatten(docs, source)
 
 
@@ -151,13 +159,12 @@ def flatten(docs: Iterable[Any], source: str) -> list[dict[str, Any]]:
     return out
 
 
-def load_file(path: Path) -> list[dict[str, Any]]:
+def load_file(path: Path, *, max_bytes: int = userfiles.DEFAULT_MAX_BYTES) -> list[dict[str, Any]]:
+    """The objects of a regular file of at most ``max_bytes``."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text") from exc
+        text = userfiles.read_text(str(path), limit=max_bytes)
+    except userfiles.UserFileError as exc:
+        raise InputError(str(exc)) from exc
     return parse_text(text, str(path))
 
 

@@ -8,8 +8,10 @@ structural schema does on a create with ``fieldValidation=Strict`` (what ``kubec
 sends): a null field is pruned and takes its default, an unknown field is refused, then
 types, required fields, enums and minimums. One rule cannot be checked offline: ``spec`` is
 immutable (``self == oldSelf``), which only an update against the stored object can break.
+Patterns and maximum lengths are checked too (the channel template's name has both).
 """
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -18,6 +20,13 @@ from drivers.computedomain import names
 from tools.cel import suggest
 from tools.validation.problems import Check, Finding, Severity
 
+# The CRD's pattern of the channel template's name: a ResourceClaimTemplate's (a DNS subdomain).
+DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_PATTERNS: Final = {
+    DNS_SUBDOMAIN: "must be a DNS subdomain (lowercase letters, digits, '-' and '.', starting "
+    "and ending with a letter or digit): the controller creates a ResourceClaimTemplate of "
+    "this name in the domain's namespace",
+}
 _STATUS: Final = {"type": "string", "default": names.NOT_READY, "enum": list(names.STATUSES)}
 _TOP: Final = {
     "apiVersion": {"type": "string"},
@@ -41,7 +50,13 @@ COMPUTE_DOMAIN_SCHEMA: Final[Mapping[str, Any]] = {
                         "resourceClaimTemplate": {
                             "type": "object",
                             "required": ["name"],
-                            "properties": {"name": {"type": "string"}},
+                            "properties": {
+                                "name": {
+                                    "type": "string",
+                                    "maxLength": 253,
+                                    "pattern": DNS_SUBDOMAIN,
+                                }
+                            },
                         },
                         "allocationMode": {
                             "type": "string",
@@ -57,6 +72,21 @@ COMPUTE_DOMAIN_SCHEMA: Final[Mapping[str, Any]] = {
             "required": ["status"],
             "properties": {
                 "status": _STATUS,
+                "conditions": {
+                    "type": "array",
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["type"],
+                    "items": {
+                        "type": "object",
+                        "required": ["message", "reason", "status", "type"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "status": {"type": "string", "enum": ["True", "False"]},
+                            "reason": {"type": "string"},
+                            "message": {"type": "string"},
+                        },
+                    },
+                },
                 "nodes": {
                     "type": "array",
                     "x-kubernetes-list-type": "map",
@@ -208,6 +238,12 @@ def _walk(value: Any, schema: Mapping[str, Any], path: str) -> Iterator[Finding]
     minimum = schema.get("minimum")
     if minimum is not None and value < minimum:
         yield Finding(path, f"{value} must be at least {minimum}")
+    longest = schema.get("maxLength")
+    if longest is not None and len(value) > longest:
+        yield Finding(path, f"{_shown(value)} is {len(value)} characters: at most {longest}")
+    pattern = schema.get("pattern")
+    if pattern is not None and not re.search(pattern, value):
+        yield Finding(path, f"{_shown(value)} {_PATTERNS.get(pattern, f'must match {pattern}')}")
 
 
 # ObjectMeta's fields (k8s.io/apimachinery metav1.ObjectMeta): another one is unknown.
@@ -283,15 +319,6 @@ def check_controller(doc: Mapping[str, Any]) -> Iterator[Finding]:
             "required by the controller (the schema lets it be absent): "
             "spec.channel.resourceClaimTemplate.name names the ResourceClaimTemplate workload "
             "pods claim their IMEX channel from",
-            check=Check.CONTROLLER,
-        )
-    template = _get(doc, "spec", "channel", "resourceClaimTemplate", "name")
-    if isinstance(template, str) and not is_dns_subdomain(template):
-        yield Finding(
-            "spec.channel.resourceClaimTemplate.name",
-            f"{template!r} must be a DNS subdomain (lowercase letters, digits, '-' and '.', at "
-            "most 253 characters): the controller creates a ResourceClaimTemplate of this name "
-            "in the domain's namespace, and the API server would refuse it",
             check=Check.CONTROLLER,
         )
     if doc.get("status") is not None:

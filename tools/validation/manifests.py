@@ -24,6 +24,7 @@ from drivers.gpu.model.published import (
     STANDARD_ATTRIBUTES,
     STANDARD_DOMAIN,
 )
+from tools import userfiles
 from tools.cel import (
     CelCompileError,
     CelUnsupportedError,
@@ -233,8 +234,15 @@ def _documents(file: str, text: str) -> Iterator[tuple[int, Any] | Problem]:
         # libyaml's loader where it is built in: the pure-Python one is ten times slower.
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         for index, doc in enumerate(yaml.load_all(text, Loader=loader)):
-            if doc is not None:
-                yield index, doc
+            if doc is None:
+                continue
+            # Before any check walks it: an alias bomb expands to a billion values there.
+            if why := userfiles.document_error(doc):
+                yield Problem(file, f"document {index + 1}", "", f"not accepted: {why}")
+                return
+            yield index, doc
+    except RecursionError:  # the pure-Python loader, where libyaml's own bound would stop it
+        yield Problem(file, "yaml", "", f"not accepted: nested deeper than {userfiles.MAX_DEPTH}")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
