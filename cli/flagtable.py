@@ -42,7 +42,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--node-name",
         "name of this Node object, as the API server names it (the kubelet plugin requires "
-        "it; discover and controller fall back to $NODE_NAME, else the host name)",
+        "it; discover and controller fall back to $NODE_NAME, else the host name; discover "
+        "of simulated hardware to sim-<profile>)",
         metavar="NAME",
         also_env="NODE_NAME",
     ),
