@@ -11,8 +11,6 @@ K8S ?= 1.36
 .PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean gpu-check
 
 # Silent, with one line on stderr: `make chart > out.yaml` must hold only the chart.
-# setuptools' editable install warns, in red, that its build command is deprecated: that is
-# about setuptools' own internals, not this project, and pip's -q leaves it on stderr.
 $(STAMP): pyproject.toml
 	@echo "make: installing the developer tools into $(VENV) (once; about 90 s)" >&2
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
