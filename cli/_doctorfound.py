@@ -31,7 +31,7 @@ def gather(args: argparse.Namespace) -> Found:
     from driver.common.errors import DriverError
     from driver.nvml import library
 
-    node = nvml_args.node_name(args)
+    node = nvml_args.node_name(args, per_profile=True)
     simulated = args.nvml == "simulated"
     found = Found(
         node=node,

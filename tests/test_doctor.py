@@ -72,7 +72,7 @@ class Node:
 @pytest.fixture
 def node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Node]:
     # No cluster to ask unless a test gives one.
-    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", SIM_ROOT_ENV):
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "NODE_NAME", SIM_ROOT_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="doc") as name:
@@ -106,6 +106,15 @@ def test_a_healthy_simulated_node_passes(node: Node, capsys: pytest.CaptureFixtu
     assert code == 0
     assert "driver 580.95.05, CUDA 13.0, 8 GPU(s)" in checks["nvml"]["detail"]
     assert "not in a pod" in checks["kubernetes"]["detail"]
+
+
+def test_a_simulated_node_is_named_as_discover_names_it(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a for a in node.argv("-o", "table") if a != "--node-name=n1"]
+    capsys.readouterr()
+    main(argv)
+    assert capsys.readouterr().out.startswith("node sim-p5.48xlarge, driver gpu.nvidia.com")
 
 
 def test_the_table_prints_each_fault_with_its_fix(
