@@ -1,9 +1,10 @@
 # Image of the gpu-dra kubelet plugin (and every other gpu-dra subcommand): the documented
 # alternative to `make image` for a machine with Docker. `make image` builds the project's
 # image without Docker or a registry from image/contents.toml (Debian's python3, the same
-# wheels); this file builds the same project on Docker Hub's python image.
+# wheels); this file builds the same project (the same eight packages) on Docker Hub's python
+# image.
 #
-#   docker build -t <registry>/gpu-dra-driver:0.1.0 .
+#   docker build -t <registry>/gpu-dra-driver:0.2.0 .
 #
 # Two stages: the first installs the project into a virtualenv, the second copies only that
 # virtualenv onto a clean slim base, so no compiler, pip cache or source tree is left behind.
@@ -26,6 +27,7 @@ COPY cluster ./cluster
 COPY driver ./driver
 COPY drivers ./drivers
 COPY kubeletplugin ./kubeletplugin
+COPY sandbox ./sandbox
 COPY tools ./tools
 RUN python -m venv /opt/gpu-dra \
  && /opt/gpu-dra/bin/pip install . \

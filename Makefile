@@ -1,4 +1,6 @@
 # Every target creates or reuses the virtualenv itself: nothing is installed by hand first.
+# It holds the developer tools (the dev extra: linters, pytest, the Helm engine); a user who
+# only wants the CLI needs none of them: `pip install -e .` (README.md, Try it).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
@@ -8,11 +10,13 @@ K8S ?= 1.37
 
 .PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean gpu-check
 
+# Silent, with one line on stderr: `make chart > out.yaml` must hold only the chart.
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+	@echo "make: installing the developer tools into $(VENV) (once; about 90 s)" >&2
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip >&2
+	@$(PY) -m pip install -q -e '.[dev]' >&2
+	@touch $@
 
 venv: $(STAMP)
 
@@ -63,8 +67,11 @@ image: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gpu-dra demo $(DEMO_ARGS)
 
+# The chart as `helm template` renders it, on stdout alone: make chart VALUES=FILE SET='a=1 b=2'.
+VALUES ?= charts/gpu-dra-driver/values.yaml
+SET ?=
 chart: $(STAMP)
-	$(PY) -m tests.chart_render
+	@$(PY) -m tests.chart_render -f $(VALUES) $(foreach pair,$(SET),--set $(pair))
 
 # The generated tables of docs/reference.md, from the flag table, chart schema, attribute
 # tables and metrics registry (tests/test_docs_reference.py fails when they drift), and the

@@ -23,6 +23,7 @@ from cli import (
     controller,
     demo,
     discover,
+    doctor,
     explain,
     flags,
     flagtable,
@@ -33,8 +34,8 @@ from cli._usererrors import one_line
 
 # Order is the order in --help.
 _COMMANDS = (
-    discover, controller, explain, validate, plugin, computedomaindaemon, computedomaincontroller,
-    demo,
+    discover, controller, explain, validate, doctor, plugin, computedomaindaemon,
+    computedomaincontroller, demo,
 )  # fmt: skip
 
 _GLOBAL = flagtable.pick(*flagtable.GLOBAL)

@@ -4,6 +4,7 @@
 import argparse
 import contextlib
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +16,19 @@ if TYPE_CHECKING:
 FLAG_NAMES = ("--nvml", "--profile", "--sim-state", "--sysfs-root", "--container-driver-root")
 
 
-def node_name(args: argparse.Namespace) -> str:
-    """``--node-name``, else $NODE_NAME, else the host name lowercased, as the kubelet names it."""
-    return str(args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower())
+def node_name(args: argparse.Namespace, *, per_profile: bool = False) -> str:
+    """``--node-name``, else $NODE_NAME, else the host name lowercased, as the kubelet names it.
+
+    ``per_profile``: simulated hardware is no host's, so its node is ``sim-<profile>``; two
+    profiles' slice files then name two pools, not one pool twice.
+    """
+    given = args.node_name or os.environ.get("NODE_NAME")
+    if given:
+        return str(given)
+    if per_profile and args.nvml == "simulated" and args.profile:
+        stem = Path(args.profile).name.removesuffix(".yaml").removesuffix(".yml").lower()
+        return "sim-" + (re.sub(r"[^a-z0-9.-]+", "-", stem).strip(".-") or "node")
+    return socket.gethostname().lower()
 
 
 @contextlib.contextmanager

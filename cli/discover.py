@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(profile_names()))
         return 0
-    node_name = nvml_args.node_name(args)
+    node_name = nvml_args.node_name(args, per_profile=True)
     try:
         with nvml_args.open_backend(args, node_name) as (backend, sysfs_root):
             inventory = discover(backend, sysfs_root=sysfs_root, dynamic_mig=args.dynamic_mig)

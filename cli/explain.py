@@ -54,9 +54,11 @@ inputs:
   same file are used too). Files may be YAML (multi-document), JSON, or v1 Lists;
   outputs of several `gpu-dra discover -o yaml` runs may be concatenated.
   For thousands of slices prefer JSON: it parses about ten times faster than YAML.
-  --cluster reads ResourceSlices, DeviceClasses, allocated ResourceClaims and
-  Node labels through the kubeconfig; --deviceclass files add to (and override)
-  the cluster's classes.
+  Without --cluster the chart's DeviceClasses are known (every switch on, the
+  ones `gpu-dra validate` knows); --cluster reads ResourceSlices, DeviceClasses,
+  allocated ResourceClaims and Node labels through the kubeconfig instead.
+  --deviceclass files (a rendered chart, as `make chart` prints it, will do) add
+  to and override those classes by name; other objects in them are ignored.
 
 json output (-o json), stable:
   {"claim": {kind, namespace, name}, "problems": [...],
@@ -125,7 +127,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         nargs="+",
         metavar="FILE",
         default=[],
-        help="files with DeviceClasses (repeatable; claims in them are ignored)",
+        help="files with DeviceClasses, e.g. the rendered chart (repeatable; other objects "
+        "in them are ignored)",
     )
     parser.add_argument(
         "--allocated",
@@ -197,12 +200,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     limit = args.max_file_size
     for path in args.slices:
         inputs.slices.extend(of_kinds(load_file(path, max_bytes=limit), (SLICE,), str(path)))
-    # A class file may also hold the claims that use the classes (as examples do).
-    extra_classes = [
-        c
-        for p in args.deviceclass
-        for c in of_kinds(load_file(p, max_bytes=limit), (CLASS,), str(p), skip=(CLAIM, TEMPLATE))
-    ]
+    extra_classes = [c for p in args.deviceclass for c in _classes_in(p, limit)]
     for path in args.allocated:
         inputs.claims.extend(of_kinds(load_file(path, max_bytes=limit), (CLAIM,), str(path)))
 
@@ -238,7 +236,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     explanation = explain_claim(
         claims[0],
         slices=inputs.slices,
-        classes=_merge_classes(inputs.classes, extra_classes),
+        classes=_merge_classes(_known_classes(args.cluster, inputs), extra_classes),
         allocated=inputs.claims,
         node_labels=inputs.node_labels,
         budget=args.budget or DEFAULT_BUDGET,
@@ -305,6 +303,25 @@ def _with_lint(explanation: "Explanation", claim: dict[str, Any]) -> "Explanatio
     if not explanation.allocatable_nodes:
         advice = "fix the claim first: `gpu-dra validate` shows every problem in it"
     return replace(explanation, problems=(*explanation.problems, *new), advice=advice)
+
+
+def _classes_in(path: Path, max_bytes: int) -> list[dict[str, Any]]:
+    """The DeviceClasses of a --deviceclass file; the rest of it (a rendered chart's RBAC, an
+    example's claims) is not for explain."""
+    from tools.allocation.inputs import CLASS, InputError, load_file
+
+    classes = [o for o in load_file(path, max_bytes=max_bytes) if o.get("kind") == CLASS]
+    if not classes:
+        raise InputError(f"{path}: no DeviceClass in it")
+    return classes
+
+
+def _known_classes(cluster: bool, inputs: "Inputs") -> list[dict[str, Any]]:
+    """The cluster's classes with --cluster (what is installed is what the scheduler sees);
+    offline the chart's, as `gpu-dra validate` assumes them."""
+    from tools.validation import chart_device_classes
+
+    return list(inputs.classes) if cluster else chart_device_classes()
 
 
 def _merge_classes(

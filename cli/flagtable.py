@@ -42,7 +42,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--node-name",
         "name of this Node object, as the API server names it (the kubelet plugin requires "
-        "it; discover and controller fall back to $NODE_NAME, else the host name)",
+        "it; discover and controller fall back to $NODE_NAME, else the host name; discover "
+        "of simulated hardware to sim-<profile>)",
         metavar="NAME",
         also_env="NODE_NAME",
     ),
@@ -376,10 +377,20 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--output",
-        "yaml or json: the ResourceSlice objects; table: one row per device",
+        "discover: yaml or json, the ResourceSlice objects; table, one row per device. "
+        "doctor: table, one line per check; yaml or json, the checks as objects",
         short="-o",
         default="yaml",
         choices=("yaml", "json", "table"),
+        # A person reads doctor's answer; a program reads discover's.
+        default_by_command={"doctor": "table"},
+    ),
+    Flag(
+        "--containerd-config",
+        "containerd's configuration, read for its CDI settings (looked for under "
+        "--container-driver-root too: the plugin's pod sees the host there)",
+        default="/etc/containerd/config.toml",
+        metavar="FILE",
     ),
     Flag(
         "--resync-period",

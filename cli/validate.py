@@ -43,7 +43,8 @@ what is checked:
   Fields behind a feature gate that is off by default in the chosen version are warnings.
 
 output: one line per problem, FILE: KIND/NAME: FIELD.PATH: error|warning: MESSAGE
-  (CEL messages start with the LINE:COLUMN of the mistake in the expression).
+  (CEL messages start with the LINE:COLUMN of the mistake in the expression); with no
+  problem, one line: N objects, no problems.
 
 exit status:
   0  no errors (warnings alone, or nothing)
@@ -100,7 +101,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 def _run(args: argparse.Namespace) -> int:
     from tools.userfiles import UserFileError, read_text
-    from tools.validation import Severity, parse_version, validate_sources
+    from tools.validation import Severity, parse_version, validate_report
 
     try:
         version = parse_version(args.kubernetes_version)
@@ -131,9 +132,13 @@ def _run(args: argparse.Namespace) -> int:
         except DriverError as exc:
             print(f"gpu-dra validate: --cluster: {exc}", file=sys.stderr)
             return 2
-    problems = validate_sources(
+    report = validate_report(
         sources, version=version, known=known, defined_elsewhere=args.defined_elsewhere
     )
+    problems = report.problems
     for problem in problems:
         print(problem)
+    if not problems:
+        # Silence would not tell a user that the file was read at all.
+        print(f"{report.objects} object{'' if report.objects == 1 else 's'}, no problems")
     return 1 if any(p.severity is Severity.ERROR for p in problems) else 0

@@ -36,10 +36,17 @@ DAEMONS = frozenset(("kubelet-plugin", "compute-domain-daemon", "compute-domain-
 
 
 def flags() -> str:
-    from cli import computedomaincontroller, computedomaindaemon, controller, discover, plugin
+    from cli import (
+        computedomaincontroller,
+        computedomaindaemon,
+        controller,
+        discover,
+        doctor,
+        plugin,
+    )
     from cli.flagtable import FLAGS, GLOBAL
 
-    modules = (plugin, discover, controller, computedomaindaemon, computedomaincontroller)
+    modules = (plugin, discover, controller, computedomaindaemon, computedomaincontroller, doctor)
     commands = {m.COMMAND: set(m.FLAG_NAMES) for m in modules}
     rows = []
     for flag in FLAGS:

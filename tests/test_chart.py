@@ -178,7 +178,7 @@ def test_daemonset_runs_the_kubelet_plugin(default: list[dict[str, Any]]) -> Non
         "--metrics-port=9401",
         "--metrics-address=$(POD_IP)",
         "--mps-daemon=pod",
-        "--image=gpu-dra-driver:0.1.0",
+        "--image=gpu-dra-driver:0.2.0",
         "--image-pull-policy=IfNotPresent",
     ]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}

@@ -421,7 +421,7 @@ def pod_policy() -> Policy:
     return _policy("pods")
 
 
-def _daemon(node: str, image: str = "gpu-dra-driver:0.1.0") -> dict[str, Any]:
+def _daemon(node: str, image: str = "gpu-dra-driver:0.2.0") -> dict[str, Any]:
     """The pod the plugin sends (drivers.gpu.kinds.mpspod), as the chart's flags configure it."""
     config = MpsPodConfig(namespace="gpu-dra-driver", image=image, pull_policy="IfNotPresent")
     spec = DaemonSpec(node, "GPU-9b7e2a4c-1111-2222-3333-444455556666",

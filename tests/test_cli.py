@@ -27,6 +27,7 @@ def test_help_lists_every_built_command() -> None:
         "controller",
         "explain",
         "validate",
+        "doctor",
         "kubelet-plugin",
         "compute-domain-daemon",
         "demo",
@@ -89,7 +90,7 @@ def test_every_help_names_its_environment_and_never_a_source_file() -> None:
     texts = [parser.format_help()]
     for action in parser._subparsers._group_actions if parser._subparsers else []:
         texts += [sub.format_help() for sub in getattr(action, "choices", {}).values()]
-    assert len(texts) == 9  # the top level and its eight subcommands
+    assert len(texts) == 10  # the top level and its nine subcommands
     for text in texts:
         assert ".py" not in text and "driver/" not in text, text
         assert "--log-level" in text

@@ -413,16 +413,16 @@ def test_place_moves_on_when_a_pods_claims_do_not_fit_together(tmp_path: Path) -
     from driver.nvml.simulated import SimulatedNode
     from drivers.gpu.model.discovery import discover
     from drivers.gpu.model.resourceslice import build_resource_slices
-    from sandbox.demo._manifests import render_device_classes
     from sandbox.demo._scheduler import place
     from tools.allocation.inputs import Inputs
+    from tools.validation import chart_device_classes
 
     slices = []
     for profile, node in (("g6e.12xlarge", "a"), ("p5.48xlarge", "b")):
         sim = SimulatedNode(profile, node, tmp_path / node)
         inventory = discover(sim.nvml, sysfs_root=sim.sysfs_root)
         slices += build_resource_slices(inventory, driver_name=_GPU_CLASS_NAME, node_name=node)
-    inputs = Inputs(slices=slices, classes=render_device_classes(), claims=[], node_labels=None)
+    inputs = Inputs(slices=slices, classes=chart_device_classes(), claims=[], node_labels=None)
     pod = {"metadata": {"name": "p", "namespace": "default", "uid": "uid-p"}}
     claims = [_gpu_claim("one", 3), _gpu_claim("two", 3)]
 

@@ -163,3 +163,19 @@ def test_invalid_names_are_rejected_before_printing(capsys: pytest.CaptureFixtur
     captured = capsys.readouterr()
     assert code == 1 and captured.out == ""
     assert captured.err.startswith("gpu-dra discover: invalid ResourceSlice: metadata.name:")
+
+
+def test_simulated_node_is_named_for_its_profile(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two profiles' outputs, concatenated, must be two pools: the host's name would make one.
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    names = []
+    for profile in ("p5.48xlarge", "driver/nvml/profiles/g6e.48xlarge.yaml"):
+        assert main(["discover", "--nvml", "simulated", "--profile", profile, "-o", "yaml"]) == 0
+        (slice_,) = yaml.safe_load_all(capsys.readouterr().out)
+        names.append(slice_["spec"]["nodeName"])
+    assert names == ["sim-p5.48xlarge", "sim-g6e.48xlarge"]
+    monkeypatch.setenv("NODE_NAME", "given")
+    assert main(["discover", "--nvml", "simulated", "--profile", "p5.48xlarge", "-o", "table"]) == 0
+    assert capsys.readouterr().out.startswith("node given:")

@@ -238,6 +238,10 @@ def test_class_listing_without_a_claim(
         (["-f", "{bad}", "--slices", "{slices}"], "bad.yaml: line 2, column"),
         (["--slices", "{slices}"], "give -f CLAIM_OR_TEMPLATE, or --deviceclass FILE"),
         (
+            ["-f", "{claim}", "--slices", "{slices}", "--deviceclass", "{slices}"],
+            "slices.yaml: no DeviceClass in it",
+        ),
+        (
             ["-f", "{claim}", "--slices", "{slices}", "--kubeconfig", "k"],
             "--kubeconfig needs --cluster",
         ),
@@ -484,3 +488,38 @@ def test_a_misspelled_attribute_is_named_with_its_correction(
     assert out.rstrip("\n").splitlines()[-1] == (
         "advice: fix the claim first: `gpu-dra validate` shows every problem in it"
     )
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "charts" / "examples" / "tensor-parallel.yaml"
+
+
+def test_offline_the_chart_classes_are_known_as_validate_knows_them(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No class file: the claim names the chart's gpu.nvidia.com, which validate accepts too.
+    code, out, _ = run(["-f", str(EXAMPLE), "--slices", str(files["slices"])], capsys)
+    assert code == 0, out
+    assert "allocatable on 1 of 2 node(s)" in out
+    assert "not found" not in out
+
+
+def test_a_rendered_chart_serves_as_the_class_file(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.chart_render import render
+
+    # RBAC, the DaemonSet and the policies come first in the render: all ignored.
+    objects = render((), ["deviceClasses.gpu.name=my-gpus"])
+    assert objects[0]["kind"] != "DeviceClass"
+    chart = write(tmp_path / "chart.yaml", *objects)
+    claim = json.loads(json.dumps(TP4).replace(DRIVER, "my-gpus"))
+    claim["spec"]["spec"]["devices"]["constraints"][0]["matchAttribute"] = (
+        "gpu.nvidia.com/nvlinkDomain"
+    )
+    mine = write(tmp_path / "mine.yaml", claim)
+    argv = ["-f", str(mine), "--slices", str(files["slices"])]
+    code, out, _ = run(argv, capsys)
+    assert code == 1 and "device class my-gpus not found" in out
+    code, out, _ = run([*argv, "--deviceclass", str(chart)], capsys)
+    assert code == 0, out
+    assert "allocatable on 1 of 2 node(s)" in out

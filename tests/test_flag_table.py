@@ -13,6 +13,7 @@ from cli import (
     computedomaindaemon,
     controller,
     discover,
+    doctor,
     flagtable,
     plugin,
 )
@@ -20,7 +21,7 @@ from drivers.gpu.node import NodeConfig
 
 COMMANDS = {
     m.COMMAND: m.FLAG_NAMES
-    for m in (plugin, discover, controller, computedomaindaemon, computedomaincontroller)
+    for m in (plugin, discover, controller, computedomaindaemon, computedomaincontroller, doctor)
 }
 
 
@@ -72,11 +73,15 @@ def test_each_default_is_the_tables_parsed_as_a_value_would_be(command: str) -> 
         assert getattr(parsed, flag.dest) == expected, (command, flag.name)
 
 
-def test_only_the_container_driver_root_differs_by_subcommand() -> None:
+def test_only_the_driver_root_and_doctors_output_differ_by_subcommand() -> None:
     differing = {
         f.name: dict(f.default_by_command) for f in flagtable.FLAGS if f.default_by_command
     }
-    assert differing == {"--container-driver-root": {"kubelet-plugin": "/driver-root"}}
+    # And doctor's output, which a person reads, not a program.
+    assert differing == {
+        "--container-driver-root": {"kubelet-plugin": "/driver-root"},
+        "--output": {"doctor": "table"},
+    }
     defaults = {
         command: build_parser().parse_args([command]).container_driver_root
         for command, names in COMMANDS.items()
@@ -89,6 +94,7 @@ def test_only_the_container_driver_root_differs_by_subcommand() -> None:
         "discover": "/",
         "controller": "/",
         "compute-domain-daemon": "/",
+        "doctor": "/",
     }
 
 

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ _CLUSTER_TOOLS = {
 _SHOWS = {
     "gpu-dra discover --nvml simulated --profile p5.48xlarge -o table": "8 device(s)",
     "gpu-dra demo": "problems: 0",
+    "gpu-dra validate charts/examples/tensor-parallel.yaml": "objects, no problems",
+    "gpu-dra discover --nvml simulated --profile p5.48xlarge -o yaml >": "allocatable on 1 of 1",
     "make chart": "kind: DaemonSet",
 }
 
@@ -53,8 +56,8 @@ def blocks(text: str) -> list[tuple[str, list[str]]]:
 
 def skip_reason(command: str) -> str | None:
     words = shlex.split(command)
-    if command.startswith("make venv"):
-        return "the test runs in the project's virtualenv already (make would reinstall it)"
+    if command.startswith(("make venv", "python3 -m venv")):
+        return "the test runs in the project's virtualenv already (a fresh clone installs its own)"
     if command.startswith("make image"):
         return "built and checked by the e2e tier (tests/e2e/test_image.py): minutes, as root"
     if words[0] in _CLUSTER_TOOLS:
@@ -64,10 +67,14 @@ def skip_reason(command: str) -> str | None:
     return None
 
 
-def make_recipe(target: str, gpu_dra: Path) -> str:
+def make_recipe(target: str, gpu_dra: Path, assigned: Sequence[str] = ()) -> str:
     """The Makefile's recipe for ``target`` with this interpreter, never make itself: make
-    would (re)install the virtualenv first."""
-    lines = (ROOT / "Makefile").read_text().splitlines()
+    would (re)install the virtualenv first. ``assigned``: the command's ``NAME=value`` words,
+    over the Makefile's ``NAME ?= default``."""
+    makefile = (ROOT / "Makefile").read_text()
+    lines = makefile.splitlines()
+    values = dict(re.findall(r"^(\w+) \?= ?(.*)$", makefile, re.M))
+    values.update(word.partition("=")[::2] for word in assigned)
     start = next(i for i, line in enumerate(lines) if re.match(rf"^{re.escape(target)}:", line))
     recipe = []
     for line in lines[start + 1 :]:
@@ -77,6 +84,16 @@ def make_recipe(target: str, gpu_dra: Path) -> str:
     text = " && ".join(recipe)
     text = text.replace("$(VENV)/bin/gpu-dra", str(gpu_dra)).replace("$(PY)", sys.executable)
     text = text.replace("$(DEMO_ARGS)", "")
+    # $(foreach x,$(LIST),... $(x)): each word of LIST, as make expands it.
+    text = re.sub(
+        r"\$\(foreach (\w+),\$\((\w+)\),(.*?\$\(\1\))\)",
+        lambda m: " ".join(
+            m[3].replace(f"$({m[1]})", word) for word in values.get(m[2], "").split()
+        ),
+        text,
+    )
+    for name, value in values.items():
+        text = text.replace(f"$({name})", value)
     assert "$(" not in text, f"make {target}: unknown variable in {text!r}"
     return text
 
@@ -115,7 +132,7 @@ def test_quick_start_command(
     if reason is not None:
         pytest.skip(reason)
     words = shlex.split(command)
-    script = make_recipe(words[1], gpu_dra) if words[0] == "make" else command
+    script = make_recipe(words[1], gpu_dra, words[2:]) if words[0] == "make" else command
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_DRA_")}
     env["PATH"] = f"{gpu_dra.parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT)

@@ -573,7 +573,7 @@ def write(tmp_path: Path, name: str, *docs: dict[str, Any]) -> str:
 
 
 def test_cli_clean_file_exits_0(tmp_path: Path) -> None:
-    assert run([write(tmp_path, "ok.yaml", claim(), CLASS)]) == (0, [])
+    assert run([write(tmp_path, "ok.yaml", claim(), CLASS)]) == (0, ["2 objects, no problems"])
 
 
 def test_cli_error_exits_1_with_one_line_per_problem(tmp_path: Path) -> None:
@@ -596,7 +596,7 @@ def test_cli_warnings_alone_exit_0_and_version_matters(tmp_path: Path) -> None:
     )
     code, lines = run([gated])
     assert code == 0 and len(lines) == 1 and ": warning: " in lines[0]
-    assert run(["--kubernetes-version", "v1.36.0-eks-1", gated]) == (0, [])
+    assert run(["--kubernetes-version", "v1.36.0-eks-1", gated]) == (0, ["1 object, no problems"])
 
 
 def test_cli_reads_stdin_and_reports_unreadable_files(

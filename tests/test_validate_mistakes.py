@@ -887,6 +887,7 @@ async def test_cluster_supplies_the_templates_a_pod_names(
     capsys.readouterr()
     argv = ["validate", "--cluster", "--kubeconfig", kubeconfig]
     assert await asyncio.to_thread(main, [*argv, str(good)]) == 0
+    assert capsys.readouterr().out == "1 object, no problems\n"
     assert await asyncio.to_thread(main, [*argv, str(bad)]) == 1
     out = capsys.readouterr().out
     assert out == (
@@ -921,8 +922,12 @@ def test_exit_status_is_documented_and_kept(
     clean.write_text(yaml.safe_dump(claim()))
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(claim(f"{GPU}.prodcutName == 'x'")))
-    assert main(["validate", str(clean)]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(clean), str(clean)]) == 0
+    # A clean run says what it read: silence would not tell that the file was read at all.
+    assert capsys.readouterr().out == "2 objects, no problems\n"
     assert main(["validate", str(broken)]) == 1
+    assert "no problems" not in capsys.readouterr().out
     assert main(["validate", "--kubeconfig", "k", str(clean)]) == 2
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
     with pytest.raises(SystemExit) as usage:

@@ -13,7 +13,7 @@ import yaml
 
 from tests import profile_devices
 from tools.cel import reads, split_conjuncts
-from tools.validation import Check, Problem, Severity, validate_sources
+from tools.validation import Check, Problem, Severity, chart_device_classes, validate_sources
 from tools.validation.hardware import DATA, nodes
 from tools.validation.manifests import CHART_CLASS_SELECTORS
 
@@ -76,6 +76,11 @@ def test_the_chart_class_selectors_are_the_ones_validate_knows() -> None:
         if o["kind"] == "DeviceClass"
     }
     assert rendered == dict(CHART_CLASS_SELECTORS)
+    # What explain knows offline is the same world.
+    assert {
+        c["metadata"]["name"]: tuple(s["cel"]["expression"] for s in c["spec"]["selectors"])
+        for c in chart_device_classes()
+    } == rendered
 
 
 def test_a_product_name_no_instance_type_has_is_an_error_with_the_closest_values() -> None:

@@ -12,7 +12,6 @@ from typing import Any
 
 import yaml
 
-from sandbox.demo._nodes import DemoError
 from tools.allocation.inputs import load_file
 
 CHARTS_DIR = Path(__file__).resolve().parents[2] / "charts"
@@ -79,27 +78,6 @@ def render_chart(
         for doc in yaml.safe_load_all(text)
         if isinstance(doc, dict)
     ]
-
-
-def render_device_classes(chart_dir: Path = CHART_DIR) -> list[dict[str, Any]]:
-    """The chart's DeviceClasses for default values, rendered by the Helm engine."""
-    try:
-        import helm_python
-    except ImportError as exc:
-        raise DemoError(
-            "rendering the chart needs the Helm engine (the helm-python-sdk package): "
-            "run `make demo`, or `pip install -e '.[dev]'` in this virtualenv"
-        ) from exc
-    if not (chart_dir / "Chart.yaml").is_file():
-        raise DemoError(f"no Helm chart at {chart_dir}: run the demo from a source checkout")
-    try:
-        objects = render_chart({}, chart_dir=chart_dir)
-    except helm_python.HelmError as exc:
-        raise DemoError(f"the chart at {chart_dir} does not render: {exc}") from exc
-    classes = [obj for _, obj in objects if obj.get("kind") == "DeviceClass"]
-    if not classes:
-        raise DemoError(f"the chart at {chart_dir} renders no DeviceClass")
-    return classes
 
 
 def load_examples(

@@ -7,6 +7,7 @@ reads the files and everything here is a function of data.
 import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -65,6 +66,21 @@ CHART_CLASS_SELECTORS: Mapping[str, tuple[str, ...]] = {
     computedomain.DAEMON_CLASS: (computedomain.DAEMON_CLASS_SELECTOR,),
     computedomain.DEFAULT_CHANNEL_CLASS: (computedomain.DEFAULT_CHANNEL_CLASS_SELECTOR,),
 }
+
+
+def chart_device_classes() -> list[dict[str, Any]]:
+    """The chart's DeviceClasses as objects, for ``explain``: the classes ``validate`` knows
+    without a file, so both commands see the same world."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": e}} for e in selectors]},
+        }
+        for name, selectors in CHART_CLASS_SELECTORS.items()
+    ]
+
 
 # kind -> where its ResourceClaimSpec or DeviceClassSpec sits
 _CLAIM_SPEC_PATH = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
@@ -342,6 +358,14 @@ def _severity(finding: Finding, defined_elsewhere: bool) -> Severity:
     return finding.severity
 
 
+@dataclass(frozen=True)
+class Report:
+    """The problems found, and how many objects were read: a clean run says what it read."""
+
+    problems: list[Problem]
+    objects: int
+
+
 def validate_sources(
     sources: Sequence[tuple[str, str]],
     *,
@@ -352,6 +376,28 @@ def validate_sources(
     defined_elsewhere: bool = False,
     hardware_check: bool = True,
 ) -> list[Problem]:
+    """The problems of :func:`validate_report`."""
+    return validate_report(
+        sources,
+        version=version,
+        selector_check=selector_check,
+        published=published,
+        known=known,
+        defined_elsewhere=defined_elsewhere,
+        hardware_check=hardware_check,
+    ).problems
+
+
+def validate_report(
+    sources: Sequence[tuple[str, str]],
+    *,
+    version: gates.Version = gates.OLDEST,
+    selector_check: rules.SelectorCheck = check_selector,
+    published: rules.Published | None = PUBLISHED,
+    known: Sequence[Mapping[str, Any]] = (),
+    defined_elsewhere: bool = False,
+    hardware_check: bool = True,
+) -> Report:
     """Every problem in the ``(file name, YAML text)`` sources, in file and document order.
 
     DeviceClass, ResourceClaim and ResourceClaimTemplate names are collected across all
@@ -401,4 +447,4 @@ def validate_sources(
                 for f in _object_findings(doc, ctx, claims)
             )
         problems.extend(unparsable)
-    return problems
+    return Report(problems, objects=sum(len(docs) for _, docs, _ in per_file))
