@@ -185,7 +185,9 @@ def build_layer(arch: str) -> Path:
         _rootfs(arch, root)
         _site(arch, root, work)
         _finish(root)
-        partial = cached.with_suffix(".partial")
+        # Two builds may share the cache (make e2e beside make image): each writes its own
+        # file and the rename makes one of them the layer.
+        partial = cached.with_suffix(f".partial.{os.getpid()}")
         _layer(root, partial)
         partial.replace(cached)
     return cached
@@ -260,7 +262,7 @@ def write_archive(out: Path, ref: str, layers: dict[str, Path]) -> Path:
             "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
         })],
     }  # fmt: skip
-    partial = out.with_suffix(".partial")
+    partial = out.with_suffix(f".partial.{os.getpid()}")
     with tarfile.open(partial, "w") as tar:
 
         def add(name: str, data: bytes | None = None, path: Path | None = None) -> None:
