@@ -1,7 +1,8 @@
 """CDI specs for prepared claims: a pure builder and a pure reader.
 
-One spec file per claim, ``<cdi_root>/k8s.gpu.nvidia.com-claim_<uid>.json``, kind
-``k8s.gpu.nvidia.com/claim``, one CDI device ``<claimUID>-<device>`` per device. The
+One spec file per claim, ``<cdi_root>/<vendor>-claim_<uid>.json``, kind ``<vendor>/claim``
+(the driver's :class:`~kubeletplugin.flavor.Flavor`; the GPU driver's vendor is
+``k8s.gpu.nvidia.com``), one CDI device ``<claimUID>-<device>`` per device. The
 spec is also the claim's durable record (``kubeletplugin.records``): its annotations
 carry the claim's uid, namespace and name, the boot it was written in, the record
 version and, per device, its name, kind, pool, requests and identity (a GPU's UUID),
@@ -22,13 +23,10 @@ from typing import Any
 from driver.common.errors import PermanentError
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from kubeletplugin import names
-from kubeletplugin.flavor import GPU, Flavor
+from kubeletplugin.flavor import Flavor
 
-# The GPU driver's names (kubeletplugin.flavor.GPU); another driver passes its flavor.
-VENDOR = GPU.cdi_vendor
+# The vendor, and so the kind and file names, is the driver's (Flavor.cdi_vendor).
 CLAIM_CLASS = "claim"
-KIND = GPU.cdi_kind
-FILE_PREFIX = GPU.file_prefix
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
 _ANNOTATION = "gpu-dra.io/"
@@ -56,11 +54,11 @@ class SpecError(PermanentError):
     """A spec under our owner marker that this release cannot read."""
 
 
-def spec_name(claim_uid: str, flavor: Flavor = GPU) -> str:
+def spec_name(claim_uid: str, flavor: Flavor) -> str:
     return f"{flavor.cdi_vendor}-{CLAIM_CLASS}_{claim_uid}.json"
 
 
-def spec_path(cdi_root: Path, claim_uid: str, flavor: Flavor = GPU) -> Path:
+def spec_path(cdi_root: Path, claim_uid: str, flavor: Flavor) -> Path:
     return names.within(cdi_root, cdi_root / spec_name(claim_uid, flavor))
 
 
@@ -71,9 +69,7 @@ def device_name_of(claim_uid: str, device_name: str, share_id: str | None = None
     return base if share_id is None else f"{base}-{share_id}"
 
 
-def cdi_device_id(
-    claim_uid: str, device_name: str, share_id: str | None = None, flavor: Flavor = GPU
-) -> str:
+def cdi_device_id(claim_uid: str, device_name: str, share_id: str | None, flavor: Flavor) -> str:
     """Fully qualified CDI name, as returned to the kubelet."""
     return f"{flavor.cdi_kind}={device_name_of(claim_uid, device_name, share_id)}"
 
@@ -105,9 +101,9 @@ def build_claim_spec(
     devices: Mapping[str, NodeDevice],
     base_edits: Mapping[str, Any],
     *,
+    flavor: Flavor,
     boot_id: str = "",
     dev_root: str = "/",
-    flavor: Flavor = GPU,
 ) -> dict[str, Any]:
     """The claim's CDI spec. ``devices`` maps device name to the node's device for
     every device of the claim; device nodes are found under ``dev_root`` on the host
@@ -206,7 +202,7 @@ def is_ours(spec: Any) -> bool:
     return isinstance(spec, dict) and (spec.get("annotations") or {}).get(OWNER_ANNOTATION) == OWNER
 
 
-def is_foreign(spec: Any, flavor: Flavor = GPU) -> bool:
+def is_foreign(spec: Any, flavor: Flavor) -> bool:
     """Another DRA driver's spec under our kind and file names."""
     return (
         isinstance(spec, dict)
@@ -228,7 +224,7 @@ def _text(obj: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def claim_from_spec(spec: Mapping[str, Any], flavor: Flavor = GPU) -> PreparedClaim:
+def claim_from_spec(spec: Mapping[str, Any], flavor: Flavor) -> PreparedClaim:
     """What one of our specs records. Raises SpecError when this release cannot read it
     (a newer record version, an unknown device kind, a missing or mistyped field)."""
     try:

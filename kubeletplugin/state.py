@@ -45,7 +45,7 @@ from kubeletplugin.claims import (
     plan_claim,
     share_problem,
 )
-from kubeletplugin.flavor import GPU, Flavor
+from kubeletplugin.flavor import Flavor
 from kubeletplugin.records import (
     DeviceTakenError,
     Holder,
@@ -125,6 +125,8 @@ class StateConfig:
     cdi_root: Path
     driver_name: str
     node_name: str
+    # The node driver's names on disk, kinds, configs, and what its kinds are given.
+    flavor: Flavor
     # The host's driver root and where this container sees it: device nodes in CDI specs
     # and the container toolkit's edits are written for them.
     nvidia_driver_root: Path = Path("/")
@@ -134,8 +136,6 @@ class StateConfig:
     # "system": CDI specs need the host's container toolkit; "simulated": they do without.
     nvml_mode: Literal["system", "simulated"] = "system"
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
-    # The node driver's names on disk, kinds, configs, and what its kinds are given.
-    flavor: Flavor = GPU
 
 
 class RollbackError(RetryableError):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client as k8s
 
+from drivers.gpu import flavor
 from drivers.gpu import kinds as devicekinds
 from drivers.gpu.kinds import NodeDevices
 from drivers.gpu.kinds.gpu import KIND as GPU
@@ -51,11 +52,11 @@ async def test_a_second_kind_is_prepared_with_its_side_effects_recorded_first(
     result = (await state.prepare([ref]))[ref.uid]
     assert result.error == ""
     assert sorted(d.device_name for d in result.devices) == ["fake-0", "gpu-0"]
-    spec = json.loads(cdi.spec_path(config.cdi_root, ref.uid).read_text())
+    spec = json.loads(cdi.spec_path(config.cdi_root, ref.uid, flavor.GPU).read_text())
     by_name = {d["annotations"][cdi.DEVICE_NAME]: d for d in spec["devices"]}
     assert by_name["fake-0"]["annotations"][cdi.DEVICE_KIND] == NAME
     assert by_name["fake-0"]["containerEdits"] == {"env": ["FAKE_ACCELERATOR=fake-0"]}
-    assert fake.mark(cdi.claim_from_spec(spec)).read_text() == "prepared"
+    assert fake.mark(cdi.claim_from_spec(spec, flavor.GPU)).read_text() == "prepared"
     assert _claim_record(tmp_path, ref.uid).exists()
     assert reservations(config) == {"gpu-0": ref.uid, "fake-0": ref.uid}
     assert await state.prepare([ref]) == {ref.uid: result}  # idempotent
@@ -76,7 +77,7 @@ async def test_a_crash_before_the_spec_has_its_side_effects_undone_at_restart(
     rival = await create_claim(api_client, "rival", ["fake-0"])
     prepared = await state.prepare([ref])
     # What a crash after the side effect, before the CDI write, leaves.
-    cdi.spec_path(config.cdi_root, ref.uid).unlink()
+    cdi.spec_path(config.cdi_root, ref.uid, flavor.GPU).unlink()
     state = await DeviceState.open(config, api_client, devices)
     assert list(fake.side_effects.iterdir()) == []  # the kind's recover undid it
     assert not _claim_record(tmp_path, ref.uid).exists()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
+from drivers.gpu import flavor
 from drivers.gpu.kinds import NodeDevices
 from drivers.gpu.kinds.gpu import KIND as GPU
 from kubeletplugin import cdi
@@ -101,7 +102,7 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     assert GPU.mps.running_pid(uuid) is not None
     assert len(daemon_pids(tmp_path)) == 1
 
-    spec = json.loads(cdi.spec_path(tmp_path / "cdi", ref.uid).read_text())
+    spec = json.loads(cdi.spec_path(tmp_path / "cdi", ref.uid, flavor.GPU).read_text())
     gpu_dir = tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid
     edits = spec["containerEdits"]
     assert {
@@ -112,7 +113,7 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     # The pipe is all a client needs; the daemon's log directory is no container's to write.
     assert not any(e.startswith("CUDA_MPS_LOG_DIRECTORY=") for e in edits["env"])
     assert [m["hostPath"] for m in edits["mounts"]] == [str(gpu_dir / "pipe")]
-    plain_spec = json.loads(cdi.spec_path(tmp_path / "cdi", plain.uid).read_text())
+    plain_spec = json.loads(cdi.spec_path(tmp_path / "cdi", plain.uid, flavor.GPU).read_text())
     assert "mounts" not in plain_spec["containerEdits"]
 
     # A plugin restart: the daemon runs on and is adopted, not started again.

@@ -14,10 +14,12 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.nvml.simulated import SimulatedNode
+from drivers.gpu import flavor
+from drivers.gpu.flavor import GPU
 from drivers.gpu.kinds import GpuNode, NodeDevices
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from kubeletplugin import cdi, checkpoint, flavor
+from kubeletplugin import cdi, checkpoint
 from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
 from kubeletplugin.containertoolkit import ToolkitError
 from kubeletplugin.records import Records
@@ -46,7 +48,7 @@ def devices_of(inventory: Inventory) -> NodeDevices:
 
 def reservations(config: StateConfig) -> dict[str, str]:
     """device -> uid of the claim it is reserved for."""
-    records = Records(config.plugin_dir, config.cdi_root, boot_id="")
+    records = Records(config.plugin_dir, config.cdi_root, boot_id="", flavor=GPU)
     return {name: target.split(":")[0] for name, target in records.reservations().items()}
 
 
@@ -54,7 +56,7 @@ def prepared_claims(config: StateConfig) -> dict[str, Any]:
     """uid -> what the claim's spec (its record) says was prepared."""
     out = {}
     for path in sorted(config.cdi_root.glob("*.json")):
-        claim = cdi.claim_from_spec(json.loads(path.read_text()))
+        claim = cdi.claim_from_spec(json.loads(path.read_text()), GPU)
         out[claim.uid] = claim
     return out
 
@@ -79,7 +81,7 @@ class Node:
         return prepared_claims(self.config)
 
     def spec_path(self, uid: str) -> Path:
-        return cdi.spec_path(self.config.cdi_root, uid)
+        return cdi.spec_path(self.config.cdi_root, uid, GPU)
 
     def spec(self, uid: str) -> dict[str, Any]:
         spec: dict[str, Any] = json.loads(self.spec_path(uid).read_text())
@@ -182,6 +184,7 @@ def _config(tmp_path: Path, **overrides: Any) -> StateConfig:
         "node_name": NODE,
         "boot_id_path": boot_id,
         "nvml_mode": "simulated",
+        "flavor": GPU,
     }
     values.update(overrides)
     return StateConfig(**values)

@@ -13,6 +13,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.devicekind import PreparedClaim, PreparedDevice
+from drivers.gpu.flavor import GPU
 from drivers.gpu.kinds import GpuKindContext, GpuNode, NodeDevices
 from drivers.gpu.kinds.gpu import UUID_KEY
 from drivers.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
@@ -208,7 +209,7 @@ async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices
     assert (await state.prepare([ref]))[ref.uid].error == ""
     assert smi.calls() == sliced(uuid, 1)
     # The spec as the release before wrote it (pretty-printed): same claim, other bytes.
-    path = cdi.spec_path(tmp_path / "cdi", ref.uid)
+    path = cdi.spec_path(tmp_path / "cdi", ref.uid, GPU)
     path.write_text(json.dumps(json.loads(path.read_bytes()), indent=1))
     layout = path.read_bytes()
     plugin_dir = tmp_path / "plugins" / DRIVER

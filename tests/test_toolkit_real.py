@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driver.nvml.simulated import HARDWARE_FILE
+from drivers.gpu.flavor import GPU
 from drivers.gpu.kinds.gpu import CONTROL_NODES
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits
@@ -59,6 +60,6 @@ async def test_real_toolkit_output_translates_into_the_host_driver_root(
     # Our claim spec adds its own GPU and control nodes; the toolkit's are dropped.
     assert all(n["path"] not in CONTROL_NODES for n in edits.get("deviceNodes", []))
 
-    spec = cdi.build_claim_spec(_record("gpu-0", "gpu-1"), DEVICES, edits)
+    spec = cdi.build_claim_spec(_record("gpu-0", "gpu-1"), DEVICES, edits, flavor=GPU)
     assert_valid_spec(spec)
     assert spec["containerEdits"]["mounts"] == edits["mounts"]

@@ -32,6 +32,7 @@ from driver.kube import client as kubeclient
 from driver.kube.rest import Client, errors_of
 from driver.nvml import library
 from driver.slices import SliceController
+from drivers.gpu import flavor
 from drivers.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
 from drivers.gpu.kinds import GpuNode, NodeDevices
 from drivers.gpu.kinds.mpspod import MpsPodConfig, MpsPods
@@ -39,7 +40,7 @@ from drivers.gpu.model.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
 from drivers.gpu.model.migmake import Maker
-from kubeletplugin import draservice, flavor
+from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
 from kubeletplugin.cohost import Guest, Host
 from kubeletplugin.metrics import Metrics, MetricsServer

@@ -1,0 +1,42 @@
+"""The GPU driver's flavor: its CDI vendor, record kind, kinds and configs.
+
+The names on disk are release 0.1.0's and never change (tests/test_records_upgrade.py reads
+them). The node process attaches the kinds with what it knows of the node (:func:`gpu`);
+:data:`GPU` gives them the defaults, as tests want.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
+from drivers.gpu.kinds import GpuNode, by_name
+from kubeletplugin.flavor import ConfigRules, Flavor
+
+
+def _decode(parameters: Mapping[str, Any] | None, source: str) -> GpuConfig:
+    return decode_gpu_config(parameters, source=source)
+
+
+def _validate(config: GpuConfig, source: str) -> GpuConfig:
+    return validate_gpu_config(config, source=source)
+
+
+GPU_CONFIGS = ConfigRules(
+    kinds=(GPU_CONFIG_KIND,), decode=_decode, validate=_validate, default=GpuConfig.default
+)
+
+GPU = Flavor(
+    cdi_vendor="k8s.gpu.nvidia.com",
+    record_kind="GpuDraClaimRecord",
+    kinds=by_name,
+    configs=GPU_CONFIGS,
+    foreign_kinds=("k8s.gpu.nvidia.com/", "nvidia.com/gpu"),
+    kind_context=GpuNode().context,
+)
+
+
+def gpu(node: GpuNode) -> Flavor:
+    """The GPU driver's flavor, its kinds given ``node`` (the node wiring's driver roots,
+    tools, NVML and MPS pods) instead of the defaults."""
+    return dataclasses.replace(GPU, kind_context=node.context)
