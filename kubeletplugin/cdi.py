@@ -107,7 +107,7 @@ def build_claim_spec(
 ) -> dict[str, Any]:
     """The claim's CDI spec. ``devices`` maps device name to the node's device for
     every device of the claim; device nodes are found under ``dev_root`` on the host
-    (see :func:`dev_root`)."""
+    (``kubeletplugin.containertoolkit.dev_root``)."""
     by_device: dict[tuple[str, str], list[PreparedDevice]] = {}
     for record in claim.devices:
         by_device.setdefault((record.device_name, record.share_id or ""), []).append(record)
@@ -169,15 +169,6 @@ def build_claim_spec(
         spec = _device_nodes_under(spec, dev_root)
     spec["cdiVersion"] = min_version(spec)
     return spec
-
-
-def dev_root(container_driver_root: Path, nvidia_driver_root: Path) -> str:
-    """Where the host keeps the device nodes, as NVIDIA's container toolkit decides:
-    under the driver root when that root has its own ``dev/nvidiactl`` (a driver
-    container, a fake root in tests), else the host's ``/dev``."""
-    if (container_driver_root / "dev" / "nvidiactl").exists():
-        return str(nvidia_driver_root)
-    return "/"
 
 
 def _device_nodes_under(spec: dict[str, Any], root: str) -> dict[str, Any]:

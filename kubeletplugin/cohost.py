@@ -14,6 +14,7 @@ from kubernetes.aio.client import ApiClient
 from prometheus_client import CollectorRegistry
 
 from drivers.gpu.model.inventory import Inventory
+from kubeletplugin.state import HostEdits
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,8 @@ class Host:
     nvml_mode: str  # "system" or "simulated"
     # The host's metrics registry, served on its port: a guest forwards its families into it.
     registry: CollectorRegistry | None = None
+    # The host's driver install, for the specs of a guest's toolkit kinds; None: none.
+    host_edits: HostEdits | None = None
 
 
 class Guest(Protocol):

@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kubernetes.aio.client import ApiClient
 
@@ -34,7 +34,7 @@ from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.devicekind import AnyKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
-from kubeletplugin import cdi, containertoolkit, dirs, recovery
+from kubeletplugin import cdi, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
     ClaimPlan,
@@ -107,6 +107,18 @@ class NodeDevices(Protocol):
     def current(self) -> Mapping[str, NodeDevice]: ...
 
 
+class HostEdits(Protocol):
+    """What a driver's claim specs take from the host's driver install: the container
+    toolkit's spec-wide edits (the driver's libraries, binaries and hooks) and where on the
+    host the device nodes lie (``kubeletplugin.containertoolkit.Toolkit``)."""
+
+    async def base_edits(self) -> Mapping[str, Any]:
+        """Raises containertoolkit.ToolkitError when no usable edits can be had."""
+
+    def dev_root(self) -> str:
+        """Blocking (it may stat): the host directory the device nodes are under."""
+
+
 class ClaimObserver(Protocol):
     """Told what is prepared on the node (the metrics): every path that changes it, this
     process's and, at each reconcile, another instance's (its records are the node's)."""
@@ -127,14 +139,11 @@ class StateConfig:
     node_name: str
     # The node driver's names on disk, kinds, configs, and what its kinds are given.
     flavor: Flavor
-    # The host's driver root and where this container sees it: device nodes in CDI specs
-    # and the container toolkit's edits are written for them.
-    nvidia_driver_root: Path = Path("/")
-    container_driver_root: Path = Path("/driver-root")
+    # The host's driver install the specs of the flavor's toolkit kinds start from; None:
+    # none (no edits of the host's, device nodes under the host's /dev).
+    host: HostEdits | None = None
     pod_uid: str | None = None
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
-    # "system": CDI specs need the host's container toolkit; "simulated": they do without.
-    nvml_mode: Literal["system", "simulated"] = "system"
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
 
 
@@ -195,6 +204,7 @@ class DeviceState:
         *,
         records: Records,
         base_edits: Mapping[str, Any],
+        dev_root: str = "/",
     ) -> None:
         self._config = config
         self._claims = ClaimReader(api_client)
@@ -202,7 +212,7 @@ class DeviceState:
         self._pool = config.pool_name or config.node_name
         self._records = records
         self._base_edits = base_edits
-        self._dev_root = cdi.dev_root(config.container_driver_root, config.nvidia_driver_root)
+        self._dev_root = dev_root
         # Which devices each claim this process prepared or recovered holds: where an
         # unprepare releases, without reading the spec back (another instance's claim
         # is found by a look at every reservation).
@@ -226,17 +236,18 @@ class DeviceState:
         """
         boot_id = await asyncio.to_thread(_read_boot_id, config.boot_id_path)
         base_edits: Mapping[str, Any] = {}
-        if config.flavor.toolkit_kinds is None or config.flavor.toolkit_kinds:
-            base_edits = await containertoolkit.base_edits(
-                config.nvml_mode,
-                container_root=config.container_driver_root,
-                host_root=config.nvidia_driver_root,
-            )
+        dev_root = "/"
+        if config.host is not None:
+            if config.flavor.toolkit_kinds is None or config.flavor.toolkit_kinds:
+                base_edits = await config.host.base_edits()
+            dev_root = await asyncio.to_thread(config.host.dev_root)
         records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id, flavor=config.flavor)
         await asyncio.to_thread(records.make_dirs)
         await asyncio.to_thread(_attach_kinds, config.flavor, records)
         claims = await asyncio.to_thread(recovery.recover, records)
-        state = cls(config, api_client, devices, records=records, base_edits=base_edits)
+        state = cls(
+            config, api_client, devices, records=records, base_edits=base_edits, dev_root=dev_root
+        )
         state._held = {uid: _device_names(claim) for uid, claim in claims.items()}
         log.info(
             "device state ready",

@@ -10,7 +10,7 @@ import pytest
 
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from drivers.gpu.flavor import GPU
-from drivers.gpu.kinds.gpu import CONTROL_NODES, node_device
+from drivers.gpu.kinds.gpu import CONTROL_NODES, node_device, own_node
 from drivers.gpu.model.inventory import Gpu, Inventory
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits, translate_edits
@@ -212,7 +212,10 @@ def test_translate_edits_maps_container_paths_to_host_paths() -> None:
         "env": ["A=1"],
     }
     out = translate_edits(
-        generated, container_root=Path("/driver-root"), host_root=Path("/run/nvidia/driver")
+        generated,
+        container_root=Path("/driver-root"),
+        host_root=Path("/run/nvidia/driver"),
+        own_node=own_node,
     )
     assert out["deviceNodes"] == [
         {
@@ -228,7 +231,12 @@ def test_translate_edits_maps_container_paths_to_host_paths() -> None:
 
 
 async def test_simulated_nodes_need_no_toolkit(tmp_path: Path) -> None:
-    assert await base_edits("simulated", container_root=tmp_path, host_root=Path("/")) == {}
+    assert (
+        await base_edits(
+            "simulated", container_root=tmp_path, host_root=Path("/"), own_node=own_node
+        )
+        == {}
+    )
 
 
 async def test_real_node_without_toolkit_is_one_clear_error(
@@ -238,7 +246,7 @@ async def test_real_node_without_toolkit_is_one_clear_error(
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-ctk on PATH either
     with pytest.raises(ToolkitError, match=r"nvidia-ctk .* not found under"):
-        await base_edits("system", container_root=tmp_path, host_root=Path("/"))
+        await base_edits("system", container_root=tmp_path, host_root=Path("/"), own_node=own_node)
 
 
 async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
@@ -263,7 +271,7 @@ async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
         f"#!/bin/sh\necho \"$@\" > {tmp_path}/argv\ncat <<'JSON'\n{json.dumps(generated)}\nJSON\n"
     )
     ctk.chmod(0o755)
-    edits = await base_edits("system", container_root=root, host_root=Path("/"))
+    edits = await base_edits("system", container_root=root, host_root=Path("/"), own_node=own_node)
     assert edits == {
         "mounts": [
             {"hostPath": "/usr/lib64/libcuda.so.1", "containerPath": "/usr/lib64/libcuda.so.1"}

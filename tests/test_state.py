@@ -166,14 +166,23 @@ _KINDS_ONLY = ("nvidia_smi", "mps_control", "nvml_library", "mig_maker", "mps_po
 _ROOTS = ("nvidia_driver_root", "container_driver_root")
 
 
-def _config(tmp_path: Path, **overrides: Any) -> StateConfig:
+def _config(tmp_path: Path, *, nvml_mode: str = "simulated", **overrides: Any) -> StateConfig:
     """A GPU driver's claim state config; ``overrides`` of StateConfig, or of the GPU
-    kinds' node (``GpuNode``: its driver roots also go to the config, as the node process
-    passes them)."""
+    kinds' node (``GpuNode``: its driver roots also go to the host's toolkit, as the node
+    process passes them)."""
     kinds = {k: overrides.pop(k) for k in _KINDS_ONLY if k in overrides}
-    kinds |= {k: overrides[k] for k in _ROOTS if k in overrides}
+    roots = {k: overrides.pop(k) for k in _ROOTS if k in overrides}
+    kinds |= roots
     if kinds:
         overrides.setdefault("flavor", flavor.gpu(GpuNode(**kinds)))
+    overrides.setdefault(
+        "host",
+        flavor.toolkit(
+            roots.get("container_driver_root", Path("/driver-root")),
+            roots.get("nvidia_driver_root", Path("/")),
+            simulated=nvml_mode == "simulated",
+        ),
+    )
     boot_id = tmp_path / "boot_id"
     if not boot_id.exists():
         boot_id.write_text("boot-1\n")
@@ -183,7 +192,6 @@ def _config(tmp_path: Path, **overrides: Any) -> StateConfig:
         "driver_name": DRIVER,
         "node_name": NODE,
         "boot_id_path": boot_id,
-        "nvml_mode": "simulated",
         "flavor": GPU,
     }
     values.update(overrides)

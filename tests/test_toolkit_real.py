@@ -13,7 +13,7 @@ import pytest
 
 from driver.nvml.simulated import HARDWARE_FILE
 from drivers.gpu.flavor import GPU
-from drivers.gpu.kinds.gpu import CONTROL_NODES
+from drivers.gpu.kinds.gpu import CONTROL_NODES, own_node
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits
 from tests.simroot import ctk_binary, fake_root, install_driver_files
@@ -39,7 +39,7 @@ async def test_real_toolkit_output_translates_into_the_host_driver_root(
     for key in ("GPU_DRA_SIM_NVML",):
         monkeypatch.setenv(key, env[key])  # nvidia-ctk inherits it and reads the same GPUs
 
-    edits = await base_edits("system", container_root=root, host_root=HOST_ROOT)
+    edits = await base_edits("system", container_root=root, host_root=HOST_ROOT, own_node=own_node)
 
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     for name in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler"):

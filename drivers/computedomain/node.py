@@ -62,8 +62,6 @@ class DomainConfig:
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/run/cdi")
-    nvidia_driver_root: Path = Path("/")
-    container_driver_root: Path = Path("/driver-root")
     pod_uid: str | None = None
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
@@ -135,10 +133,8 @@ class ComputeDomainDriver:
                 cdi_root=cfg.cdi_root,
                 driver_name=self.name,
                 node_name=cfg.node_name,
-                nvidia_driver_root=cfg.nvidia_driver_root,
-                container_driver_root=cfg.container_driver_root,
+                host=host.host_edits,
                 pod_uid=cfg.pod_uid,
-                nvml_mode="simulated" if host.nvml_mode == "simulated" else "system",
                 flavor=kinds.flavor(channel, daemon),
             ),
             host.api_client,

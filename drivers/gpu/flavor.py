@@ -7,10 +7,13 @@ them). The node process attaches the kinds with what it knows of the node (:func
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
 from drivers.gpu.kinds import GpuNode, by_name
+from drivers.gpu.kinds.gpu import own_node
+from kubeletplugin.containertoolkit import Toolkit
 from kubeletplugin.flavor import ConfigRules, Flavor
 
 
@@ -40,3 +43,9 @@ def gpu(node: GpuNode) -> Flavor:
     """The GPU driver's flavor, its kinds given ``node`` (the node wiring's driver roots,
     tools, NVML and MPS pods) instead of the defaults."""
     return dataclasses.replace(GPU, kind_context=node.context)
+
+
+def toolkit(container_root: Path, host_root: Path, *, simulated: bool) -> Toolkit:
+    """The host's driver install as GPU claim specs reach it (``StateConfig.host``): the
+    toolkit's edits without the device nodes each GPU claim's spec adds itself."""
+    return Toolkit(container_root, host_root, own_node, simulated=simulated)

@@ -43,6 +43,7 @@ from drivers.gpu.model.migmake import Maker
 from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
 from kubeletplugin.cohost import Guest, Host
+from kubeletplugin.containertoolkit import Toolkit
 from kubeletplugin.metrics import Metrics, MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
@@ -322,10 +323,8 @@ class _Node:
             cdi_root=cfg.cdi_root,
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
-            nvidia_driver_root=cfg.nvidia_driver_root,
-            container_driver_root=cfg.container_driver_root,
+            host=self._toolkit(),
             pod_uid=cfg.pod_uid,
-            nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
             flavor=flavor.gpu(kinds_node),
         )
         state = await DeviceState.open(state_config, self._api, self._devices)
@@ -334,6 +333,12 @@ class _Node:
             # discovery took for out of band: their placements are free again.
             await self._devices.refresh()
         return state
+
+    def _toolkit(self) -> Toolkit:
+        cfg = self._config
+        return flavor.toolkit(
+            cfg.container_driver_root, cfg.nvidia_driver_root, simulated=cfg.nvml == "simulated"
+        )
 
     def _load_nvml(self) -> "tuple[Nvml, Path]":
         from driver import nvml
@@ -472,6 +477,7 @@ class _Node:
             proc_root=self._backend[1],
             nvml_mode=self._config.nvml,
             registry=self._registry,
+            host_edits=self._toolkit(),
         )
         for guest in self._guests:
             reason = await self._start_guest(guest, host, "")

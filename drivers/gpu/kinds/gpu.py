@@ -25,6 +25,15 @@ NAME = "gpu"
 UUID_KEY = "gpu-uuid"
 VISIBLE_UUIDS_ENV = "GPU_DRA_VISIBLE_GPU_UUIDS"
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+_GPU_NODE_PREFIX = "/dev/nvidia"
+
+
+def own_node(path: str) -> bool:
+    """A device node a GPU claim's spec adds itself (a GPU's, or a control node), which the
+    container toolkit's spec-wide edits must not give every container."""
+    return path in CONTROL_NODES or (
+        path.startswith(_GPU_NODE_PREFIX) and path[len(_GPU_NODE_PREFIX) :].isdigit()
+    )
 
 
 def semver(version: str) -> str | None:
