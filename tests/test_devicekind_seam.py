@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client as k8s
 
+from driver.slices.model import build_slices
 from drivers.gpu import flavor
 from drivers.gpu import kinds as devicekinds
 from drivers.gpu.kinds import NodeDevices
 from drivers.gpu.kinds.gpu import KIND as GPU
-from drivers.gpu.model.resourceslice import build_resource_slices, build_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.fakekind import NAME, FakeAccelerator

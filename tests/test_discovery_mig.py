@@ -13,7 +13,7 @@ from driver.nvml.simulated import SimulatedNode, mig_minor
 from drivers.gpu.kinds import node_devices
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 
 MIG = "p4d.24xlarge-mig"  # GPUs 0-3 in MIG mode: 3g.20gb@0, 2g.10gb@4, 1g.10gb@6
 REPO = Path(__file__).resolve().parents[1]

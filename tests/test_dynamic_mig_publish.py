@@ -23,10 +23,11 @@ from driver.common.limits import validate_resource_slice
 from driver.kube import client as kubeclient
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import SliceController
+from driver.slices.model import counters_apart_for
 from drivers.gpu.kinds import NodeDevices, counter_sets, node_devices
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices, counters_apart_for
+from drivers.gpu.resourceslice import build_resource_slices
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for
 from tools.allocation import explain_claim

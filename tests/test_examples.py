@@ -20,7 +20,7 @@ from driver.nvml.faults import Faults
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.flavor import GPU_CONFIGS
 from drivers.gpu.model.discovery import discover
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from kubeletplugin.claims import ClaimRef, plan_claim
 from tests.chart_render import render
 from tools.allocation import Explanation, explain_claim

@@ -31,7 +31,7 @@ from driver.slices import SliceController, plan
 from drivers.gpu.kinds import NodeDevices
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from sandbox.apiserver import RequestRecord, ThreadedApiServer
 
 DRIVER = "gpu.nvidia.com"
