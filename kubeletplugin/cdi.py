@@ -136,7 +136,7 @@ def build_claim_spec(
                 "containerEdits": dict(node_device.edits),
             }
         )
-    kinds = flavor.kinds()
+    kinds = flavor.kinds
     kind_edits = []
     for name in sorted(of_kind):
         edits = kinds[name].claim_edits(list(of_kind[name].values()), claim)
@@ -224,7 +224,7 @@ def claim_from_spec(spec: Mapping[str, Any], flavor: Flavor) -> PreparedClaim:
         if version > VERSION:
             raise SpecError(f"record version {version} is newer than this release's ({VERSION})")
         uid = _text(annotations, CLAIM_UID)
-        kinds = flavor.kinds()
+        kinds = flavor.kinds
         devices = []
         for device in spec["devices"]:
             a = device["annotations"]

@@ -38,8 +38,9 @@ class Flavor:
     cdi_vendor: str
     # The ``kind`` of its per-claim side-effect records (``claims/<uid>.json``).
     record_kind: str
-    # Its device kinds by name; a function, so a test that swaps the GPU table is seen.
-    kinds: Callable[[], Mapping[str, AnyKind]]
+    # Its device kinds by name: the one table of them, made for this claim state (the
+    # same kinds the driver's published devices come from).
+    kinds: Mapping[str, AnyKind]
     # Its opaque configs.
     configs: ConfigRules
     # A device another claim holds: permanent for the GPU driver (the scheduler never

@@ -182,14 +182,14 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
 
 
 def _attach_kinds(flavor: Flavor, records: Records) -> None:
-    for kind in flavor.kinds().values():
+    for kind in flavor.kinds.values():
         state_dir = records.kind_dir(kind.name)
         ensure_dir(state_dir, dirs.PRIVATE, ours=True)
         kind.attach(flavor.kind_context(KindContext(state_dir, records.boot_id)))
 
 
 def _kinds_of(claim: PreparedClaim, flavor: Flavor) -> list[AnyKind]:
-    kinds = flavor.kinds()
+    kinds = flavor.kinds
     return [kinds[name] for name in sorted({d.kind for d in claim.devices})]
 
 
@@ -262,6 +262,11 @@ class DeviceState:
 
     # ---- public API -------------------------------------------------------------------
 
+    @property
+    def kinds(self) -> Mapping[str, AnyKind]:
+        """The driver's kinds this claim state holds (its flavor's table), attached."""
+        return self._config.flavor.kinds
+
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """One result per claim uid; a claim's failure never affects the others."""
         results = await self._each(self._prepare_one, claims)
@@ -282,7 +287,7 @@ class DeviceState:
 
     async def watch(self) -> None:
         """One round: each kind brings back what its prepared claims lost (an MPS daemon)."""
-        for kind in self._config.flavor.kinds().values():
+        for kind in self._config.flavor.kinds.values():
             await asyncio.to_thread(kind.watch)
 
     async def reconcile(self) -> None:

@@ -16,10 +16,11 @@ from driver.common.driverversion import DriverTooOld
 from driver.kube.backoff import Backoff
 from driver.kube.rest import Client
 from driver.nvml import backend
-from drivers.computedomain import clique, names, nvcaps
+from drivers.computedomain import names, nvcaps
 from drivers.computedomain.domains import Domain, Domains, NotReadyError
 from drivers.computedomain.node import ComputeDomainDriver, DomainConfig
 from drivers.gpu import node
+from drivers.gpu.model import clique
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
 from kubeletplugin.cohost import Host
@@ -67,10 +68,9 @@ class _Host:
         self.rounds = 0
         self.host = Host(
             api_client=api,
-            inventory=lambda: self.now,
+            facts=lambda: node.host_facts(self.now),
             rediscover=self._rediscover,
             proc_root=root,
-            nvml_mode="simulated",
         )
 
     async def _rediscover(self) -> None:

@@ -64,7 +64,7 @@ async def test_prepare_and_unprepare_write_one_record_per_claim_in_order(
     if not boot_id:
         config.boot_id_path.unlink()
     state = await DeviceState.open(
-        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path))
+        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path), config)
     )
     ref = await create_claim(api_client, "durable", ["gpu-5", "gpu-6"])
     events = _trace(monkeypatch)
@@ -101,7 +101,7 @@ async def test_an_already_prepared_claim_writes_nothing(
 ) -> None:
     config = _config(tmp_path)
     state = await DeviceState.open(
-        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path))
+        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path), config)
     )
     ref = await create_claim(api_client, "again", ["gpu-1"])
     first = await state.prepare([ref])

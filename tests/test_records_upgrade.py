@@ -45,7 +45,9 @@ def _specs(config: StateConfig) -> dict[str, bytes]:
 
 
 async def _open(config: StateConfig, api: k8s.ApiClient, tmp_path: Path) -> DeviceState:
-    return await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
+    return await DeviceState.open(
+        config, api, devices_of(_inventory("p5.48xlarge", tmp_path), config)
+    )
 
 
 async def test_upgrade_keeps_every_live_claim_prepared(

@@ -16,12 +16,13 @@ from kubernetes.aio import client as k8s
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu import flavor
 from drivers.gpu.flavor import GPU
-from drivers.gpu.kinds import GpuNode, NodeDevices
+from drivers.gpu.kinds import GpuNode, discovered
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
 from kubeletplugin import cdi, checkpoint
 from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
 from kubeletplugin.containertoolkit import ToolkitError
+from kubeletplugin.devices import NodeDevices
 from kubeletplugin.records import Records
 from kubeletplugin.state import ClaimRef, DeviceState, ForeignStateError, RecordError, StateConfig
 from sandbox.apiserver import LocalApiServer
@@ -42,8 +43,9 @@ def _inventory(profile: str, tmp_root: Path) -> Inventory:
     return _inventories[profile]
 
 
-def devices_of(inventory: Inventory) -> NodeDevices:
-    return NodeDevices.of(inventory, node_name=NODE)
+def devices_of(inventory: Inventory, config: StateConfig) -> NodeDevices[Inventory]:
+    """The node's devices of the claim state's own kinds: one table, as in the node process."""
+    return discovered(inventory, node_name=NODE, kinds=config.flavor.kinds)
 
 
 def reservations(config: StateConfig) -> dict[str, str]:
@@ -88,7 +90,9 @@ class Node:
         return spec
 
     async def restart(self) -> DeviceState:
-        self.state = await DeviceState.open(self.config, self.api, devices_of(self.inventory))
+        self.state = await DeviceState.open(
+            self.config, self.api, devices_of(self.inventory, self.config)
+        )
         return self.state
 
     async def claim(
@@ -162,7 +166,14 @@ async def delete_claim(api: k8s.ApiClient, ref: ClaimRef) -> None:
 
 
 # What only the GPU kinds are given (GpuNode), beside the driver roots both take.
-_KINDS_ONLY = ("nvidia_smi", "mps_control", "nvml_library", "mig_maker", "mps_pods")
+_KINDS_ONLY = (
+    "nvidia_smi",
+    "mps_control",
+    "nvml_library",
+    "mig_maker",
+    "mps_pods",
+    "consumable_capacity",
+)
 _ROOTS = ("nvidia_driver_root", "container_driver_root")
 
 
@@ -173,8 +184,7 @@ def _config(tmp_path: Path, *, nvml_mode: str = "simulated", **overrides: Any) -
     kinds = {k: overrides.pop(k) for k in _KINDS_ONLY if k in overrides}
     roots = {k: overrides.pop(k) for k in _ROOTS if k in overrides}
     kinds |= roots
-    if kinds:
-        overrides.setdefault("flavor", flavor.gpu(GpuNode(**kinds)))
+    overrides.setdefault("flavor", flavor.gpu(GpuNode(**kinds)))  # a table of its own
     overrides.setdefault(
         "host",
         flavor.toolkit(
@@ -192,7 +202,6 @@ def _config(tmp_path: Path, *, nvml_mode: str = "simulated", **overrides: Any) -
         "driver_name": DRIVER,
         "node_name": NODE,
         "boot_id_path": boot_id,
-        "flavor": GPU,
     }
     values.update(overrides)
     return StateConfig(**values)
@@ -203,7 +212,9 @@ async def node(api_client: k8s.ApiClient, tmp_path: Path) -> Node:
     api = api_client
     config = _config(tmp_path)
     inventory = _inventory("p5.48xlarge", tmp_path)
-    return Node(api, config, inventory, await DeviceState.open(config, api, devices_of(inventory)))
+    return Node(
+        api, config, inventory, await DeviceState.open(config, api, devices_of(inventory, config))
+    )
 
 
 # ---- prepare / unprepare ------------------------------------------------------------------
@@ -379,7 +390,7 @@ async def test_fifty_distinct_claims_prepare_concurrently(
     api = api_client
     config = _config(tmp_path)
     inventory = _inventory("synthetic-200gpu", tmp_path)
-    state = await DeviceState.open(config, api, devices_of(inventory))
+    state = await DeviceState.open(config, api, devices_of(inventory, config))
     refs = await asyncio.gather(*(create_claim(api, f"c{i}", [f"gpu-{i}"]) for i in range(50)))
     results = await asyncio.gather(*(state.prepare([ref]) for ref in refs))
     for ref, result in zip(refs, results, strict=True):
@@ -435,7 +446,7 @@ async def test_two_plugin_instances_never_hand_out_one_device_twice(
 ) -> None:
     # A surge upgrade: old and new plugin pod share the node's directories.
     other_config = _config(tmp_path, pod_uid="new-pod")
-    other = await DeviceState.open(other_config, node.api, devices_of(node.inventory))
+    other = await DeviceState.open(other_config, node.api, devices_of(node.inventory, other_config))
     refs = [await node.claim(f"race-{i}", ["gpu-0"]) for i in range(6)]
     results = await asyncio.gather(
         *((node.state if i % 2 else other).prepare([ref]) for i, ref in enumerate(refs))
@@ -587,7 +598,7 @@ async def test_nvidia_driver_checkpoint_refuses_to_start(
     }
     (config.plugin_dir / "checkpoint.json").write_text(json.dumps(nvidia))
     with pytest.raises(ForeignCheckpointError, match="To migrate"):
-        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
+        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path), config))
     assert json.loads((config.plugin_dir / "checkpoint.json").read_text()) == nvidia
 
 
@@ -597,7 +608,9 @@ async def test_real_gpu_node_without_container_toolkit_refuses_to_start(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     config = _config(tmp_path, nvml_mode="system", container_driver_root=tmp_path / "host")
     with pytest.raises(ToolkitError, match="nvidia-ctk"):
-        await DeviceState.open(config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path)))
+        await DeviceState.open(
+            config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path), config)
+        )
 
 
 async def test_nvidia_driver_cdi_spec_refuses_to_start(
@@ -612,7 +625,7 @@ async def test_nvidia_driver_cdi_spec_refuses_to_start(
         "devices:\n- name: abc-gpu-0\n  containerEdits: {env: [A=1]}\n"
     )
     with pytest.raises(ForeignStateError, match="To migrate"):
-        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
+        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path), config))
     assert foreign.exists()
 
 

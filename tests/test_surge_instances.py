@@ -17,7 +17,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from drivers.gpu.flavor import GPU
-from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds import discovered
 from kubeletplugin import cdi
 from kubeletplugin import state as state_module
 from kubeletplugin.records import Records
@@ -94,7 +94,7 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
     api_client: k8s.ApiClient, tmp_path: Path
 ) -> None:
     smi = Smi(tmp_path / "smi")
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     old, new = [
         await DeviceState.open(
             _config(tmp_path, nvidia_smi=smi.path, pod_uid=pod), api_client, devices
@@ -142,7 +142,7 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
 async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
     api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     config = _config(tmp_path)
     state = await DeviceState.open(config, api_client, devices)
     ref = await create_claim(api_client, "held", ["gpu-7"])
@@ -175,7 +175,7 @@ async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
 async def test_a_symlink_in_place_of_a_lock_file_is_refused(
     api_client: k8s.ApiClient, tmp_path: Path
 ) -> None:
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     config = _config(tmp_path)
     state = await DeviceState.open(config, api_client, devices)
     ref = await create_claim(api_client, "planted", ["gpu-6"])
@@ -196,7 +196,7 @@ async def test_start_up_sweeps_what_killed_writes_left_but_not_the_other_instanc
     directory too (dynamic MIG's per-claim records); the other instance's, of a claim whose
     lock it holds, are its write in flight and stay."""
     config = _config(tmp_path)
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     await DeviceState.open(config, api_client, devices)  # the directories, as a first start
     killed, in_flight = (
         "1e2d3c4b-0000-4000-8000-00000000000a",

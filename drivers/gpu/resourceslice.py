@@ -9,19 +9,18 @@ The devices come from the device kinds (``drivers.gpu.kinds``: one per GPU, name
 from typing import Any
 
 from driver.slices.model import build_slices
-from drivers.gpu.kinds import counter_sets, node_devices
+from drivers.gpu.kinds import GpuNode, counter_sets, gpu_kinds
 from drivers.gpu.model.inventory import Inventory
+from kubeletplugin.devices import devices_of
 
 
 def build_devices(
     inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
 ) -> list[dict[str, Any]]:
     """Every device kind's devices on the node, each kind building its own."""
+    kinds = gpu_kinds(GpuNode(consumable_capacity=consumable_capacity))
     return [
-        dict(d.published)
-        for d in node_devices(
-            inventory, node_name=node_name, consumable_capacity=consumable_capacity
-        )
+        dict(d.published) for d in devices_of(tuple(kinds.values()), inventory, node_name=node_name)
     ]
 
 
