@@ -100,13 +100,16 @@ def build_claim_spec(
     claim: PreparedClaim,
     devices: Mapping[str, NodeDevice],
     base_edits: Mapping[str, Any],
+    edits_by_kind: Mapping[str, Mapping[str, Any]],
     *,
     flavor: Flavor,
     boot_id: str = "",
     dev_root: str = "/",
 ) -> dict[str, Any]:
-    """The claim's CDI spec. ``devices`` maps device name to the node's device for
-    every device of the claim; device nodes are found under ``dev_root`` on the host
+    """Pure: the claim's CDI spec. ``devices`` maps device name to the node's device for
+    every device of the claim; ``edits_by_kind`` is each of its kinds' claim-wide edits
+    (:func:`kinds_of`, then ``claim_edits``, which the caller asks once, after the side
+    effects they describe); device nodes are found under ``dev_root`` on the host
     (``kubeletplugin.containertoolkit.dev_root``)."""
     by_device: dict[tuple[str, str], list[PreparedDevice]] = {}
     for record in claim.devices:
@@ -136,10 +139,9 @@ def build_claim_spec(
                 "containerEdits": dict(node_device.edits),
             }
         )
-    kinds = flavor.kinds
     kind_edits = []
     for name in sorted(of_kind):
-        edits = kinds[name].claim_edits(list(of_kind[name].values()), claim)
+        edits = edits_by_kind[name]
         if any(node.edits for node in of_kind[name].values()):
             kind_edits.append(edits)
             continue
@@ -169,6 +171,59 @@ def build_claim_spec(
         spec = _device_nodes_under(spec, dev_root)
     spec["cdiVersion"] = min_version(spec)
     return spec
+
+
+def kinds_of(
+    claim: PreparedClaim, devices: Mapping[str, NodeDevice]
+) -> dict[str, list[NodeDevice]]:
+    """The claim's node devices by kind, each kind's in name order: what each kind's
+    ``claim_edits`` is asked with."""
+    out: dict[str, dict[str, NodeDevice]] = {}
+    for record in claim.devices:
+        node_device = devices[record.device_name]
+        out.setdefault(node_device.kind, {})[record.device_name] = node_device
+    return {kind: [named[n] for n in sorted(named)] for kind, named in sorted(out.items())}
+
+
+def plan_of(claim: PreparedClaim, kinds: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a prepare decided, as a spec records it: per CDI device (a device, or a share
+    of it), its pool, kind, the identity its kind records, its requests and admin access.
+    A spec read back (:func:`claim_from_spec`) and a new plan of the claim compare equal
+    exactly when they prepare the same devices the same way."""
+    by_device: dict[tuple[str, str], list[PreparedDevice]] = {}
+    for d in claim.devices:
+        by_device.setdefault((d.device_name, d.share_id or ""), []).append(d)
+    devices = []
+    for key in sorted(by_device):
+        records = by_device[key]
+        first = records[0]
+        identity = dict(first.identity)
+        keys = getattr(kinds.get(first.kind), "identity_keys", sorted(identity))
+        devices.append(
+            (
+                key,
+                first.pool_name,
+                first.kind,
+                tuple((k, identity.get(k)) for k in keys),
+                tuple(sorted({r for rec in records for r in rec.request_names})),
+                any(rec.admin_access for rec in records),
+            )
+        )
+    return (claim.uid, claim.namespace, claim.name, tuple(devices))
+
+
+def current_claim(raw: bytes, path: Path, *, flavor: Flavor, boot_id: str) -> PreparedClaim | None:
+    """The claim a spec of ours records, when it is in this release's layout and of this
+    boot; None for any other spec (damaged, another layout or boot, another driver's)."""
+    try:
+        spec = parse(raw, path)
+        if not is_ours(spec) or boot_of(spec) != boot_id:
+            return None
+        if int(spec["annotations"].get(RECORD_VERSION, "1")) != VERSION:
+            return None
+        return claim_from_spec(spec, flavor)
+    except (ValueError, TypeError, KeyError, AttributeError, SpecError):
+        return None
 
 
 def _device_nodes_under(spec: dict[str, Any], root: str) -> dict[str, Any]:

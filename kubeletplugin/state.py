@@ -1,9 +1,11 @@
 """Prepared-claim state of one node: prepare, unprepare, recovery, reconciliation.
 
 A prepare is one straight line, :meth:`DeviceState._prepare`: fetch the claim, plan
-(pure: which devices, what their CDI spec says), record (reserve each device), side
-effects (only for kinds that have them, after a per-claim record), the CDI spec
-(which is the claim's durable record), complete. An unprepare runs it backwards.
+(pure: which devices, with which identities; a spec of this boot that records the same
+plan means the claim is prepared already), record (reserve each device), side effects
+(only for kinds that have them, after a per-claim record), the CDI spec (built once, from
+the kinds' edits asked after the side effects, off the event loop; it is the claim's
+durable record), complete. An unprepare runs it backwards.
 The records, their crash safety and their durability are ``kubeletplugin.records``;
 startup recovery is ``kubeletplugin.recovery``.
 
@@ -416,16 +418,6 @@ class DeviceState:
             rules=self._config.flavor.configs,
         )
         claim = self._prepared_claim(plan, devices)
-        spec = cdi.encode(
-            cdi.build_claim_spec(
-                claim,
-                devices,
-                self._base_edits,
-                boot_id=self._records.boot_id,
-                dev_root=self._dev_root,
-                flavor=self._config.flavor,
-            )
-        )
         if not claim.devices:
             # The kubelet asks us only for claims with results of our driver; none in this
             # node's pool means the claim was allocated for another node. An empty success
@@ -435,7 +427,7 @@ class DeviceState:
                 f"{self._pool}: it is allocated for another node"
             )
         existing = self._records.read_spec(ref.uid)
-        if existing == spec:
+        if existing is not None and self._same_plan(ref, existing, claim):
             return "already-prepared", claim
         if existing is not None:
             self._check_same_devices(ref, existing, devices)
@@ -463,17 +455,20 @@ class DeviceState:
                 for kind in kinds:
                     await asyncio.to_thread(kind.prepare, claim)
                 crashpoint("after-side-effects")
-                # What a side effect made (a MIG instance's device nodes) is in the edits.
-                spec = cdi.encode(
-                    cdi.build_claim_spec(
-                        claim,
-                        devices,
-                        self._base_edits,
-                        boot_id=self._records.boot_id,
-                        dev_root=self._dev_root,
-                        flavor=self._config.flavor,
-                    )
+            # One build, after the side effects: what they made (a MIG instance's device
+            # nodes) is in the kinds' edits, which may read the kinds' files.
+            edits = await asyncio.to_thread(self._kind_edits, claim, devices)
+            spec = cdi.encode(
+                cdi.build_claim_spec(
+                    claim,
+                    devices,
+                    self._base_edits,
+                    edits,
+                    boot_id=self._records.boot_id,
+                    dev_root=self._dev_root,
+                    flavor=self._config.flavor,
                 )
+            )
             # CDI: the spec is the claim's record; once it is in place the claim is prepared.
             await self._file_step(self._records.write_spec, ref.uid, spec)
         except PreparePendingError:
@@ -545,6 +540,29 @@ class DeviceState:
                 )
             )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(prepared))
+
+    def _kind_edits(
+        self, claim: PreparedClaim, devices: Mapping[str, NodeDevice]
+    ) -> dict[str, Mapping[str, Any]]:
+        """Each of the claim's kinds' claim-wide edits (blocking: a kind may read its files)."""
+        kinds = self._config.flavor.kinds
+        return {
+            name: kinds[name].claim_edits(of_kind, claim)
+            for name, of_kind in cdi.kinds_of(claim, devices).items()
+        }
+
+    def _same_plan(self, ref: ClaimRef, existing: bytes, claim: PreparedClaim) -> bool:
+        """Whether the claim's spec on disk, in this release's layout and of this boot,
+        records exactly ``claim``'s plan: then it is prepared, and its side effects stand."""
+        flavor = self._config.flavor
+        recorded = cdi.current_claim(
+            existing,
+            Path(cdi.spec_name(ref.uid, flavor)),
+            flavor=flavor,
+            boot_id=self._records.boot_id,
+        )
+        kinds = flavor.kinds
+        return recorded is not None and cdi.plan_of(recorded, kinds) == cdi.plan_of(claim, kinds)
 
     def _check_same_devices(
         self, ref: ClaimRef, existing: bytes, devices: Mapping[str, NodeDevice]

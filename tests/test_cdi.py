@@ -2,6 +2,7 @@
 
 import json
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,17 @@ def _record(*devices: str, admin: bool = False) -> PreparedClaim:
     )
 
 
+def build(claim: PreparedClaim, base: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+    """The claim's spec on DEVICES, its kinds' edits asked as the claim state asks them."""
+    edits = {
+        kind: GPU.kinds[kind].claim_edits(of_kind, claim)
+        for kind, of_kind in cdi.kinds_of(claim, DEVICES).items()
+    }
+    return cdi.build_claim_spec(claim, DEVICES, base, edits, flavor=GPU, **options)
+
+
 def test_claim_spec_contents() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-3", "gpu-1"), DEVICES, {}, flavor=GPU)
+    spec = build(_record("gpu-3", "gpu-1"), {})
     assert_valid_spec(spec)
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
     assert spec["cdiVersion"] == "0.6.0"
@@ -134,16 +144,14 @@ def test_base_edits_are_merged_and_version_follows_fields() -> None:
             }
         ],
     }
-    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, base, flavor=GPU)
+    spec = build(_record("gpu-0"), base)
     assert_valid_spec(spec)
     assert spec["containerEdits"]["env"][0] == "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"
     assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"]
     assert spec["containerEdits"]["mounts"] == base["mounts"]
     assert spec["containerEdits"]["hooks"] == base["hooks"]
     assert base["env"] == ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"]  # input not mutated
-    with_gids = cdi.build_claim_spec(
-        _record("gpu-0"), DEVICES, {"additionalGids": [44]}, flavor=GPU
-    )
+    with_gids = build(_record("gpu-0"), {"additionalGids": [44]})
     assert_valid_spec(with_gids)
     assert with_gids["cdiVersion"] == "0.7.0"
 
@@ -151,7 +159,7 @@ def test_base_edits_are_merged_and_version_follows_fields() -> None:
 def test_spec_round_trips_to_the_record(tmp_path: Path) -> None:
     record = _record("gpu-2", "gpu-5", admin=True)
     records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1", flavor=GPU)
-    spec = cdi.build_claim_spec(record, DEVICES, {}, boot_id="boot-1", flavor=GPU)
+    spec = build(record, {}, boot_id="boot-1")
     records.write_spec(UID, cdi.encode(spec))
     path = tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.json"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
@@ -174,12 +182,12 @@ def test_nvidia_driver_specs_are_foreign_others_ignored(tmp_path: Path) -> None:
     (tmp_path / "nvidia.yaml").write_text(json.dumps({**nvidia_claim, "kind": "nvidia.com/gpu"}))
     records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1", flavor=GPU)
     assert [p.name for p in records.spec_files()] == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]
-    ours = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {}, flavor=GPU)
+    ours = build(_record("gpu-0"), {})
     assert cdi.is_ours(ours) and not cdi.is_foreign(ours, GPU)
 
 
 def test_a_spec_this_release_cannot_read_is_an_error_not_an_empty_claim() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {}, flavor=GPU)
+    spec = build(_record("gpu-0"), {})
     newer = {**spec, "annotations": {**spec["annotations"], cdi.RECORD_VERSION: "3"}}
     with pytest.raises(cdi.SpecError, match="newer"):
         cdi.claim_from_spec(newer, GPU)
@@ -283,7 +291,7 @@ async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
 
 
 def test_schema_check_is_not_vacuous() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {}, flavor=GPU)
+    spec = build(_record("gpu-0"), {})
     spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"hostPath": "/dev/nvidia0"}]
     assert list(_validator().iter_errors(spec)), "a device node without path must fail"
 

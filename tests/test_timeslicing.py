@@ -216,9 +216,12 @@ async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices
     ref = await create_claim(api_client, "sliced", ["gpu-0"], config=[timeslicing("Short")])
     assert (await state.prepare([ref]))[ref.uid].error == ""
     assert smi.calls() == sliced(uuid, 1)
-    # The spec as the release before wrote it (pretty-printed): same claim, other bytes.
+    # The spec in release 0.1.0's layout (no record version, pretty-printed): same claim,
+    # another layout, which a repeat prepare rewrites.
     path = cdi.spec_path(tmp_path / "cdi", ref.uid, GPU)
-    path.write_text(json.dumps(json.loads(path.read_bytes()), indent=1))
+    spec = json.loads(path.read_bytes())
+    del spec["annotations"][cdi.RECORD_VERSION]
+    path.write_text(json.dumps(spec, indent=1))
     layout = path.read_bytes()
     plugin_dir = tmp_path / "plugins" / DRIVER
     record = (plugin_dir / "claims" / f"{ref.uid}.json").read_bytes()
