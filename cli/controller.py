@@ -62,7 +62,7 @@ async def _main(args: argparse.Namespace) -> int:
     from driver.common.errors import PermanentError
     from driver.kube import client as kubeclient
     from driver.slices import SliceController
-    from drivers.gpu.kinds import NodeDevices
+    from drivers.gpu.kinds import GpuNode, gpu_kinds, node_devices
     from drivers.gpu.model.discovery import discover
     from drivers.gpu.model.inventory import Inventory
 
@@ -78,16 +78,15 @@ async def _main(args: argparse.Namespace) -> int:
         api_client = await kubeclient.api_client(
             args.kubeconfig or os.environ.get("KUBECONFIG"), component="controller"
         )
-        node_devices = NodeDevices(
-            discover_now, node_name=node_name, consumable_capacity=args.consumable_capacity
-        )
+        kinds = gpu_kinds(GpuNode(consumable_capacity=args.consumable_capacity))
+        devices = node_devices(discover_now, node_name=node_name, kinds=kinds)
         try:
             controller = SliceController(
                 api_client,
                 node_name=node_name,
                 driver_name=args.driver_name,
-                devices=node_devices.published,
-                counter_sets=node_devices.counter_sets,
+                devices=devices.published,
+                counter_sets=devices.counter_sets,
                 resync_period=args.resync_period,
                 namespace=args.namespace,
             )

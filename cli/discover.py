@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_PERMANENT
 
     from driver.common.limits import validate_resource_slice
-    from drivers.gpu.model.resourceslice import build_resource_slices
+    from drivers.gpu.resourceslice import build_resource_slices
 
     slices = build_resource_slices(
         inventory,

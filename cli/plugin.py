@@ -167,8 +167,6 @@ def _guests(args: argparse.Namespace, config: "NodeConfig") -> "list[Guest]":
                 registrar_dir=config.registrar_dir,
                 plugins_dir=config.plugins_dir,
                 cdi_root=config.cdi_root,
-                nvidia_driver_root=config.nvidia_driver_root,
-                container_driver_root=config.container_driver_root,
                 pod_uid=config.pod_uid,
             )
         )

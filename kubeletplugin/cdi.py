@@ -1,7 +1,8 @@
 """CDI specs for prepared claims: a pure builder and a pure reader.
 
-One spec file per claim, ``<cdi_root>/k8s.gpu.nvidia.com-claim_<uid>.json``, kind
-``k8s.gpu.nvidia.com/claim``, one CDI device ``<claimUID>-<device>`` per device. The
+One spec file per claim, ``<cdi_root>/<vendor>-claim_<uid>.json``, kind ``<vendor>/claim``
+(the driver's :class:`~kubeletplugin.flavor.Flavor`; the GPU driver's vendor is
+``k8s.gpu.nvidia.com``), one CDI device ``<claimUID>-<device>`` per device. The
 spec is also the claim's durable record (``kubeletplugin.records``): its annotations
 carry the claim's uid, namespace and name, the boot it was written in, the record
 version and, per device, its name, kind, pool, requests and identity (a GPU's UUID),
@@ -22,13 +23,10 @@ from typing import Any
 from driver.common.errors import PermanentError
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from kubeletplugin import names
-from kubeletplugin.flavor import GPU, Flavor
+from kubeletplugin.flavor import Flavor
 
-# The GPU driver's names (kubeletplugin.flavor.GPU); another driver passes its flavor.
-VENDOR = GPU.cdi_vendor
+# The vendor, and so the kind and file names, is the driver's (Flavor.cdi_vendor).
 CLAIM_CLASS = "claim"
-KIND = GPU.cdi_kind
-FILE_PREFIX = GPU.file_prefix
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
 _ANNOTATION = "gpu-dra.io/"
@@ -56,11 +54,11 @@ class SpecError(PermanentError):
     """A spec under our owner marker that this release cannot read."""
 
 
-def spec_name(claim_uid: str, flavor: Flavor = GPU) -> str:
+def spec_name(claim_uid: str, flavor: Flavor) -> str:
     return f"{flavor.cdi_vendor}-{CLAIM_CLASS}_{claim_uid}.json"
 
 
-def spec_path(cdi_root: Path, claim_uid: str, flavor: Flavor = GPU) -> Path:
+def spec_path(cdi_root: Path, claim_uid: str, flavor: Flavor) -> Path:
     return names.within(cdi_root, cdi_root / spec_name(claim_uid, flavor))
 
 
@@ -71,9 +69,7 @@ def device_name_of(claim_uid: str, device_name: str, share_id: str | None = None
     return base if share_id is None else f"{base}-{share_id}"
 
 
-def cdi_device_id(
-    claim_uid: str, device_name: str, share_id: str | None = None, flavor: Flavor = GPU
-) -> str:
+def cdi_device_id(claim_uid: str, device_name: str, share_id: str | None, flavor: Flavor) -> str:
     """Fully qualified CDI name, as returned to the kubelet."""
     return f"{flavor.cdi_kind}={device_name_of(claim_uid, device_name, share_id)}"
 
@@ -104,14 +100,17 @@ def build_claim_spec(
     claim: PreparedClaim,
     devices: Mapping[str, NodeDevice],
     base_edits: Mapping[str, Any],
+    edits_by_kind: Mapping[str, Mapping[str, Any]],
     *,
+    flavor: Flavor,
     boot_id: str = "",
     dev_root: str = "/",
-    flavor: Flavor = GPU,
 ) -> dict[str, Any]:
-    """The claim's CDI spec. ``devices`` maps device name to the node's device for
-    every device of the claim; device nodes are found under ``dev_root`` on the host
-    (see :func:`dev_root`)."""
+    """Pure: the claim's CDI spec. ``devices`` maps device name to the node's device for
+    every device of the claim; ``edits_by_kind`` is each of its kinds' claim-wide edits
+    (:func:`kinds_of`, then ``claim_edits``, which the caller asks once, after the side
+    effects they describe); device nodes are found under ``dev_root`` on the host
+    (``kubeletplugin.containertoolkit.dev_root``)."""
     by_device: dict[tuple[str, str], list[PreparedDevice]] = {}
     for record in claim.devices:
         by_device.setdefault((record.device_name, record.share_id or ""), []).append(record)
@@ -140,10 +139,9 @@ def build_claim_spec(
                 "containerEdits": dict(node_device.edits),
             }
         )
-    kinds = flavor.kinds()
     kind_edits = []
     for name in sorted(of_kind):
-        edits = kinds[name].claim_edits(list(of_kind[name].values()), claim)
+        edits = edits_by_kind[name]
         if any(node.edits for node in of_kind[name].values()):
             kind_edits.append(edits)
             continue
@@ -175,13 +173,57 @@ def build_claim_spec(
     return spec
 
 
-def dev_root(container_driver_root: Path, nvidia_driver_root: Path) -> str:
-    """Where the host keeps the device nodes, as NVIDIA's container toolkit decides:
-    under the driver root when that root has its own ``dev/nvidiactl`` (a driver
-    container, a fake root in tests), else the host's ``/dev``."""
-    if (container_driver_root / "dev" / "nvidiactl").exists():
-        return str(nvidia_driver_root)
-    return "/"
+def kinds_of(
+    claim: PreparedClaim, devices: Mapping[str, NodeDevice]
+) -> dict[str, list[NodeDevice]]:
+    """The claim's node devices by kind, each kind's in name order: what each kind's
+    ``claim_edits`` is asked with."""
+    out: dict[str, dict[str, NodeDevice]] = {}
+    for record in claim.devices:
+        node_device = devices[record.device_name]
+        out.setdefault(node_device.kind, {})[record.device_name] = node_device
+    return {kind: [named[n] for n in sorted(named)] for kind, named in sorted(out.items())}
+
+
+def plan_of(claim: PreparedClaim, kinds: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a prepare decided, as a spec records it: per CDI device (a device, or a share
+    of it), its pool, kind, the identity its kind records, its requests and admin access.
+    A spec read back (:func:`claim_from_spec`) and a new plan of the claim compare equal
+    exactly when they prepare the same devices the same way."""
+    by_device: dict[tuple[str, str], list[PreparedDevice]] = {}
+    for d in claim.devices:
+        by_device.setdefault((d.device_name, d.share_id or ""), []).append(d)
+    devices = []
+    for key in sorted(by_device):
+        records = by_device[key]
+        first = records[0]
+        identity = dict(first.identity)
+        keys = getattr(kinds.get(first.kind), "identity_keys", sorted(identity))
+        devices.append(
+            (
+                key,
+                first.pool_name,
+                first.kind,
+                tuple((k, identity.get(k)) for k in keys),
+                tuple(sorted({r for rec in records for r in rec.request_names})),
+                any(rec.admin_access for rec in records),
+            )
+        )
+    return (claim.uid, claim.namespace, claim.name, tuple(devices))
+
+
+def current_claim(raw: bytes, path: Path, *, flavor: Flavor, boot_id: str) -> PreparedClaim | None:
+    """The claim a spec of ours records, when it is in this release's layout and of this
+    boot; None for any other spec (damaged, another layout or boot, another driver's)."""
+    try:
+        spec = parse(raw, path)
+        if not is_ours(spec) or boot_of(spec) != boot_id:
+            return None
+        if int(spec["annotations"].get(RECORD_VERSION, "1")) != VERSION:
+            return None
+        return claim_from_spec(spec, flavor)
+    except (ValueError, TypeError, KeyError, AttributeError, SpecError):
+        return None
 
 
 def _device_nodes_under(spec: dict[str, Any], root: str) -> dict[str, Any]:
@@ -206,7 +248,7 @@ def is_ours(spec: Any) -> bool:
     return isinstance(spec, dict) and (spec.get("annotations") or {}).get(OWNER_ANNOTATION) == OWNER
 
 
-def is_foreign(spec: Any, flavor: Flavor = GPU) -> bool:
+def is_foreign(spec: Any, flavor: Flavor) -> bool:
     """Another DRA driver's spec under our kind and file names."""
     return (
         isinstance(spec, dict)
@@ -228,7 +270,7 @@ def _text(obj: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def claim_from_spec(spec: Mapping[str, Any], flavor: Flavor = GPU) -> PreparedClaim:
+def claim_from_spec(spec: Mapping[str, Any], flavor: Flavor) -> PreparedClaim:
     """What one of our specs records. Raises SpecError when this release cannot read it
     (a newer record version, an unknown device kind, a missing or mistyped field)."""
     try:
@@ -237,7 +279,7 @@ def claim_from_spec(spec: Mapping[str, Any], flavor: Flavor = GPU) -> PreparedCl
         if version > VERSION:
             raise SpecError(f"record version {version} is newer than this release's ({VERSION})")
         uid = _text(annotations, CLAIM_UID)
-        kinds = flavor.kinds()
+        kinds = flavor.kinds
         devices = []
         for device in spec["devices"]:
             a = device["annotations"]

@@ -20,7 +20,7 @@ from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import is_uid
 from driver.common.quantity import Quantity
 from driver.kube.rest import ApiError, Client, NotFoundError
-from kubeletplugin.flavor import GPU_CONFIGS, ConfigRules
+from kubeletplugin.flavor import ConfigRules
 
 _FETCH_TIMEOUT_S = 20.0
 # A share ID as the scheduler writes it (types.UID, a UUID): it also names a file.
@@ -150,7 +150,7 @@ def _configs(
     allocation: Mapping[str, Any],
     driver_name: str,
     our_requests: Sequence[str],
-    rules: ConfigRules = GPU_CONFIGS,
+    rules: ConfigRules,
 ) -> list[_Config]:
     """Our driver's opaque configs, class configs first, each decoded (shape checked).
 
@@ -190,7 +190,7 @@ def _default_config(rules: ConfigRules) -> Any:
     return rules.default()
 
 
-def _config_for(request: str, configs: Sequence[_Config], rules: ConfigRules = GPU_CONFIGS) -> Any:
+def _config_for(request: str, configs: Sequence[_Config], rules: ConfigRules) -> Any:
     """The last matching config wins; it is validated, the ones it overrides are not.
 
     A claim config overrides a class config, one naming the request overrides one for
@@ -222,7 +222,7 @@ def plan_claim(
     *,
     driver_name: str,
     pool_name: str,
-    rules: ConfigRules = GPU_CONFIGS,
+    rules: ConfigRules,
 ) -> ClaimPlan:
     """Pure: what of this claim this node prepares. Raises ClaimError."""
     uid = claim.get("metadata", {}).get("uid")

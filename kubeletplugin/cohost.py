@@ -1,8 +1,10 @@
 """One node process, more than one driver: what the GPU driver's process gives another
 driver it also serves (the ComputeDomain driver), so that both stand on one NVML load, one
-inventory and one API client, each with its own sockets, claim state and slices.
+discovery and one API client, each with its own sockets, claim state and slices.
 
-The command line composes them (``cli/plugin.py``): the two drivers never import each other.
+The host hands a guest plain data of what it discovered (:class:`NodeFacts`), never its
+inventory type. The command line composes them (``cli/plugin.py``): the two drivers never
+import each other.
 """
 
 from collections.abc import Awaitable, Callable
@@ -13,19 +15,29 @@ from typing import Protocol
 from kubernetes.aio.client import ApiClient
 from prometheus_client import CollectorRegistry
 
-from drivers.gpu.model.inventory import Inventory
+from kubeletplugin.state import HostEdits
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the host's last discovery found of the node that a guest needs."""
+
+    driver_version: str  # the NVIDIA driver's, as NVML reports it ("580.95.05")
+    clique_id: str  # the NVLink clique "<cluster UUID>.<clique ID>"; "": none
 
 
 @dataclass(frozen=True, slots=True)
 class Host:
     api_client: ApiClient
-    # The host driver's last discovery, and a new one (which the host's publisher also sees).
-    inventory: Callable[[], Inventory | None]
+    # The host's last discovery (None before the first; raises a DriverError when the node
+    # cannot be described, GPUs that disagree on their clique), and a new one.
+    facts: Callable[[], NodeFacts | None]
     rediscover: Callable[[], Awaitable[None]]
     proc_root: Path  # where the driver's proc/ lies: "/" on a node, a simulated node's root
-    nvml_mode: str  # "system" or "simulated"
     # The host's metrics registry, served on its port: a guest forwards its families into it.
     registry: CollectorRegistry | None = None
+    # The host's driver install, for the specs of a guest's toolkit kinds; None: none.
+    host_edits: HostEdits | None = None
 
 
 class Guest(Protocol):

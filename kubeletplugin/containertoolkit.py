@@ -6,22 +6,24 @@ come from ``nvidia-ctk cdi generate``, run once per process against the host's d
 root as the DaemonSet mounts it (``container_driver_root``). The paths it prints are
 paths inside this container; the runtime that reads the spec runs on the host, so they
 are translated back to ``nvidia_driver_root``.
+
+Which device nodes a claim spec adds itself (a GPU's, its control nodes) is the driver's
+knowledge: it gives :class:`Toolkit` the test (``own_node``), and the claim state a
+``Toolkit`` (``kubeletplugin.state.HostEdits``).
 """
 
 import asyncio
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from driver.common.errors import PermanentError
-from drivers.gpu.kinds.gpu import CONTROL_NODES
 
 _CTK_LOCATIONS = ("usr/bin", "usr/local/bin", "usr/local/nvidia/toolkit")
 _TIMEOUT_S = 120.0
-_GPU_NODE_PREFIX = "/dev/nvidia"
-_OWN_NODES = frozenset(CONTROL_NODES)
 
 _cache: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -38,11 +40,15 @@ def _rebase(path: str, old: PurePosixPath, new: PurePosixPath) -> str:
 
 
 def translate_edits(
-    edits: Mapping[str, Any], *, container_root: Path, host_root: Path
+    edits: Mapping[str, Any],
+    *,
+    container_root: Path,
+    host_root: Path,
+    own_node: Callable[[str], bool],
 ) -> dict[str, Any]:
     """Pure: host paths seen from this container -> the same paths seen from the host.
 
-    GPU and control device nodes are dropped: every claim spec adds exactly its own.
+    Device nodes that ``own_node`` names are dropped: every claim spec adds exactly its own.
     """
     old, new = PurePosixPath(container_root), PurePosixPath(host_root)
     out: dict[str, Any] = {}
@@ -51,9 +57,7 @@ def translate_edits(
             nodes = []
             for node in value:
                 path = str(node.get("path", ""))
-                if path in _OWN_NODES or (
-                    path.startswith(_GPU_NODE_PREFIX) and path[len(_GPU_NODE_PREFIX) :].isdigit()
-                ):
+                if own_node(path):
                     continue
                 node = dict(node)
                 if "hostPath" in node:
@@ -81,7 +85,9 @@ def _find_ctk(container_root: Path) -> Path | None:
     return Path(found) if found else None
 
 
-async def _generate(container_root: Path, host_root: Path) -> dict[str, Any]:
+async def _generate(
+    container_root: Path, host_root: Path, own_node: Callable[[str], bool]
+) -> dict[str, Any]:
     ctk = await asyncio.to_thread(_find_ctk, container_root)
     if ctk is None:
         raise ToolkitError(
@@ -114,11 +120,17 @@ async def _generate(container_root: Path, host_root: Path) -> dict[str, Any]:
         edits = spec.get("containerEdits") or {}
     except (ValueError, AttributeError) as exc:
         raise ToolkitError(f"{' '.join(argv)} printed no CDI spec: {exc}") from exc
-    return translate_edits(edits, container_root=container_root, host_root=host_root)
+    return translate_edits(
+        edits, container_root=container_root, host_root=host_root, own_node=own_node
+    )
 
 
 async def base_edits(
-    nvml_mode: Literal["system", "simulated"], *, container_root: Path, host_root: Path
+    nvml_mode: Literal["system", "simulated"],
+    *,
+    container_root: Path,
+    host_root: Path,
+    own_node: Callable[[str], bool],
 ) -> dict[str, Any]:
     """Spec-level container edits every claim spec gets; computed once per process."""
     if nvml_mode == "simulated":
@@ -127,5 +139,37 @@ async def base_edits(
         return {}
     key = (str(container_root), str(host_root))
     if key not in _cache:
-        _cache[key] = await _generate(container_root, host_root)
+        _cache[key] = await _generate(container_root, host_root, own_node)
     return _cache[key]
+
+
+def dev_root(container_driver_root: Path, nvidia_driver_root: Path) -> str:
+    """Where the host keeps the device nodes, as NVIDIA's container toolkit decides:
+    under the driver root when that root has its own ``dev/nvidiactl`` (a driver
+    container, a fake root in tests), else the host's ``/dev``. Blocking: a stat."""
+    if (container_driver_root / "dev" / "nvidiactl").exists():
+        return str(nvidia_driver_root)
+    return "/"
+
+
+@dataclass(frozen=True, slots=True)
+class Toolkit:
+    """The host's driver install as one driver's claim specs reach it: its root seen from
+    this container and from the host, the device nodes the driver's specs add themselves
+    (``own_node``), and whether there is an install at all (a simulated node has none)."""
+
+    container_root: Path
+    host_root: Path
+    own_node: Callable[[str], bool]
+    simulated: bool = False
+
+    async def base_edits(self) -> Mapping[str, Any]:
+        return await base_edits(
+            "simulated" if self.simulated else "system",
+            container_root=self.container_root,
+            host_root=self.host_root,
+            own_node=self.own_node,
+        )
+
+    def dev_root(self) -> str:
+        return dev_root(self.container_root, self.host_root)

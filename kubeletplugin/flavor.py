@@ -1,22 +1,17 @@
 """What makes one node driver itself to the shared framework: its CDI vendor, the kind of
 its side-effect records, its table of device kinds and what they are attached with.
 
-Records, recovery, the CDI writer and the claim state take a :class:`Flavor`; each node
-driver (``drivers/gpu/``, ``drivers/computedomain/``) passes its own, so the two
-share those modules without either naming the other. :data:`GPU` is the default wherever a
-flavor is optional: the GPU driver's names on disk are release 0.1.0's and never change
-(upgrade tests read them). The GPU node process attaches its kinds with what it knows of
-the node (:func:`gpu`); the default gives them the defaults, as tests want.
+Records, recovery, the CDI writer and the claim state take a :class:`Flavor`, always given:
+each node driver (``drivers/gpu/flavor.py``, ``drivers/computedomain/kinds.py``) passes its
+own, so the two share those modules without either naming the other, and a driver that
+forgot one could not silently write another driver's names on disk.
 """
 
-import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from api.config import GPU_CONFIG_KIND, GpuConfig, decode_gpu_config, validate_gpu_config
 from driver.devicekind import AnyKind, KindContext
-from drivers.gpu.kinds import GpuNode, by_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,19 +28,6 @@ class ConfigRules:
     default: Callable[[], Any]
 
 
-def _gpu_decode(parameters: Mapping[str, Any] | None, source: str) -> GpuConfig:
-    return decode_gpu_config(parameters, source=source)
-
-
-def _gpu_validate(config: GpuConfig, source: str) -> GpuConfig:
-    return validate_gpu_config(config, source=source)
-
-
-GPU_CONFIGS = ConfigRules(
-    kinds=(GPU_CONFIG_KIND,), decode=_gpu_decode, validate=_gpu_validate, default=GpuConfig.default
-)
-
-
 def _as_given(context: KindContext) -> KindContext:
     return context
 
@@ -56,10 +38,11 @@ class Flavor:
     cdi_vendor: str
     # The ``kind`` of its per-claim side-effect records (``claims/<uid>.json``).
     record_kind: str
-    # Its device kinds by name; a function, so a test that swaps the GPU table is seen.
-    kinds: Callable[[], Mapping[str, AnyKind]]
+    # Its device kinds by name: the one table of them, made for this claim state (the
+    # same kinds the driver's published devices come from).
+    kinds: Mapping[str, AnyKind]
     # Its opaque configs.
-    configs: ConfigRules = GPU_CONFIGS
+    configs: ConfigRules
     # A device another claim holds: permanent for the GPU driver (the scheduler never
     # allocates it twice), retryable where the driver expects the holder to go (NVIDIA's
     # ComputeDomain channel 0, held by the node's previous workload until its unprepare).
@@ -86,18 +69,3 @@ class Flavor:
     @property
     def file_prefix(self) -> str:
         return f"{self.cdi_vendor}-"
-
-
-GPU = Flavor(
-    cdi_vendor="k8s.gpu.nvidia.com",
-    record_kind="GpuDraClaimRecord",
-    kinds=by_name,
-    foreign_kinds=("k8s.gpu.nvidia.com/", "nvidia.com/gpu"),
-    kind_context=GpuNode().context,
-)
-
-
-def gpu(node: GpuNode) -> Flavor:
-    """The GPU driver's flavor, its kinds given ``node`` (the node wiring's driver roots,
-    tools, NVML and MPS pods) instead of the defaults."""
-    return dataclasses.replace(GPU, kind_context=node.context)

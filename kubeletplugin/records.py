@@ -66,7 +66,7 @@ from driver.common.errors import PermanentError
 from driver.common.fsutil import TEMP_SUFFIX, ensure_dir, write_atomic
 from driver.devicekind import PreparedClaim, PreparedDevice
 from kubeletplugin import cdi, dirs, names
-from kubeletplugin.flavor import GPU, Flavor
+from kubeletplugin.flavor import Flavor
 
 DEVICES_DIR = "devices"
 CLAIMS_DIR = "claims"
@@ -76,7 +76,6 @@ LOCKS_DIR = "locks"
 KINDS_DIR = "kinds"
 LOCK_SUFFIX = ".lock"
 LOCK_MODE = 0o600
-CLAIM_RECORD_KIND = GPU.record_kind  # the GPU driver's; another driver's is in its flavor
 CLAIM_RECORD_VERSION = 1
 _PATHS_KEPT = 1024
 
@@ -138,9 +137,7 @@ def _encode_device(device: PreparedDevice) -> dict[str, Any]:
     }
 
 
-def encode_claim_record(
-    claim: PreparedClaim, *, boot_id: str, record_kind: str = CLAIM_RECORD_KIND
-) -> bytes:
+def encode_claim_record(claim: PreparedClaim, *, boot_id: str, record_kind: str) -> bytes:
     return (
         json.dumps(
             {
@@ -158,9 +155,7 @@ def encode_claim_record(
     )
 
 
-def decode_claim_record(
-    raw: bytes, record_kind: str = CLAIM_RECORD_KIND
-) -> tuple[str, PreparedClaim]:
+def decode_claim_record(raw: bytes, record_kind: str) -> tuple[str, PreparedClaim]:
     """(boot ID, claim); raises RecordError for anything else."""
     try:
         doc = json.loads(raw)
@@ -191,9 +186,7 @@ def decode_claim_record(
 class Records:
     """The record files of one node (blocking calls: worker thread or quick syscalls)."""
 
-    def __init__(
-        self, plugin_dir: Path, cdi_root: Path, *, boot_id: str, flavor: Flavor = GPU
-    ) -> None:
+    def __init__(self, plugin_dir: Path, cdi_root: Path, *, boot_id: str, flavor: Flavor) -> None:
         self.flavor = flavor
         self.plugin_dir = plugin_dir
         self.cdi_root = cdi_root

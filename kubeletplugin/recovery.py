@@ -230,7 +230,7 @@ def _judge_claim_records(
     """Undo the side effects of each interrupted claim; returns those it could not undo
     now (their records stay)."""
     boot = records.boot_id
-    kinds = records.flavor.kinds()
+    kinds = records.flavor.kinds
     unrecovered: dict[str, PreparedClaim] = {}
     for path in records.claim_record_files():
         if path.name.endswith(".tmp"):

@@ -1,9 +1,11 @@
 """Prepared-claim state of one node: prepare, unprepare, recovery, reconciliation.
 
 A prepare is one straight line, :meth:`DeviceState._prepare`: fetch the claim, plan
-(pure: which devices, what their CDI spec says), record (reserve each device), side
-effects (only for kinds that have them, after a per-claim record), the CDI spec
-(which is the claim's durable record), complete. An unprepare runs it backwards.
+(pure: which devices, with which identities; a spec of this boot that records the same
+plan means the claim is prepared already), record (reserve each device), side effects
+(only for kinds that have them, after a per-claim record), the CDI spec (built once, from
+the kinds' edits asked after the side effects, off the event loop; it is the claim's
+durable record), complete. An unprepare runs it backwards.
 The records, their crash safety and their durability are ``kubeletplugin.records``;
 startup recovery is ``kubeletplugin.recovery``.
 
@@ -24,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kubernetes.aio.client import ApiClient
 
@@ -34,7 +36,7 @@ from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.devicekind import AnyKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
-from kubeletplugin import cdi, containertoolkit, dirs, recovery
+from kubeletplugin import cdi, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
     ClaimPlan,
@@ -45,7 +47,7 @@ from kubeletplugin.claims import (
     plan_claim,
     share_problem,
 )
-from kubeletplugin.flavor import GPU, Flavor
+from kubeletplugin.flavor import Flavor
 from kubeletplugin.records import (
     DeviceTakenError,
     Holder,
@@ -107,6 +109,18 @@ class NodeDevices(Protocol):
     def current(self) -> Mapping[str, NodeDevice]: ...
 
 
+class HostEdits(Protocol):
+    """What a driver's claim specs take from the host's driver install: the container
+    toolkit's spec-wide edits (the driver's libraries, binaries and hooks) and where on the
+    host the device nodes lie (``kubeletplugin.containertoolkit.Toolkit``)."""
+
+    async def base_edits(self) -> Mapping[str, Any]:
+        """Raises containertoolkit.ToolkitError when no usable edits can be had."""
+
+    def dev_root(self) -> str:
+        """Blocking (it may stat): the host directory the device nodes are under."""
+
+
 class ClaimObserver(Protocol):
     """Told what is prepared on the node (the metrics): every path that changes it, this
     process's and, at each reconcile, another instance's (its records are the node's)."""
@@ -125,17 +139,14 @@ class StateConfig:
     cdi_root: Path
     driver_name: str
     node_name: str
-    # The host's driver root and where this container sees it: device nodes in CDI specs
-    # and the container toolkit's edits are written for them.
-    nvidia_driver_root: Path = Path("/")
-    container_driver_root: Path = Path("/driver-root")
+    # The node driver's names on disk, kinds, configs, and what its kinds are given.
+    flavor: Flavor
+    # The host's driver install the specs of the flavor's toolkit kinds start from; None:
+    # none (no edits of the host's, device nodes under the host's /dev).
+    host: HostEdits | None = None
     pod_uid: str | None = None
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
-    # "system": CDI specs need the host's container toolkit; "simulated": they do without.
-    nvml_mode: Literal["system", "simulated"] = "system"
     pool_name: str | None = None  # the ResourceSlice pool of this node; default node_name
-    # The node driver's names on disk, kinds, configs, and what its kinds are given.
-    flavor: Flavor = GPU
 
 
 class RollbackError(RetryableError):
@@ -173,14 +184,14 @@ def _device_names(claim: PreparedClaim) -> tuple[str, ...]:
 
 
 def _attach_kinds(flavor: Flavor, records: Records) -> None:
-    for kind in flavor.kinds().values():
+    for kind in flavor.kinds.values():
         state_dir = records.kind_dir(kind.name)
         ensure_dir(state_dir, dirs.PRIVATE, ours=True)
         kind.attach(flavor.kind_context(KindContext(state_dir, records.boot_id)))
 
 
 def _kinds_of(claim: PreparedClaim, flavor: Flavor) -> list[AnyKind]:
-    kinds = flavor.kinds()
+    kinds = flavor.kinds
     return [kinds[name] for name in sorted({d.kind for d in claim.devices})]
 
 
@@ -195,6 +206,7 @@ class DeviceState:
         *,
         records: Records,
         base_edits: Mapping[str, Any],
+        dev_root: str = "/",
     ) -> None:
         self._config = config
         self._claims = ClaimReader(api_client)
@@ -202,7 +214,7 @@ class DeviceState:
         self._pool = config.pool_name or config.node_name
         self._records = records
         self._base_edits = base_edits
-        self._dev_root = cdi.dev_root(config.container_driver_root, config.nvidia_driver_root)
+        self._dev_root = dev_root
         # Which devices each claim this process prepared or recovered holds: where an
         # unprepare releases, without reading the spec back (another instance's claim
         # is found by a look at every reservation).
@@ -226,17 +238,18 @@ class DeviceState:
         """
         boot_id = await asyncio.to_thread(_read_boot_id, config.boot_id_path)
         base_edits: Mapping[str, Any] = {}
-        if config.flavor.toolkit_kinds is None or config.flavor.toolkit_kinds:
-            base_edits = await containertoolkit.base_edits(
-                config.nvml_mode,
-                container_root=config.container_driver_root,
-                host_root=config.nvidia_driver_root,
-            )
+        dev_root = "/"
+        if config.host is not None:
+            if config.flavor.toolkit_kinds is None or config.flavor.toolkit_kinds:
+                base_edits = await config.host.base_edits()
+            dev_root = await asyncio.to_thread(config.host.dev_root)
         records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id, flavor=config.flavor)
         await asyncio.to_thread(records.make_dirs)
         await asyncio.to_thread(_attach_kinds, config.flavor, records)
         claims = await asyncio.to_thread(recovery.recover, records)
-        state = cls(config, api_client, devices, records=records, base_edits=base_edits)
+        state = cls(
+            config, api_client, devices, records=records, base_edits=base_edits, dev_root=dev_root
+        )
         state._held = {uid: _device_names(claim) for uid, claim in claims.items()}
         log.info(
             "device state ready",
@@ -250,6 +263,11 @@ class DeviceState:
         return state
 
     # ---- public API -------------------------------------------------------------------
+
+    @property
+    def kinds(self) -> Mapping[str, AnyKind]:
+        """The driver's kinds this claim state holds (its flavor's table), attached."""
+        return self._config.flavor.kinds
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """One result per claim uid; a claim's failure never affects the others."""
@@ -271,7 +289,7 @@ class DeviceState:
 
     async def watch(self) -> None:
         """One round: each kind brings back what its prepared claims lost (an MPS daemon)."""
-        for kind in self._config.flavor.kinds().values():
+        for kind in self._config.flavor.kinds.values():
             await asyncio.to_thread(kind.watch)
 
     async def reconcile(self) -> None:
@@ -400,16 +418,6 @@ class DeviceState:
             rules=self._config.flavor.configs,
         )
         claim = self._prepared_claim(plan, devices)
-        spec = cdi.encode(
-            cdi.build_claim_spec(
-                claim,
-                devices,
-                self._base_edits,
-                boot_id=self._records.boot_id,
-                dev_root=self._dev_root,
-                flavor=self._config.flavor,
-            )
-        )
         if not claim.devices:
             # The kubelet asks us only for claims with results of our driver; none in this
             # node's pool means the claim was allocated for another node. An empty success
@@ -419,7 +427,7 @@ class DeviceState:
                 f"{self._pool}: it is allocated for another node"
             )
         existing = self._records.read_spec(ref.uid)
-        if existing == spec:
+        if existing is not None and self._same_plan(ref, existing, claim):
             return "already-prepared", claim
         if existing is not None:
             self._check_same_devices(ref, existing, devices)
@@ -447,17 +455,20 @@ class DeviceState:
                 for kind in kinds:
                     await asyncio.to_thread(kind.prepare, claim)
                 crashpoint("after-side-effects")
-                # What a side effect made (a MIG instance's device nodes) is in the edits.
-                spec = cdi.encode(
-                    cdi.build_claim_spec(
-                        claim,
-                        devices,
-                        self._base_edits,
-                        boot_id=self._records.boot_id,
-                        dev_root=self._dev_root,
-                        flavor=self._config.flavor,
-                    )
+            # One build, after the side effects: what they made (a MIG instance's device
+            # nodes) is in the kinds' edits, which may read the kinds' files.
+            edits = await asyncio.to_thread(self._kind_edits, claim, devices)
+            spec = cdi.encode(
+                cdi.build_claim_spec(
+                    claim,
+                    devices,
+                    self._base_edits,
+                    edits,
+                    boot_id=self._records.boot_id,
+                    dev_root=self._dev_root,
+                    flavor=self._config.flavor,
                 )
+            )
             # CDI: the spec is the claim's record; once it is in place the claim is prepared.
             await self._file_step(self._records.write_spec, ref.uid, spec)
         except PreparePendingError:
@@ -529,6 +540,29 @@ class DeviceState:
                 )
             )
         return PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(prepared))
+
+    def _kind_edits(
+        self, claim: PreparedClaim, devices: Mapping[str, NodeDevice]
+    ) -> dict[str, Mapping[str, Any]]:
+        """Each of the claim's kinds' claim-wide edits (blocking: a kind may read its files)."""
+        kinds = self._config.flavor.kinds
+        return {
+            name: kinds[name].claim_edits(of_kind, claim)
+            for name, of_kind in cdi.kinds_of(claim, devices).items()
+        }
+
+    def _same_plan(self, ref: ClaimRef, existing: bytes, claim: PreparedClaim) -> bool:
+        """Whether the claim's spec on disk, in this release's layout and of this boot,
+        records exactly ``claim``'s plan: then it is prepared, and its side effects stand."""
+        flavor = self._config.flavor
+        recorded = cdi.current_claim(
+            existing,
+            Path(cdi.spec_name(ref.uid, flavor)),
+            flavor=flavor,
+            boot_id=self._records.boot_id,
+        )
+        kinds = flavor.kinds
+        return recorded is not None and cdi.plan_of(recorded, kinds) == cdi.plan_of(claim, kinds)
 
     def _check_same_devices(
         self, ref: ClaimRef, existing: bytes, devices: Mapping[str, NodeDevice]

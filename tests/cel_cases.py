@@ -26,7 +26,7 @@ from typing import Any
 
 DRIVER = "gpu.nvidia.com"
 
-# A v1 ResourceSlice device as drivers.gpu.model.resourceslice builds it for an H100.
+# A v1 ResourceSlice device as drivers.gpu.resourceslice builds it for an H100.
 DEVICE: dict[str, Any] = {
     "name": "gpu-0",
     "attributes": {

@@ -5,7 +5,7 @@
 table is read from the one place its facts live: the flag table (:mod:`cli.flagtable`), the
 chart's values schema and values file, the attribute tables the device kinds are tested
 against (:mod:`drivers.gpu.model.published`), and the metrics registries
-(:mod:`kubeletplugin.metrics`, :mod:`cluster.computedomain.metrics`).
+(:mod:`drivers.gpu.metrics`, :mod:`cluster.computedomain.metrics`).
 """
 
 import json
@@ -166,12 +166,9 @@ def _natural(name: str) -> tuple[str, int]:
 
 
 def metrics() -> str:
-    from kubeletplugin.metrics import (
-        COMPUTE_DOMAIN_PREFIX,
-        COMPUTE_DOMAIN_WHAT,
-        ClaimMetrics,
-        Metrics,
-    )
+    from drivers.computedomain.node import COMPUTE_DOMAIN_PREFIX, COMPUTE_DOMAIN_WHAT
+    from drivers.gpu.metrics import Metrics
+    from kubeletplugin.metrics import ClaimMetrics
 
     guest = ClaimMetrics(COMPUTE_DOMAIN_PREFIX, what=COMPUTE_DOMAIN_WHAT)
     return _metrics_table(Metrics().registry, guest.registry)

@@ -2,7 +2,7 @@
 
 Its preparation has a side effect (a marker file, standing in for a MIG instance or
 an MPS daemon), so it also exercises the per-claim record written before one.
-Nothing outside this module and its registration in ``drivers.gpu.kinds.KINDS``
+Nothing outside this module and its registration in ``drivers.gpu.kinds.KIND_TYPES``
 knows it exists.
 """
 
@@ -37,6 +37,9 @@ class FakeAccelerator:
 
     def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
         return None  # no NVML events: not a GPU
+
+    def physical_gpu(self, identity: Mapping[str, str]) -> str:
+        return ""  # not a GPU
 
     def claim_edits(self, devices: Sequence[NodeDevice], claim: PreparedClaim) -> Mapping[str, Any]:
         return {}

@@ -23,7 +23,7 @@ from driver import DEFAULT_DRIVER_NAME
 from driver.nvml.profile import load_profile, profile_names
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.model.discovery import discover
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from tools.validation.hardware import DATA, NODE_SPECIFIC
 
 # Test constructs, not instance types: no EKS node publishes them.

@@ -7,7 +7,7 @@ import pytest
 
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.model.discovery import discover
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from tools.allocation import explain_claim, explain_class
 
 DRIVER = "gpu.nvidia.com"

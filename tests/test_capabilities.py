@@ -26,7 +26,7 @@ from driver.slices.capabilities import (
     probe_slices,
     uses_gated_fields,
 )
-from drivers.gpu.model.resourceslice import build_devices
+from drivers.gpu.resourceslice import build_devices
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import DRIVER, NODE, Hardware
 

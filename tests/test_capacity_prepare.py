@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from drivers.gpu import node
-from drivers.gpu.kinds import NodeDevices
 from kubeletplugin.state import DeviceState
 from sandbox.kubeletsim import KubeletSim
 from tests import test_mps
@@ -21,7 +20,7 @@ from tests.test_mps import Control, daemon_pids, mps
 from tests.test_state import DRIVER as STATE_DRIVER
 from tests.test_state import NODE as STATE_NODE
 from tests.test_state import _config as state_config
-from tests.test_state import _inventory
+from tests.test_state import _inventory, devices_of
 from tests.test_state import create_claim as create_state_claim
 from tests.test_timeslicing import Smi
 
@@ -147,10 +146,10 @@ async def test_mps_enforces_a_share_of_memory_as_its_pinned_limit(
     control: Control,
 ) -> None:
     smi = Smi(tmp_path / "smi")
-    config = state_config(tmp_path, nvidia_smi=smi.path, mps_control=control.path)
-    devices = NodeDevices.of(
-        _inventory("p5.48xlarge", tmp_path), node_name=STATE_NODE, consumable_capacity=True
+    config = state_config(
+        tmp_path, nvidia_smi=smi.path, mps_control=control.path, consumable_capacity=True
     )
+    devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
     state = await DeviceState.open(config, api_client, devices)
     results = []
     refs = []

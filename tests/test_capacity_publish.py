@@ -14,7 +14,7 @@ from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.kinds.capacity import request_policy, shareable
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.published import GIB
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 
 DRIVER = "gpu.nvidia.com"
 

@@ -2,6 +2,7 @@
 
 import json
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
-from drivers.gpu.kinds.gpu import CONTROL_NODES, node_device
+from drivers.gpu.flavor import GPU
+from drivers.gpu.kinds.gpu import CONTROL_NODES, node_device, own_node
 from drivers.gpu.model.inventory import Gpu, Inventory
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits, translate_edits
@@ -84,7 +86,7 @@ def _record(*devices: str, admin: bool = False) -> PreparedClaim:
                 request_names=("gpus",),
                 pool_name="node-a",
                 device_name=d,
-                cdi_device_ids=(cdi.cdi_device_id(UID, d),),
+                cdi_device_ids=(cdi.cdi_device_id(UID, d, None, GPU),),
                 admin_access=admin,
                 kind="gpu",
                 identity=(("gpu-uuid", GPUS[d].uuid),),
@@ -94,8 +96,17 @@ def _record(*devices: str, admin: bool = False) -> PreparedClaim:
     )
 
 
+def build(claim: PreparedClaim, base: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+    """The claim's spec on DEVICES, its kinds' edits asked as the claim state asks them."""
+    edits = {
+        kind: GPU.kinds[kind].claim_edits(of_kind, claim)
+        for kind, of_kind in cdi.kinds_of(claim, DEVICES).items()
+    }
+    return cdi.build_claim_spec(claim, DEVICES, base, edits, flavor=GPU, **options)
+
+
 def test_claim_spec_contents() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-3", "gpu-1"), DEVICES, {})
+    spec = build(_record("gpu-3", "gpu-1"), {})
     assert_valid_spec(spec)
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
     assert spec["cdiVersion"] == "0.6.0"
@@ -112,7 +123,7 @@ def test_claim_spec_contents() -> None:
 
 
 def test_cdi_device_id_is_fully_qualified() -> None:
-    assert cdi.cdi_device_id(UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"
+    assert cdi.cdi_device_id(UID, "gpu-0", None, GPU) == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"
 
 
 def test_base_edits_are_merged_and_version_follows_fields() -> None:
@@ -133,27 +144,27 @@ def test_base_edits_are_merged_and_version_follows_fields() -> None:
             }
         ],
     }
-    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, base)
+    spec = build(_record("gpu-0"), base)
     assert_valid_spec(spec)
     assert spec["containerEdits"]["env"][0] == "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"
     assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"]
     assert spec["containerEdits"]["mounts"] == base["mounts"]
     assert spec["containerEdits"]["hooks"] == base["hooks"]
     assert base["env"] == ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"]  # input not mutated
-    with_gids = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {"additionalGids": [44]})
+    with_gids = build(_record("gpu-0"), {"additionalGids": [44]})
     assert_valid_spec(with_gids)
     assert with_gids["cdiVersion"] == "0.7.0"
 
 
 def test_spec_round_trips_to_the_record(tmp_path: Path) -> None:
     record = _record("gpu-2", "gpu-5", admin=True)
-    records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1")
-    spec = cdi.build_claim_spec(record, DEVICES, {}, boot_id="boot-1")
+    records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1", flavor=GPU)
+    spec = build(record, {}, boot_id="boot-1")
     records.write_spec(UID, cdi.encode(spec))
     path = tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.json"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
     assert records.spec_files() == [path]
-    assert cdi.claim_from_spec(json.loads(path.read_text())) == record
+    assert cdi.claim_from_spec(json.loads(path.read_text()), GPU) == record
     assert cdi.boot_of(spec) == "boot-1"
     assert records.remove_spec(UID)
     assert not records.remove_spec(UID)  # idempotent
@@ -165,27 +176,27 @@ def test_nvidia_driver_specs_are_foreign_others_ignored(tmp_path: Path) -> None:
         "kind": "k8s.gpu.nvidia.com/claim",
         "devices": [{"name": f"{UID}-gpu-0", "containerEdits": {"env": ["X=1"]}}],
     }
-    assert cdi.is_foreign(nvidia_claim) and not cdi.is_ours(nvidia_claim)
+    assert cdi.is_foreign(nvidia_claim, GPU) and not cdi.is_ours(nvidia_claim)
     (tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.yaml").write_text(json.dumps(nvidia_claim))
     # The container toolkit's own static spec is not a DRA driver's: not even looked at.
     (tmp_path / "nvidia.yaml").write_text(json.dumps({**nvidia_claim, "kind": "nvidia.com/gpu"}))
-    records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1")
+    records = Records(tmp_path / "plugin", tmp_path, boot_id="boot-1", flavor=GPU)
     assert [p.name for p in records.spec_files()] == [f"k8s.gpu.nvidia.com-claim_{UID}.yaml"]
-    ours = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {})
-    assert cdi.is_ours(ours) and not cdi.is_foreign(ours)
+    ours = build(_record("gpu-0"), {})
+    assert cdi.is_ours(ours) and not cdi.is_foreign(ours, GPU)
 
 
 def test_a_spec_this_release_cannot_read_is_an_error_not_an_empty_claim() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {})
+    spec = build(_record("gpu-0"), {})
     newer = {**spec, "annotations": {**spec["annotations"], cdi.RECORD_VERSION: "3"}}
     with pytest.raises(cdi.SpecError, match="newer"):
-        cdi.claim_from_spec(newer)
+        cdi.claim_from_spec(newer, GPU)
     unknown_kind = json.loads(json.dumps(spec))
     unknown_kind["devices"][0]["annotations"][cdi.DEVICE_KIND] = "quantum"
     with pytest.raises(cdi.SpecError, match="unknown kind"):
-        cdi.claim_from_spec(unknown_kind)
+        cdi.claim_from_spec(unknown_kind, GPU)
     with pytest.raises(cdi.SpecError, match="layout"):
-        cdi.claim_from_spec({**spec, "devices": None})
+        cdi.claim_from_spec({**spec, "devices": None}, GPU)
 
 
 def test_translate_edits_maps_container_paths_to_host_paths() -> None:
@@ -209,7 +220,10 @@ def test_translate_edits_maps_container_paths_to_host_paths() -> None:
         "env": ["A=1"],
     }
     out = translate_edits(
-        generated, container_root=Path("/driver-root"), host_root=Path("/run/nvidia/driver")
+        generated,
+        container_root=Path("/driver-root"),
+        host_root=Path("/run/nvidia/driver"),
+        own_node=own_node,
     )
     assert out["deviceNodes"] == [
         {
@@ -225,7 +239,12 @@ def test_translate_edits_maps_container_paths_to_host_paths() -> None:
 
 
 async def test_simulated_nodes_need_no_toolkit(tmp_path: Path) -> None:
-    assert await base_edits("simulated", container_root=tmp_path, host_root=Path("/")) == {}
+    assert (
+        await base_edits(
+            "simulated", container_root=tmp_path, host_root=Path("/"), own_node=own_node
+        )
+        == {}
+    )
 
 
 async def test_real_node_without_toolkit_is_one_clear_error(
@@ -235,7 +254,7 @@ async def test_real_node_without_toolkit_is_one_clear_error(
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-ctk on PATH either
     with pytest.raises(ToolkitError, match=r"nvidia-ctk .* not found under"):
-        await base_edits("system", container_root=tmp_path, host_root=Path("/"))
+        await base_edits("system", container_root=tmp_path, host_root=Path("/"), own_node=own_node)
 
 
 async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
@@ -260,7 +279,7 @@ async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
         f"#!/bin/sh\necho \"$@\" > {tmp_path}/argv\ncat <<'JSON'\n{json.dumps(generated)}\nJSON\n"
     )
     ctk.chmod(0o755)
-    edits = await base_edits("system", container_root=root, host_root=Path("/"))
+    edits = await base_edits("system", container_root=root, host_root=Path("/"), own_node=own_node)
     assert edits == {
         "mounts": [
             {"hostPath": "/usr/lib64/libcuda.so.1", "containerPath": "/usr/lib64/libcuda.so.1"}
@@ -272,7 +291,7 @@ async def test_toolkit_output_is_used_and_translated(tmp_path: Path) -> None:
 
 
 def test_schema_check_is_not_vacuous() -> None:
-    spec = cdi.build_claim_spec(_record("gpu-0"), DEVICES, {})
+    spec = build(_record("gpu-0"), {})
     spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"hostPath": "/dev/nvidia0"}]
     assert list(_validator().iter_errors(spec)), "a device node without path must fail"
 
@@ -283,7 +302,7 @@ def test_which_specs_start_from_the_toolkits_edits() -> None:
     channel's (a channel is one device node)."""
     import dataclasses
 
-    from kubeletplugin.flavor import GPU
+    from drivers.gpu.flavor import GPU
 
     assert GPU.starts_from_toolkit({"gpu"}) and GPU.starts_from_toolkit(())
     cd = dataclasses.replace(GPU, toolkit_kinds=frozenset({"daemon"}))

@@ -15,7 +15,7 @@ from cel_expr_python import cel
 
 from driver.kube.lease import lease_name
 from drivers.gpu.kinds.mpspod import DaemonSpec, MpsPodConfig, daemon_pod
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from tests.chart_render import render
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
@@ -213,9 +213,9 @@ def test_a_slice_on_its_own_node_under_another_name_is_denied(
 
 
 def test_every_name_the_controller_writes_is_admitted(tmp_path: Path) -> None:
-    """The policy's name rule and drivers.gpu.model.resourceslice must agree, or every write is
+    """The policy's name rule and driver.slices.model must agree, or every write is
     denied."""
-    from drivers.gpu.model.resourceslice import slice_name
+    from driver.slices.model import slice_name
 
     for count in (1, 3, 20, 70000):
         for index in {0, 1, count - 1}:
@@ -248,7 +248,7 @@ def _long_node(length: int) -> str:
 def generated_slice(index: int, count: int, node: str, own_node: str) -> dict[str, Any]:
     """A slice of ``node`` as the controller sends it for a long name, with the name the API
     server gives it (the generateName cut to 248 characters, five random ones after)."""
-    from drivers.gpu.model.resourceslice import slice_metadata
+    from driver.slices.model import slice_metadata
 
     metadata = slice_metadata(index, count, "gpu.nvidia.com", node)
     assert set(metadata) == {"generateName"}, metadata
@@ -305,7 +305,7 @@ def test_a_long_named_nodes_slices_are_admitted(tmp_path: Path, length: int) -> 
 def test_a_long_named_node_may_not_create_another_nodes_fixed_name(
     length: int, victim: str
 ) -> None:
-    from drivers.gpu.model.resourceslice import slice_name
+    from driver.slices.model import slice_name
 
     node = _long_node(length)
     fixed = slice_name(0, 1, "gpu.nvidia.com", victim)
@@ -339,7 +339,7 @@ def policy_for_names() -> Policy:
 
 
 def test_the_pool_the_policy_allows_is_the_one_the_node_publishes(tmp_path: Path) -> None:
-    """The policy's pool rule and drivers.gpu.model.resourceslice must agree, or every write is
+    """The policy's pool rule and driver.slices.model must agree, or every write is
     denied."""
     from driver.nvml.simulated import SimulatedNode
     from drivers.gpu.model.discovery import discover

@@ -16,10 +16,11 @@ from driver.common.driverversion import DriverTooOld
 from driver.kube.backoff import Backoff
 from driver.kube.rest import Client
 from driver.nvml import backend
-from drivers.computedomain import clique, names, nvcaps
+from drivers.computedomain import names, nvcaps
 from drivers.computedomain.domains import Domain, Domains, NotReadyError
 from drivers.computedomain.node import ComputeDomainDriver, DomainConfig
 from drivers.gpu import node
+from drivers.gpu.model import clique
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
 from kubeletplugin.cohost import Host
@@ -46,7 +47,7 @@ def _with_cluster(inventory: Inventory, cluster: str, *, gpus: int | None = None
     return dataclasses.replace(inventory, gpus=tuple(changed))
 
 
-def _domain_driver(dirs: NodeDirs, driver_root: Path, **settings: float) -> ComputeDomainDriver:
+def _domain_driver(dirs: NodeDirs, **settings: float) -> ComputeDomainDriver:
     """The ComputeDomain driver of this test's node, in its directories."""
     return ComputeDomainDriver(
         DomainConfig(
@@ -55,7 +56,6 @@ def _domain_driver(dirs: NodeDirs, driver_root: Path, **settings: float) -> Comp
             registrar_dir=dirs.registry,
             plugins_dir=dirs.plugins,
             cdi_root=dirs.cdi,
-            container_driver_root=driver_root,
             **settings,  # type: ignore[arg-type]
         )
     )
@@ -68,10 +68,9 @@ class _Host:
         self.rounds = 0
         self.host = Host(
             api_client=api,
-            inventory=lambda: self.now,
+            facts=lambda: node.host_facts(self.now),
             rediscover=self._rediscover,
             proc_root=root,
-            nvml_mode="simulated",
         )
 
     async def _rediscover(self) -> None:
@@ -87,7 +86,7 @@ async def driver(
     api, _ = kube
     inventory, root = gb200
     host = _Host(api, inventory, root)
-    cd = _domain_driver(dirs, root, gate_timeout=0.5, clique_period=0.05)
+    cd = _domain_driver(dirs, gate_timeout=0.5, clique_period=0.05)
     await cd.start(host.host)
     try:
         yield cd, host
@@ -222,7 +221,7 @@ async def test_a_start_the_api_server_refuses_is_retried_while_the_gpu_driver_se
     cdnode.seed(apiserver)
     _, kubeconfig = kube
     config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE)
-    cd = _domain_driver(dirs, config.container_driver_root)
+    cd = _domain_driver(dirs)
     apiserver.faults.fail("patch", "nodes", code=503, times=-1)
     stop = asyncio.Event()
     caplog.set_level(logging.INFO)
@@ -260,7 +259,7 @@ async def test_a_stop_during_the_retries_leaves_nothing_served(
     cdnode.seed(apiserver)
     _, kubeconfig = kube
     config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE)
-    cd = _domain_driver(dirs, config.container_driver_root)
+    cd = _domain_driver(dirs)
     apiserver.faults.fail("patch", "nodes", code=503, times=-1)
     stop = asyncio.Event()
     running = asyncio.create_task(node.run(config, stop, guests=[cd]))
@@ -280,7 +279,7 @@ async def test_its_prepares_are_counted_beside_the_gpu_drivers_on_one_port(
     cdnode.seed(apiserver)
     api, kubeconfig = kube
     config = dirs.node_config(kubeconfig, node_name=NODE, profile=cdnode.PROFILE, metrics_port=0)
-    cd = _domain_driver(dirs, config.container_driver_root)
+    cd = _domain_driver(dirs)
     stop = asyncio.Event()
     caplog.set_level(logging.INFO)
     running = asyncio.create_task(node.run(config, stop, guests=[cd]))

@@ -20,7 +20,7 @@ from driver.kube.rest import ApiError, Client, GoneError
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import ApiVersionMissingError, NodeNotFoundError, SliceController
-from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds import gpu_kinds, node_devices
 from drivers.gpu.model.discovery import NvmlNotReadyError, discover
 from drivers.gpu.model.inventory import Inventory
 from sandbox.apiserver import LocalApiServer
@@ -61,7 +61,7 @@ class Running:
             self.api_client,
             node_name=NODE,
             driver_name=DRIVER,
-            devices=NodeDevices(discover, node_name=NODE).published,
+            devices=node_devices(discover, node_name=NODE, kinds=gpu_kinds()).published,
             **kw,
         )
         self.tasks.append(asyncio.create_task(controller.run()))
@@ -772,7 +772,7 @@ async def test_server_without_resource_v1_stops_with_one_clear_error(
         api_client,
         node_name=NODE,
         driver_name=DRIVER,
-        devices=NodeDevices(hardware.discover, node_name=NODE).published,
+        devices=node_devices(hardware.discover, node_name=NODE, kinds=gpu_kinds()).published,
     )
     with pytest.raises(ApiVersionMissingError, match=r"does not serve resource\.k8s\.io/v1"):
         await asyncio.wait_for(controller.run(), TIMEOUT)
@@ -785,7 +785,9 @@ async def test_unknown_node_is_a_clear_error(
         api_client,
         node_name="no-such-node",
         driver_name=DRIVER,
-        devices=NodeDevices(hardware.discover, node_name="no-such-node").published,
+        devices=node_devices(
+            hardware.discover, node_name="no-such-node", kinds=gpu_kinds()
+        ).published,
     )
     with pytest.raises(NodeNotFoundError, match="no-such-node"):
         await asyncio.wait_for(controller.run(), TIMEOUT)

@@ -22,7 +22,7 @@ from driver.kube.lease import (
     decide,
 )
 from driver.slices import SliceController
-from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds import gpu_kinds, node_devices
 from sandbox.apiserver import LocalApiServer
 from tests.test_controller import Hardware
 
@@ -180,7 +180,7 @@ def _start(
         api_client,
         node_name=NODE,
         driver_name="gpu.nvidia.com",
-        devices=NodeDevices(hardware.discover, node_name=NODE).published,
+        devices=node_devices(hardware.discover, node_name=NODE, kinds=gpu_kinds()).published,
         identity=identity,
         namespace=NAMESPACE,
         resync_period=3600,

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from driver.common.quantity import Quantity
+from driver.slices.model import generate_name, index_length
 from driver.slices.plan import InvalidPoolError, decode_index, plan
 from drivers.gpu.model.inventory import Gpu, Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices, generate_name, index_length
+from drivers.gpu.resourceslice import build_resource_slices
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"

@@ -412,7 +412,7 @@ def _gpu_claim(name: str, count: int) -> dict[str, Any]:
 def test_place_moves_on_when_a_pods_claims_do_not_fit_together(tmp_path: Path) -> None:
     from driver.nvml.simulated import SimulatedNode
     from drivers.gpu.model.discovery import discover
-    from drivers.gpu.model.resourceslice import build_resource_slices
+    from drivers.gpu.resourceslice import build_resource_slices
     from sandbox.demo._scheduler import place
     from tools.allocation.inputs import Inputs
     from tools.validation import chart_device_classes

@@ -10,10 +10,10 @@ import pytest
 
 from driver.nvml.faults import Faults, QueryFault
 from driver.nvml.simulated import SimulatedNode, mig_minor
-from drivers.gpu.kinds import node_devices
+from drivers.gpu.kinds import discovered
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 
 MIG = "p4d.24xlarge-mig"  # GPUs 0-3 in MIG mode: 3g.20gb@0, 2g.10gb@4, 1g.10gb@6
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_gpus_in_mig_mode_publish_their_mig_devices_and_not_themselves(tmp_path:
 
 def test_mig_device_edits_are_its_cap_nodes_and_its_parents_node(tmp_path: Path) -> None:
     inventory = _discover(tmp_path)
-    devices = {d.name: d for d in node_devices(inventory, node_name="node-a")}
+    devices = {d.name: d for d in discovered(inventory, node_name="node-a").current.values()}
     mig = devices["gpu-2-mig-2g10gb-14-4"]
     assert mig.kind == "mig"
     gi = 2  # the simulator numbers GPU instances in the order the profile lists them
@@ -119,7 +119,7 @@ def test_gpus_without_mig_publish_no_mig_devices(tmp_path: Path, profile: str) -
     inventory = _discover(tmp_path, profile)  # L4, L40S, A10G: NVML says MIG is not supported
     assert inventory.skipped == ()
     assert all(not g.mig_enabled and g.mig_devices == () for g in inventory.gpus)
-    assert {d.kind for d in node_devices(inventory, node_name="node-a")} == {"gpu"}
+    assert {d.kind for d in discovered(inventory, node_name="node-a").current.values()} == {"gpu"}
 
 
 def test_mig_capable_gpus_with_mig_off_stay_whole_gpus(tmp_path: Path) -> None:

@@ -23,10 +23,11 @@ from driver.common.limits import validate_resource_slice
 from driver.kube import client as kubeclient
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import SliceController
-from drivers.gpu.kinds import NodeDevices, counter_sets, node_devices
+from driver.slices.model import counters_apart_for
+from drivers.gpu.kinds import counter_sets, discovered, gpu_kinds, node_devices
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices, counters_apart_for
+from drivers.gpu.resourceslice import build_resource_slices
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for
 from tools.allocation import explain_claim
@@ -127,7 +128,7 @@ def test_counters_admit_every_profile_at_its_instance_count(tmp_path: Path) -> N
     inventory = _discover(_node(tmp_path))
     (counters,) = counter_sets(inventory)[:1]
     limit = {k: int(v["value"]) for k, v in counters["counters"].items()}
-    devices = [dict(d.published) for d in node_devices(inventory, node_name=NODE)]
+    devices = discovered(inventory, node_name=NODE).discovered()
     by_profile: dict[str, list[dict[str, Any]]] = {}
     for device in devices:
         if device["name"].startswith("gpu-0-"):
@@ -296,7 +297,7 @@ async def _publishing(
     async def discover_now() -> Inventory:
         return await asyncio.to_thread(_discover, node)
 
-    devices = NodeDevices(discover_now, node_name=NODE)
+    devices = node_devices(discover_now, node_name=NODE, kinds=gpu_kinds())
     controller = SliceController(
         api,
         node_name=NODE,

@@ -18,8 +18,9 @@ import yaml
 from cli import main
 from driver.nvml.faults import Faults
 from driver.nvml.simulated import SimulatedNode
+from drivers.gpu.flavor import GPU_CONFIGS
 from drivers.gpu.model.discovery import discover
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from kubeletplugin.claims import ClaimRef, plan_claim
 from tests.chart_render import render
 from tools.allocation import Explanation, explain_claim
@@ -282,7 +283,11 @@ def test_time_sliced_gpu_two_pods(
     )
     allocated = dict(claim, metadata={"uid": "u-1"}, status={"allocation": allocation})
     plan = plan_claim(
-        allocated, ClaimRef("u-1", "default", "x"), driver_name=DRIVER, pool_name="p5"
+        allocated,
+        ClaimRef("u-1", "default", "x"),
+        driver_name=DRIVER,
+        pool_name="p5",
+        rules=GPU_CONFIGS,
     )
     assert [d.config.sharing_settings() for d in plan.devices] == [
         (("interval", "Short"), ("strategy", "TimeSlicing"))

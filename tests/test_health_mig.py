@@ -19,7 +19,7 @@ from driver.nvml.faults import Faults, SimulationConfigError, XidEvent, write_st
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu import node as gpunode
 from drivers.gpu.healthmonitor import CLEAR_FILE, HealthMonitor, Watched
-from drivers.gpu.kinds import NodeDevices, dynmig
+from drivers.gpu.kinds import discovered, dynmig, gpu_kinds
 from drivers.gpu.model import devicehealth
 from drivers.gpu.model.devicehealth import GpuLost, MigPlacement, Taint, Unmonitored, Xid, placed
 from drivers.gpu.model.discovery import discover
@@ -89,8 +89,8 @@ def node(tmp_path: Path) -> tuple[SimulatedNode, Path]:
 
 def _watched(sim: SimulatedNode) -> Watched:
     inventory = discover(sim.nvml, sysfs_root=sim.sysfs_root)
-    devices = NodeDevices.of(inventory, node_name="mig")
-    return Watched.of(devices.current, inventory)
+    devices = discovered(inventory, node_name="mig")
+    return Watched.of(devices.current, inventory, gpu_kinds())
 
 
 def test_the_watcher_follows_mig_parents_and_whole_gpus(node: tuple[SimulatedNode, Path]) -> None:
@@ -201,8 +201,8 @@ def _dynamic_node(tmp_path: Path) -> tuple[SimulatedNode, Path]:
 def test_the_watcher_follows_gpus_published_for_dynamic_mig(tmp_path: Path) -> None:
     sim, _ = _dynamic_node(tmp_path)
     inventory = discover(sim.nvml, sysfs_root=sim.sysfs_root, dynamic_mig=True)
-    devices = NodeDevices.of(inventory, node_name="dyn")
-    watched = Watched.of(devices.current, inventory)
+    devices = discovered(inventory, node_name="dyn")
+    watched = Watched.of(devices.current, inventory, gpu_kinds())
     assert len(devices.current) == 8 * 25  # every placement of every H100
     assert watched.gpus == tuple(sorted(g.uuid for g in inventory.gpus))
     assert sorted(watched.devices.values()) == sorted(devices.current)
@@ -238,7 +238,7 @@ def test_a_dynamic_mig_device_with_an_instance_gets_the_xids_naming_it(tmp_path:
         )
         for p in (made, other)
     }
-    watched = Watched.of(current, with_instance)
+    watched = Watched.of(current, with_instance, gpu_kinds())
     assert watched.gpus == (gpu0.uuid,)
     by_name = {name: key for key, name in watched.devices.items()}
     events, unplaced = placed([Xid(gpu0.uuid, 79, gi=5, ci=0)], watched.migs)

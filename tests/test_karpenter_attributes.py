@@ -21,7 +21,7 @@ from driver.common.quantity import Quantity
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.model.discovery import discover
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from tests.chart_render import render
 from tools.allocation import explain_claim
 

@@ -17,9 +17,10 @@ from driver.devicekind import PreparedClaim
 from driver.kube import client as kubeclient
 from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError, errors_of
 from drivers.gpu import node as gpunode
+from drivers.gpu.metrics import Metrics
 from kubeletplugin.draservice import DraService
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
-from kubeletplugin.metrics import CONTENT_TYPE, Metrics, MetricsServer
+from kubeletplugin.metrics import CONTENT_TYPE, MetricsServer
 from kubeletplugin.state import ClaimRef, DeviceState, PreparedDevice, PrepareResult
 from sandbox.kubeletsim import KubeletSim
 from tests.pluginharness import NodeDirs, create_claim, create_node, wait_for
@@ -193,7 +194,7 @@ async def test_metrics_follow_recovery_a_sibling_instance_and_the_reconciler(
     inventory = _inventory("p5.48xlarge", tmp_path)
     uuid = {g.device_name: g.uuid for g in inventory.gpus}
     first = Metrics()
-    state = await DeviceState.open(config, api_client, devices_of(inventory))
+    state = await DeviceState.open(config, api_client, devices_of(inventory, config))
     await state.observe(first)
     one = await create_claim(api_client, "one", ["gpu-0"])
     two = await create_claim(api_client, "two", ["gpu-1"])
@@ -203,7 +204,7 @@ async def test_metrics_follow_recovery_a_sibling_instance_and_the_reconciler(
 
     # A restart (or a second instance during an upgrade): recovered claims are counted.
     second = Metrics()
-    sibling = await DeviceState.open(config, api_client, devices_of(inventory))
+    sibling = await DeviceState.open(config, api_client, devices_of(inventory, config))
     await sibling.observe(second)
     assert _info(second) == _info(first)
 

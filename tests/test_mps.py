@@ -10,18 +10,27 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes.aio import client as k8s
 
-from drivers.gpu.kinds import NodeDevices, mpspaths
-from drivers.gpu.kinds.gpu import KIND as GPU
+from drivers.gpu import flavor
+from drivers.gpu.kinds import mpspaths
+from drivers.gpu.kinds.gpu import GpuKind
+from drivers.gpu.kinds.mps import Mps
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.pluginharness import wait_for
 from tests.standin import StandIn, short_dir
-from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
+from tests.test_state import (
+    DRIVER,
+    GPU_CONFIG,
+    _config,
+    _inventory,
+    create_claim,
+    devices_of,
+)
 from tests.test_timeslicing import Smi
 
 STAND_IN = """#!/bin/sh
@@ -95,8 +104,13 @@ def control(tmp_path: Path) -> Iterator[Control]:
 
 async def _state(api: k8s.ApiClient, tmp_path: Path, smi: Smi, control: Control) -> DeviceState:
     config = _config(tmp_path, nvidia_smi=smi.path, mps_control=control.path)
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
     return await DeviceState.open(config, api, devices)
+
+
+def _mps(state: DeviceState) -> Mps:
+    """The MPS daemons of the GPU kind of ``state``'s own table."""
+    return cast(GpuKind, state.kinds["gpu"]).mps
 
 
 def _uuid(tmp_path: Path, device: str) -> str:
@@ -116,10 +130,10 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     assert {uid: r.error for uid, r in results.items()} == {ref.uid: "", plain.uid: ""}
     assert smi.calls() == [f"-i {uuid} -c EXCLUSIVE_PROCESS"]
     assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid}"]
-    assert GPU.mps.running_pid(uuid) is not None
+    assert _mps(state).running_pid(uuid) is not None
     assert len(daemon_pids(tmp_path)) == 1
 
-    spec = json.loads(cdi.spec_path(tmp_path / "cdi", ref.uid).read_text())
+    spec = json.loads(cdi.spec_path(tmp_path / "cdi", ref.uid, flavor.GPU).read_text())
     pipe = _pipe(tmp_path, uuid)
     edits = spec["containerEdits"]
     assert {
@@ -131,7 +145,7 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     assert not any(e.startswith("CUDA_MPS_LOG_DIRECTORY=") for e in edits["env"])
     # The container sees the pipe at the host's path: the sockets' budget holds there too.
     assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [(str(pipe),) * 2]
-    plain_spec = json.loads(cdi.spec_path(tmp_path / "cdi", plain.uid).read_text())
+    plain_spec = json.loads(cdi.spec_path(tmp_path / "cdi", plain.uid, flavor.GPU).read_text())
     assert "mounts" not in plain_spec["containerEdits"]
 
     # A plugin restart: the daemon runs on and is adopted, not started again.
@@ -142,7 +156,7 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     assert await state.unprepare([ref, plain]) == {ref.uid: "", plain.uid: ""}
     assert control.calls() == ["quit"]
     assert smi.calls() == [f"-i {uuid} -c DEFAULT"]
-    assert GPU.mps.running_pid(uuid) is None and daemon_pids(tmp_path) == []
+    assert _mps(state).running_pid(uuid) is None and daemon_pids(tmp_path) == []
 
 
 async def test_bad_mps_input_and_a_daemon_that_fails_are_per_claim(
@@ -188,7 +202,7 @@ async def test_a_daemon_started_just_before_a_crash_is_found_without_its_pid_fil
     # What a SIGKILL between the daemon's start and its pid file leaves.
     (tmp_path / "plugins" / DRIVER / "kinds" / "gpu" / "mps" / uuid / "pid").unlink()
     state = await _state(api_client, tmp_path, smi, control)
-    assert GPU.mps.running_pid(uuid) == running  # found in /proc, adopted
+    assert _mps(state).running_pid(uuid) == running  # found in /proc, adopted
     assert await state.unprepare([ref]) == {ref.uid: ""}
     assert daemon_pids(tmp_path) == []
 
@@ -209,12 +223,12 @@ async def test_a_daemon_that_dies_is_reported_and_restarted(
     assert control.calls() == []
     (pid,) = daemon_pids(tmp_path)
     os.kill(pid, signal.SIGKILL)
-    await wait_for(lambda: GPU.mps.running_pid(uuid) is None, "the daemon gone")
+    await wait_for(lambda: _mps(state).running_pid(uuid) is None, "the daemon gone")
     pipe = _pipe(tmp_path, uuid)
     assert (pipe / "control").exists()  # killed: it could not remove its pipe
     await state.watch()
     assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid}"]
-    assert GPU.mps.running_pid(uuid) is not None and daemon_pids(tmp_path) != [pid]
+    assert _mps(state).running_pid(uuid) is not None and daemon_pids(tmp_path) != [pid]
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
         "MPS control daemon is gone; restarting it"
     ]
@@ -230,10 +244,10 @@ def _pipe(tmp_path: Path, uuid: str) -> Path:
     return mpspaths.pipe_dir(tmp_path / "plugins" / DRIVER, uuid)
 
 
-def serving(tmp_path: Path, uuid: str) -> bool:
+def serving(state: DeviceState, tmp_path: Path, uuid: str) -> bool:
     """``uuid``'s daemon restarted and ready: the plugin finds it as soon as it runs, but
     the stand-in writes its own pid file and then its pipe a moment later."""
-    pid = GPU.mps.running_pid(uuid)
+    pid = _mps(state).running_pid(uuid)
     pipe = _pipe(tmp_path, uuid)
     with contextlib.suppress(OSError, ValueError):
         return pid == int((pipe / "daemon.pid").read_text()) and (pipe / "control").exists()
@@ -283,7 +297,7 @@ async def test_a_directory_planted_at_one_gpus_control_pipe_stops_no_other_resta
     for pid in daemon_pids(tmp_path):
         os.kill(pid, signal.SIGKILL)
     await wait_for(
-        lambda: GPU.mps.running_pid(a_uuid) is None and GPU.mps.running_pid(b_uuid) is None,
+        lambda: _mps(state).running_pid(a_uuid) is None and _mps(state).running_pid(b_uuid) is None,
         "both daemons gone",
     )
     control_a = _pipe(tmp_path, a_uuid) / "control"
@@ -292,9 +306,9 @@ async def test_a_directory_planted_at_one_gpus_control_pipe_stops_no_other_resta
     (control_a / "junk").write_text("x")
     watchdog = asyncio.create_task(state.run_watchdog(period=0.05))
     try:
-        await wait_for(lambda: serving(tmp_path, b_uuid), "GPU B's daemon back")
+        await wait_for(lambda: serving(state, tmp_path, b_uuid), "GPU B's daemon back")
         # The planted directory is cleared like a stale pipe: GPU A's daemon is back too.
-        await wait_for(lambda: serving(tmp_path, a_uuid), "GPU A's daemon back")
+        await wait_for(lambda: serving(state, tmp_path, a_uuid), "GPU A's daemon back")
     finally:
         watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -346,12 +360,12 @@ async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
     for pid in daemon_pids(tmp_path):
         os.kill(pid, signal.SIGKILL)
     await wait_for(
-        lambda: GPU.mps.running_pid(a_uuid) is None and GPU.mps.running_pid(b_uuid) is None,
+        lambda: _mps(state).running_pid(a_uuid) is None and _mps(state).running_pid(b_uuid) is None,
         "both daemons gone",
     )
     watchdog = asyncio.create_task(state.run_watchdog(period=0.05))
     try:
-        await wait_for(lambda: serving(tmp_path, b_uuid), "GPU B's daemon back")
+        await wait_for(lambda: serving(state, tmp_path, b_uuid), "GPU B's daemon back")
         failed = [
             r for r in caplog.records if r.getMessage() == "MPS control daemon restart failed"
         ]
@@ -376,9 +390,9 @@ async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
             "MPS control daemon is gone; restarting it",
             "MPS control daemon restart failed",
         ]
-        assert GPU.mps.running_pid(a_uuid) is None
+        assert _mps(state).running_pid(a_uuid) is None
         smi.fail.unlink()  # the GPU is back: the next round restarts its daemon
-        await wait_for(lambda: serving(tmp_path, a_uuid), "GPU A's daemon back")
+        await wait_for(lambda: serving(state, tmp_path, a_uuid), "GPU A's daemon back")
     finally:
         watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):

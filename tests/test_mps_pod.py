@@ -18,7 +18,7 @@ from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError
 from driver.kube.rest import Client
-from drivers.gpu.kinds import NodeDevices, mpspaths
+from drivers.gpu.kinds import mpspaths
 from drivers.gpu.kinds.mpspod import (
     DaemonSpec,
     MpsPodConfig,
@@ -33,7 +33,7 @@ from tests.pluginharness import wait_for
 from tests.podrunner import PodRunner
 from tests.standin import short_dir
 from tests.test_mps import Control, daemon_pids, mps
-from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim
+from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim, devices_of
 from tests.test_timeslicing import Smi
 
 NAMESPACE = "gpu-dra"
@@ -68,7 +68,7 @@ async def _state(api: k8s.ApiClient, tmp_path: Path, smi: Smi, control: Control)
     pods = MpsPods(Client(api), asyncio.get_running_loop(), POD_CONFIG, NODE)
     config = _config(tmp_path, nvidia_smi=smi.path, mps_control=control.path, mps_pods=pods,
                      nvidia_driver_root=Path("/host/driver"))  # fmt: skip
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
     return await DeviceState.open(config, api, devices)
 
 

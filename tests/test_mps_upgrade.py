@@ -23,8 +23,8 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.kube.rest import Client
-from drivers.gpu.kinds import NodeDevices, mpspaths
-from drivers.gpu.kinds.gpu import KIND as GPU
+from drivers.gpu import flavor
+from drivers.gpu.kinds import mpspaths
 from drivers.gpu.kinds.mps import Mps
 from drivers.gpu.kinds.mpspod import MpsPods, pipe_of
 from kubeletplugin import cdi
@@ -33,8 +33,8 @@ from kubeletplugin.state import DeviceState
 from tests import test_mps, test_mps_pod
 from tests.pluginharness import wait_for
 from tests.podrunner import PodRunner
-from tests.test_mps import Control, daemon_pids, mps
-from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim
+from tests.test_mps import Control, _mps, daemon_pids, mps
+from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim, devices_of
 from tests.test_timeslicing import Smi
 
 control = test_mps.control
@@ -50,10 +50,14 @@ async def _state(
         loop = asyncio.get_running_loop()
         more["mps_pods"] = MpsPods(Client(api), loop, test_mps_pod.POD_CONFIG, NODE)
     config = _config(
-        root, nvidia_smi=smi.path, mps_control=control.path, plugin_dir=root / "p", **more
+        root,
+        nvidia_smi=smi.path,
+        mps_control=control.path,
+        plugin_dir=root / "p",
+        consumable_capacity=True,
+        **more,
     )
-    inventory = _inventory("p5.48xlarge", root)
-    devices = NodeDevices.of(inventory, node_name=NODE, consumable_capacity=True)
+    devices = devices_of(_inventory("p5.48xlarge", root), config)
     return await DeviceState.open(config, api, devices)
 
 
@@ -64,7 +68,7 @@ async def _share(api: k8s.ApiClient, name: str, device: str) -> ClaimRef:
 
 
 def _env(root: Path, ref: ClaimRef) -> list[str]:
-    spec: Any = json.loads(cdi.spec_path(root / "cdi", ref.uid).read_text())
+    spec: Any = json.loads(cdi.spec_path(root / "cdi", ref.uid, flavor.GPU).read_text())
     return list(spec["containerEdits"]["env"])
 
 
@@ -97,14 +101,14 @@ async def test_a_daemon_of_the_last_release_serves_its_claims_and_new_ones_until
     assert f"CUDA_MPS_PIPE_DIRECTORY={legacy}" in _env(tmp_path, old)
     (adopted,) = daemon_pids(tmp_path)
     assert _daemon_pipe(adopted) == str(legacy)
-    old_spec = cdi.spec_path(tmp_path / "cdi", old.uid).read_bytes()
+    old_spec = cdi.spec_path(tmp_path / "cdi", old.uid, flavor.GPU).read_bytes()
     last_release.undo()
     control.calls()
 
     # The upgrade: the claim is read and recovered as it is, its daemon adopted.
     state = await _state(api_client, tmp_path, smi, control)
-    assert cdi.spec_path(tmp_path / "cdi", old.uid).read_bytes() == old_spec
-    assert GPU.mps.running_pid(uuid0) == adopted and control.calls() == []
+    assert cdi.spec_path(tmp_path / "cdi", old.uid, flavor.GPU).read_bytes() == old_spec
+    assert _mps(state).running_pid(uuid0) == adopted and control.calls() == []
 
     # A new share of the GPU names the new path, which reaches the adopted daemon; a new
     # claim on another GPU starts a daemon of the new layout.
@@ -119,26 +123,26 @@ async def test_a_daemon_of_the_last_release_serves_its_claims_and_new_ones_until
     other_pipe = mpspaths.pipe_dir(plugin_dir, uuid1)
     assert control.calls() == [f"-f CUDA_VISIBLE_DEVICES={uuid1}"]
     assert other_pipe.is_dir() and not other_pipe.is_symlink()
-    assert _daemon_pipe(GPU.mps.running_pid(uuid1) or 0) == str(other_pipe)
+    assert _daemon_pipe(_mps(state).running_pid(uuid1) or 0) == str(other_pipe)
 
     # The adopted daemon dies: it comes back where the old claim's container sees it.
     os.kill(adopted, signal.SIGKILL)
-    await wait_for(lambda: GPU.mps.running_pid(uuid0) is None, "the daemon gone")
+    await wait_for(lambda: _mps(state).running_pid(uuid0) is None, "the daemon gone")
     await state.watch()
-    restarted = GPU.mps.running_pid(uuid0)
+    restarted = _mps(state).running_pid(uuid0)
     assert restarted is not None and _daemon_pipe(restarted) == str(legacy)
     assert (new / "control").exists()
 
     # Its claims go; the last one stops it and the link; the GPU's next daemon is new.
     assert await state.unprepare([old]) == {old.uid: ""}
-    assert GPU.mps.running_pid(uuid0) == restarted
+    assert _mps(state).running_pid(uuid0) == restarted
     assert await state.unprepare([shared]) == {shared.uid: ""}
-    assert GPU.mps.running_pid(uuid0) is None and not new.is_symlink()
+    assert _mps(state).running_pid(uuid0) is None and not new.is_symlink()
     control.calls()
     again = await _share(api_client, "again", "gpu-0")
     assert (await state.prepare([again]))[again.uid].error == ""
     assert new.is_dir() and not new.is_symlink()
-    assert _daemon_pipe(GPU.mps.running_pid(uuid0) or 0) == str(new)
+    assert _daemon_pipe(_mps(state).running_pid(uuid0) or 0) == str(new)
     assert await state.unprepare([again, other]) == {again.uid: "", other.uid: ""}
     assert daemon_pids(tmp_path) == []
 
@@ -162,7 +166,7 @@ async def test_the_last_releases_claims_restart_their_dead_daemon_at_their_pipe(
 
     state = await _state(api_client, tmp_path, smi, control)
     await state.watch()
-    restarted = GPU.mps.running_pid(uuid0)
+    restarted = _mps(state).running_pid(uuid0)
     assert restarted is not None and _daemon_pipe(restarted) == str(legacy)
     assert mpspaths.pipe_dir(plugin_dir, uuid0).readlink() == legacy
     assert await state.unprepare([old]) == {old.uid: ""}
@@ -215,13 +219,13 @@ async def test_a_prepare_of_the_last_release_cut_short_is_recovered_by_this_one(
     old = await _share(api_client, "old", "gpu-0")
     assert (await state.prepare([old]))[old.uid].error == ""
     assert len(daemon_pids(tmp_path)) == 1
-    cdi.spec_path(tmp_path / "cdi", old.uid).unlink()  # the spec is written last
+    cdi.spec_path(tmp_path / "cdi", old.uid, flavor.GPU).unlink()  # the spec is written last
     assert list((tmp_path / "p" / "claims").glob(f"{old.uid}*"))
     last_release.undo()
     control.calls()
 
     await _state(api_client, tmp_path, smi, control)
     assert control.calls() == ["quit"] and daemon_pids(tmp_path) == []
-    assert GPU.mps.running_pid(uuid0) is None
+    assert _mps(state).running_pid(uuid0) is None
     assert not list((tmp_path / "p" / "claims").glob(f"{old.uid}*"))
     assert not mpspaths.pipe_dir(tmp_path / "p", uuid0).exists()

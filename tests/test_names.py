@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from drivers.gpu.flavor import GPU
 from kubeletplugin import cdi, names
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
@@ -96,6 +97,6 @@ def test_a_spec_path_never_leaves_the_cdi_root(tmp_path: Path) -> None:
     victim.parent.mkdir()
     victim.write_text("{}")
     with pytest.raises(names.PathOutsideRootError):
-        cdi.spec_path(root, "x/../../victim/x")
+        cdi.spec_path(root, "x/../../victim/x", GPU)
     assert victim.exists()
-    assert cdi.spec_path(root, UID).parent == root
+    assert cdi.spec_path(root, UID, GPU).parent == root

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
+from drivers.gpu.flavor import GPU
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.test_state import _config, _inventory, create_claim, devices_of
@@ -63,7 +64,7 @@ async def test_prepare_and_unprepare_write_one_record_per_claim_in_order(
     if not boot_id:
         config.boot_id_path.unlink()
     state = await DeviceState.open(
-        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path))
+        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path), config)
     )
     ref = await create_claim(api_client, "durable", ["gpu-5", "gpu-6"])
     events = _trace(monkeypatch)
@@ -72,7 +73,7 @@ async def test_prepare_and_unprepare_write_one_record_per_claim_in_order(
     assert await state.unprepare([ref]) == {ref.uid: ""}
     unprepare_events = events[len(prepare_events) :]
 
-    spec = str(cdi.spec_path(config.cdi_root, ref.uid))
+    spec = str(cdi.spec_path(config.cdi_root, ref.uid, GPU))
     devices = config.plugin_dir / "devices"
     lock = str(config.plugin_dir / "locks" / f"{ref.uid}.lock")
     reserve = [("symlink", str(devices / "gpu-5")), ("symlink", str(devices / "gpu-6"))]
@@ -100,7 +101,7 @@ async def test_an_already_prepared_claim_writes_nothing(
 ) -> None:
     config = _config(tmp_path)
     state = await DeviceState.open(
-        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path))
+        config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path), config)
     )
     ref = await create_claim(api_client, "again", ["gpu-1"])
     first = await state.prepare([ref])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes.aio import client as k8s
 
+from drivers.gpu.flavor import GPU
 from kubeletplugin import cdi, checkpoint
 from kubeletplugin.claims import ClaimRef
 from kubeletplugin.state import DeviceState, StateConfig
@@ -44,7 +45,9 @@ def _specs(config: StateConfig) -> dict[str, bytes]:
 
 
 async def _open(config: StateConfig, api: k8s.ApiClient, tmp_path: Path) -> DeviceState:
-    return await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
+    return await DeviceState.open(
+        config, api, devices_of(_inventory("p5.48xlarge", tmp_path), config)
+    )
 
 
 async def test_upgrade_keeps_every_live_claim_prepared(
@@ -61,7 +64,7 @@ async def test_upgrade_keeps_every_live_claim_prepared(
     refused = (await state.prepare([rival]))[rival.uid].error
     assert "device gpu-2 is already prepared for claim default/live-b" in refused
     # The migrated claims unprepare like any other; restarting migrates nothing twice.
-    live_b = cdi.claim_from_spec(json.loads(before[cdi.spec_name(LIVE_B)]))
+    live_b = cdi.claim_from_spec(json.loads(before[cdi.spec_name(LIVE_B, GPU)]), GPU)
     ref = ClaimRef(uid=live_b.uid, namespace=live_b.namespace, name=live_b.name)
     assert await state.unprepare([ref]) == {ref.uid: ""}
     state = await _open(config, api_client, tmp_path)

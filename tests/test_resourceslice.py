@@ -10,10 +10,11 @@ from driver.common.limits import validate_resource_slice
 from driver.nvml.faults import Faults
 from driver.nvml.profile import profile_names
 from driver.nvml.simulated import SimulatedNode
+from driver.slices.model import split_devices
 from drivers.gpu.kinds.gpu import nvlink_domain, semver
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Gpu, Inventory
-from drivers.gpu.model.resourceslice import build_devices, build_resource_slices, split_devices
+from drivers.gpu.resourceslice import build_devices, build_resource_slices
 
 DRIVER = "gpu.nvidia.com"
 KUBERNETES_VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")

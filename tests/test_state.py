@@ -14,12 +14,15 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.nvml.simulated import SimulatedNode
-from drivers.gpu.kinds import GpuNode, NodeDevices
+from drivers.gpu import flavor
+from drivers.gpu.flavor import GPU
+from drivers.gpu.kinds import GpuNode, discovered
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from kubeletplugin import cdi, checkpoint, flavor
+from kubeletplugin import cdi, checkpoint
 from kubeletplugin.checkpoint import ForeignCheckpointError, _checksum
 from kubeletplugin.containertoolkit import ToolkitError
+from kubeletplugin.devices import NodeDevices
 from kubeletplugin.records import Records
 from kubeletplugin.state import ClaimRef, DeviceState, ForeignStateError, RecordError, StateConfig
 from sandbox.apiserver import LocalApiServer
@@ -40,13 +43,14 @@ def _inventory(profile: str, tmp_root: Path) -> Inventory:
     return _inventories[profile]
 
 
-def devices_of(inventory: Inventory) -> NodeDevices:
-    return NodeDevices.of(inventory, node_name=NODE)
+def devices_of(inventory: Inventory, config: StateConfig) -> NodeDevices[Inventory]:
+    """The node's devices of the claim state's own kinds: one table, as in the node process."""
+    return discovered(inventory, node_name=NODE, kinds=config.flavor.kinds)
 
 
 def reservations(config: StateConfig) -> dict[str, str]:
     """device -> uid of the claim it is reserved for."""
-    records = Records(config.plugin_dir, config.cdi_root, boot_id="")
+    records = Records(config.plugin_dir, config.cdi_root, boot_id="", flavor=GPU)
     return {name: target.split(":")[0] for name, target in records.reservations().items()}
 
 
@@ -54,7 +58,7 @@ def prepared_claims(config: StateConfig) -> dict[str, Any]:
     """uid -> what the claim's spec (its record) says was prepared."""
     out = {}
     for path in sorted(config.cdi_root.glob("*.json")):
-        claim = cdi.claim_from_spec(json.loads(path.read_text()))
+        claim = cdi.claim_from_spec(json.loads(path.read_text()), GPU)
         out[claim.uid] = claim
     return out
 
@@ -79,14 +83,16 @@ class Node:
         return prepared_claims(self.config)
 
     def spec_path(self, uid: str) -> Path:
-        return cdi.spec_path(self.config.cdi_root, uid)
+        return cdi.spec_path(self.config.cdi_root, uid, GPU)
 
     def spec(self, uid: str) -> dict[str, Any]:
         spec: dict[str, Any] = json.loads(self.spec_path(uid).read_text())
         return spec
 
     async def restart(self) -> DeviceState:
-        self.state = await DeviceState.open(self.config, self.api, devices_of(self.inventory))
+        self.state = await DeviceState.open(
+            self.config, self.api, devices_of(self.inventory, self.config)
+        )
         return self.state
 
     async def claim(
@@ -160,18 +166,33 @@ async def delete_claim(api: k8s.ApiClient, ref: ClaimRef) -> None:
 
 
 # What only the GPU kinds are given (GpuNode), beside the driver roots both take.
-_KINDS_ONLY = ("nvidia_smi", "mps_control", "nvml_library", "mig_maker", "mps_pods")
+_KINDS_ONLY = (
+    "nvidia_smi",
+    "mps_control",
+    "nvml_library",
+    "mig_maker",
+    "mps_pods",
+    "consumable_capacity",
+)
 _ROOTS = ("nvidia_driver_root", "container_driver_root")
 
 
-def _config(tmp_path: Path, **overrides: Any) -> StateConfig:
+def _config(tmp_path: Path, *, nvml_mode: str = "simulated", **overrides: Any) -> StateConfig:
     """A GPU driver's claim state config; ``overrides`` of StateConfig, or of the GPU
-    kinds' node (``GpuNode``: its driver roots also go to the config, as the node process
-    passes them)."""
+    kinds' node (``GpuNode``: its driver roots also go to the host's toolkit, as the node
+    process passes them)."""
     kinds = {k: overrides.pop(k) for k in _KINDS_ONLY if k in overrides}
-    kinds |= {k: overrides[k] for k in _ROOTS if k in overrides}
-    if kinds:
-        overrides.setdefault("flavor", flavor.gpu(GpuNode(**kinds)))
+    roots = {k: overrides.pop(k) for k in _ROOTS if k in overrides}
+    kinds |= roots
+    overrides.setdefault("flavor", flavor.gpu(GpuNode(**kinds)))  # a table of its own
+    overrides.setdefault(
+        "host",
+        flavor.toolkit(
+            roots.get("container_driver_root", Path("/driver-root")),
+            roots.get("nvidia_driver_root", Path("/")),
+            simulated=nvml_mode == "simulated",
+        ),
+    )
     boot_id = tmp_path / "boot_id"
     if not boot_id.exists():
         boot_id.write_text("boot-1\n")
@@ -181,7 +202,6 @@ def _config(tmp_path: Path, **overrides: Any) -> StateConfig:
         "driver_name": DRIVER,
         "node_name": NODE,
         "boot_id_path": boot_id,
-        "nvml_mode": "simulated",
     }
     values.update(overrides)
     return StateConfig(**values)
@@ -192,7 +212,9 @@ async def node(api_client: k8s.ApiClient, tmp_path: Path) -> Node:
     api = api_client
     config = _config(tmp_path)
     inventory = _inventory("p5.48xlarge", tmp_path)
-    return Node(api, config, inventory, await DeviceState.open(config, api, devices_of(inventory)))
+    return Node(
+        api, config, inventory, await DeviceState.open(config, api, devices_of(inventory, config))
+    )
 
 
 # ---- prepare / unprepare ------------------------------------------------------------------
@@ -368,7 +390,7 @@ async def test_fifty_distinct_claims_prepare_concurrently(
     api = api_client
     config = _config(tmp_path)
     inventory = _inventory("synthetic-200gpu", tmp_path)
-    state = await DeviceState.open(config, api, devices_of(inventory))
+    state = await DeviceState.open(config, api, devices_of(inventory, config))
     refs = await asyncio.gather(*(create_claim(api, f"c{i}", [f"gpu-{i}"]) for i in range(50)))
     results = await asyncio.gather(*(state.prepare([ref]) for ref in refs))
     for ref, result in zip(refs, results, strict=True):
@@ -424,7 +446,7 @@ async def test_two_plugin_instances_never_hand_out_one_device_twice(
 ) -> None:
     # A surge upgrade: old and new plugin pod share the node's directories.
     other_config = _config(tmp_path, pod_uid="new-pod")
-    other = await DeviceState.open(other_config, node.api, devices_of(node.inventory))
+    other = await DeviceState.open(other_config, node.api, devices_of(node.inventory, other_config))
     refs = [await node.claim(f"race-{i}", ["gpu-0"]) for i in range(6)]
     results = await asyncio.gather(
         *((node.state if i % 2 else other).prepare([ref]) for i, ref in enumerate(refs))
@@ -576,7 +598,7 @@ async def test_nvidia_driver_checkpoint_refuses_to_start(
     }
     (config.plugin_dir / "checkpoint.json").write_text(json.dumps(nvidia))
     with pytest.raises(ForeignCheckpointError, match="To migrate"):
-        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
+        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path), config))
     assert json.loads((config.plugin_dir / "checkpoint.json").read_text()) == nvidia
 
 
@@ -586,7 +608,9 @@ async def test_real_gpu_node_without_container_toolkit_refuses_to_start(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     config = _config(tmp_path, nvml_mode="system", container_driver_root=tmp_path / "host")
     with pytest.raises(ToolkitError, match="nvidia-ctk"):
-        await DeviceState.open(config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path)))
+        await DeviceState.open(
+            config, api_client, devices_of(_inventory("p5.48xlarge", tmp_path), config)
+        )
 
 
 async def test_nvidia_driver_cdi_spec_refuses_to_start(
@@ -601,7 +625,7 @@ async def test_nvidia_driver_cdi_spec_refuses_to_start(
         "devices:\n- name: abc-gpu-0\n  containerEdits: {env: [A=1]}\n"
     )
     with pytest.raises(ForeignStateError, match="To migrate"):
-        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path)))
+        await DeviceState.open(config, api, devices_of(_inventory("p5.48xlarge", tmp_path), config))
     assert foreign.exists()
 
 

@@ -4,6 +4,7 @@ from typing import Any
 
 import pytest
 
+from drivers.gpu.flavor import GPU_CONFIGS
 from kubeletplugin.claims import ClaimError, ClaimRef, plan_claim
 
 DRIVER = "gpu.nvidia.com"
@@ -33,7 +34,7 @@ def _opaque(params: Any, source: str = "FromClaim", requests: list[str] | None =
 
 
 def _plan(claim: Any) -> Any:
-    return plan_claim(claim, REF, driver_name=DRIVER, pool_name=POOL)
+    return plan_claim(claim, REF, driver_name=DRIVER, pool_name=POOL, rules=GPU_CONFIGS)
 
 
 def test_claim_config_overrides_class_config_for_matching_requests() -> None:

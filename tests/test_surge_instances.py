@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
-from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.flavor import GPU
+from drivers.gpu.kinds import discovered
 from kubeletplugin import cdi
 from kubeletplugin import state as state_module
 from kubeletplugin.records import Records
@@ -76,7 +77,7 @@ async def test_a_new_instances_recovery_leaves_the_old_ones_prepare_in_flight_al
     # side effect (the time slice, never reset since it was set) and the record of it.
     left = _left(dirs)
     assert left == {
-        "specs": [cdi.spec_name(claim.uid)],
+        "specs": [cdi.spec_name(claim.uid, GPU)],
         "reservations": ["gpu-0"],
         "claim records": [f"{claim.uid}.json"],
         "holders": [claim.uid],
@@ -93,7 +94,7 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
     api_client: k8s.ApiClient, tmp_path: Path
 ) -> None:
     smi = Smi(tmp_path / "smi")
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     old, new = [
         await DeviceState.open(
             _config(tmp_path, nvidia_smi=smi.path, pod_uid=pod), api_client, devices
@@ -102,7 +103,7 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
     ]
     ref = await create_claim(api_client, "raced", ["gpu-0"], config=[timeslicing("Short")])
     plugin_dir = tmp_path / "plugins" / DRIVER
-    spec = cdi.spec_path(tmp_path / "cdi", ref.uid)
+    spec = cdi.spec_path(tmp_path / "cdi", ref.uid, GPU)
     rng = random.Random(SEED)
     outcomes = {"prepared": 0, "unprepared": 0}
 
@@ -141,12 +142,12 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
 async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
     api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     config = _config(tmp_path)
     state = await DeviceState.open(config, api_client, devices)
     ref = await create_claim(api_client, "held", ["gpu-7"])
     # The other instance's hold on the claim: the same lock, taken the same way.
-    records = Records(config.plugin_dir, config.cdi_root, boot_id="boot-1")
+    records = Records(config.plugin_dir, config.cdi_root, boot_id="boot-1", flavor=GPU)
     held = records.try_lock_claim(ref.uid)
     assert held is not None
     assert records.try_lock_claim(ref.uid) is None  # one holder at a time, also in one process
@@ -155,7 +156,7 @@ async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
     error = (await state.prepare([ref]))[ref.uid].error
     assert "another plugin instance of this node" in error
     assert 0.3 <= time.monotonic() - started < 5
-    assert not cdi.spec_path(config.cdi_root, ref.uid).exists()  # it did nothing
+    assert not cdi.spec_path(config.cdi_root, ref.uid, GPU).exists()  # it did nothing
 
     # Released while a call waits: the call goes on, within a poll of the release.
     waiting = asyncio.ensure_future(state.prepare([ref]))
@@ -174,7 +175,7 @@ async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
 async def test_a_symlink_in_place_of_a_lock_file_is_refused(
     api_client: k8s.ApiClient, tmp_path: Path
 ) -> None:
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     config = _config(tmp_path)
     state = await DeviceState.open(config, api_client, devices)
     ref = await create_claim(api_client, "planted", ["gpu-6"])
@@ -195,7 +196,7 @@ async def test_start_up_sweeps_what_killed_writes_left_but_not_the_other_instanc
     directory too (dynamic MIG's per-claim records); the other instance's, of a claim whose
     lock it holds, are its write in flight and stay."""
     config = _config(tmp_path)
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     await DeviceState.open(config, api_client, devices)  # the directories, as a first start
     killed, in_flight = (
         "1e2d3c4b-0000-4000-8000-00000000000a",
@@ -205,7 +206,9 @@ async def test_start_up_sweeps_what_killed_writes_left_but_not_the_other_instanc
     left = [
         kind_dir / f".{killed}.json.0badf00d.tmp",
         config.plugin_dir / "claims" / f".{killed}.json.0badf00d.tmp",
-        cdi.spec_path(config.cdi_root, killed).with_name(f".{cdi.spec_name(killed)}.0badf00d.tmp"),
+        cdi.spec_path(config.cdi_root, killed, GPU).with_name(
+            f".{cdi.spec_name(killed, GPU)}.0badf00d.tmp"
+        ),
     ]
     writing = [
         kind_dir / f".{in_flight}.json.5ca1ab1e.tmp",
@@ -213,7 +216,7 @@ async def test_start_up_sweeps_what_killed_writes_left_but_not_the_other_instanc
     ]
     for path in left + writing:
         path.write_text("{")
-    other = Records(config.plugin_dir, config.cdi_root, boot_id="boot-1")
+    other = Records(config.plugin_dir, config.cdi_root, boot_id="boot-1", flavor=GPU)
     held = other.try_lock_claim(in_flight)  # the other instance, mid-prepare of that claim
     assert held is not None
     try:

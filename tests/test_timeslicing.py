@@ -14,7 +14,8 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.devicekind import PreparedClaim, PreparedDevice
-from drivers.gpu.kinds import GpuKindContext, GpuNode, NodeDevices
+from drivers.gpu.flavor import GPU
+from drivers.gpu.kinds import GpuKindContext, GpuNode
 from drivers.gpu.kinds.gpu import UUID_KEY
 from drivers.gpu.kinds.timeslicing import TimeSliceConflictError, TimeSlicing
 from drivers.gpu.model.nvidiasmi import TIMESLICE_LEVELS
@@ -22,7 +23,15 @@ from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
 from tests.fsfaults import disk_full, read_only
 from tests.standin import StandIn
-from tests.test_state import DRIVER, GPU_CONFIG, NODE, _config, _inventory, create_claim
+from tests.test_state import (
+    DRIVER,
+    GPU_CONFIG,
+    NODE,
+    _config,
+    _inventory,
+    create_claim,
+    devices_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +87,7 @@ def smi(tmp_path: Path) -> Smi:
 
 async def _state(api: k8s.ApiClient, tmp_path: Path, smi_path: Path) -> DeviceState:
     config = _config(tmp_path, nvidia_smi=smi_path)
-    devices = NodeDevices.of(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
+    devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
     return await DeviceState.open(config, api, devices)
 
 
@@ -225,9 +234,12 @@ async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices
     ref = await create_claim(api_client, "sliced", ["gpu-0"], config=[timeslicing("Short")])
     assert (await state.prepare([ref]))[ref.uid].error == ""
     assert smi.calls() == sliced(uuid, 1)
-    # The spec as the release before wrote it (pretty-printed): same claim, other bytes.
-    path = cdi.spec_path(tmp_path / "cdi", ref.uid)
-    path.write_text(json.dumps(json.loads(path.read_bytes()), indent=1))
+    # The spec in release 0.1.0's layout (no record version, pretty-printed): same claim,
+    # another layout, which a repeat prepare rewrites.
+    path = cdi.spec_path(tmp_path / "cdi", ref.uid, GPU)
+    spec = json.loads(path.read_bytes())
+    del spec["annotations"][cdi.RECORD_VERSION]
+    path.write_text(json.dumps(spec, indent=1))
     layout = path.read_bytes()
     plugin_dir = tmp_path / "plugins" / DRIVER
     record = (plugin_dir / "claims" / f"{ref.uid}.json").read_bytes()
@@ -291,10 +303,8 @@ def _share(device: str) -> dict[str, Any]:
 async def test_a_share_at_another_interval_than_the_gpus_holder_is_refused_naming_both(
     api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
 ) -> None:
-    config = _config(tmp_path, nvidia_smi=smi.path)
-    devices = NodeDevices.of(
-        _inventory("p5.48xlarge", tmp_path), node_name=NODE, consumable_capacity=True
-    )
+    config = _config(tmp_path, nvidia_smi=smi.path, consumable_capacity=True)
+    devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
     state = await DeviceState.open(config, api_client, devices)
     rng = random.Random(6)
     gpus = [f"gpu-{n}" for n in range(8)]

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from driver.nvml.simulated import HARDWARE_FILE
-from drivers.gpu.kinds.gpu import CONTROL_NODES
-from kubeletplugin import cdi
+from drivers.gpu.kinds.gpu import CONTROL_NODES, own_node
 from kubeletplugin.containertoolkit import base_edits
 from tests.simroot import ctk_binary, fake_root, install_driver_files
-from tests.test_cdi import DEVICES, _record, assert_valid_spec
+from tests.test_cdi import _record, assert_valid_spec, build
 
 HOST_ROOT = Path("/run/nvidia/driver")  # a driver container's root, not /
 # Host paths the toolkit names outside the driver root, and why.
@@ -38,7 +37,7 @@ async def test_real_toolkit_output_translates_into_the_host_driver_root(
     for key in ("GPU_DRA_SIM_NVML",):
         monkeypatch.setenv(key, env[key])  # nvidia-ctk inherits it and reads the same GPUs
 
-    edits = await base_edits("system", container_root=root, host_root=HOST_ROOT)
+    edits = await base_edits("system", container_root=root, host_root=HOST_ROOT, own_node=own_node)
 
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     for name in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler"):
@@ -59,6 +58,6 @@ async def test_real_toolkit_output_translates_into_the_host_driver_root(
     # Our claim spec adds its own GPU and control nodes; the toolkit's are dropped.
     assert all(n["path"] not in CONTROL_NODES for n in edits.get("deviceNodes", []))
 
-    spec = cdi.build_claim_spec(_record("gpu-0", "gpu-1"), DEVICES, edits)
+    spec = build(_record("gpu-0", "gpu-1"), edits)
     assert_valid_spec(spec)
     assert spec["containerEdits"]["mounts"] == edits["mounts"]

@@ -34,7 +34,7 @@ from driver.common.errors import RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj as _Obj
 from driver.kube.rest import ApiError, Client
-from drivers.gpu.model.resourceslice import generate_name, slice_name
+from driver.slices.model import generate_name, slice_name
 
 log = logging.getLogger(__name__)
 

@@ -64,6 +64,7 @@ from driver.kube.rest import (
     UnavailableError,
 )
 from driver.slices.capabilities import CapabilityGuard
+from driver.slices.model import build_slices, counters_apart_for
 from driver.slices.plan import InvalidPoolError, Plan, plan
 
 log = logging.getLogger(__name__)
@@ -97,11 +98,11 @@ class SliceController:
 
     ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
     and closes it); ``devices`` is the source of desired devices (every device kind's,
-    rediscovered on each call, ``drivers.gpu.kinds.NodeDevices.published``) and may
+    rediscovered on each call, ``kubeletplugin.devices.NodeDevices.published``) and may
     raise (``RetryableError`` for "not yet"); ``counter_sets`` (called right after it,
     ``NodeDevices.counter_sets``) the shared counters those devices consume, whose layout
     follows the server's version; the slices are built from them by
-    ``drivers.gpu.model.resourceslice.build_slices``, and the
+    :func:`driver.slices.model.build_slices`, and the
     :class:`~driver.slices.capabilities.CapabilityGuard` fits them to what the server
     keeps.
 
@@ -297,7 +298,6 @@ class SliceController:
     # -- discovery ----------------------------------------------------------------
 
     async def _discovery_loop(self) -> None:
-        from drivers.gpu.model.resourceslice import build_slices, counters_apart_for
 
         backoff = Backoff(cap=min(self._backoff_cap, self._resync_period))
         while True:

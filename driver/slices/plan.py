@@ -7,7 +7,7 @@ scheduler and other drivers' tooling read pools the way that controller writes t
 * every desired slice becomes exactly one ResourceSlice, named
   ``<index as %0Nx, N = max(5, hex digits)>-<driver>-<node>``: upstream's
   ``generateName`` prefix without the random suffix
-  (:func:`drivers.gpu.model.resourceslice.slice_name`,
+  (:func:`driver.slices.model.slice_name`,
   which ``gpu-dra discover`` prints too). A fixed name lets the API server
   refuse a second slice for one index (409 AlreadyExists), so neither a create whose
   response got lost nor two instances starting at once can put a device twice into
@@ -34,7 +34,7 @@ from driver.common.errors import PermanentError
 from driver.common.quantity import Quantity
 from driver.common.wire import Obj as _Obj
 from driver.common.wire import parse_time
-from drivers.gpu.model.resourceslice import index_length, slice_metadata
+from driver.slices.model import index_length, slice_metadata
 
 
 class InvalidPoolError(PermanentError):

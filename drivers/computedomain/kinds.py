@@ -348,7 +348,7 @@ def flavor(channel: ChannelKind, daemon: DaemonKind) -> Flavor:
     return Flavor(
         cdi_vendor=CDI_VENDOR,
         record_kind=RECORD_KIND,
-        kinds=lambda: table,
+        kinds=table,
         configs=CONFIGS,
         device_taken_is_retryable=True,
         toolkit_kinds=frozenset({daemon.name}),

@@ -41,18 +41,21 @@ from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.kube.rest import Client
 from driver.slices import SliceController
-from drivers.computedomain import clique, kinds, names
+from drivers.computedomain import kinds, names
 from drivers.computedomain.domains import Domains
-from drivers.gpu.kinds import NodeDevices
-from drivers.gpu.model.inventory import Inventory
 from kubeletplugin import draservice
-from kubeletplugin.cohost import Host
-from kubeletplugin.metrics import COMPUTE_DOMAIN_PREFIX, COMPUTE_DOMAIN_WHAT, ClaimMetrics, Forward
+from kubeletplugin.cohost import Host, NodeFacts
+from kubeletplugin.devices import NodeDevices
+from kubeletplugin.metrics import ClaimMetrics, Forward
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketServer, socket_paths
 from kubeletplugin.state import DeviceState, StateConfig
 
 log = logging.getLogger(__name__)
+
+# This driver's metric families, in the kubelet plugin's with --compute-domains.
+COMPUTE_DOMAIN_PREFIX = "gpu_dra_compute_domain_node"
+COMPUTE_DOMAIN_WHAT = "ComputeDomain channel and daemon claims"
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,6 @@ class DomainConfig:
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/run/cdi")
-    nvidia_driver_root: Path = Path("/")
-    container_driver_root: Path = Path("/driver-root")
     pod_uid: str | None = None
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
@@ -88,11 +89,11 @@ class ComputeDomainDriver:
 
     async def start(self, host: Host) -> None:
         cfg = self._config
-        inventory = host.inventory()
-        if inventory is None:
+        facts = host.facts()
+        if facts is None:
             raise PermanentError("no GPU inventory: the host driver has not discovered yet")
-        require_floor(inventory.driver_version)
-        self._clique = clique.clique_id(inventory)
+        require_floor(facts.driver_version)
+        self._clique = facts.clique_id
         paths = socket_paths(
             registrar_dir=cfg.registrar_dir,
             plugins_dir=cfg.plugins_dir,
@@ -121,13 +122,13 @@ class ComputeDomainDriver:
             plugin_dir=plugin_dir,
         )
 
-        async def same() -> Inventory:
+        async def same() -> NodeFacts | None:
             # The host's last discovery: these devices do not depend on it.
-            found = host.inventory()
-            assert found is not None
-            return found
+            return facts
 
-        devices = NodeDevices(same, node_name=cfg.node_name, kinds=(channel, daemon))
+        devices: NodeDevices[object] = NodeDevices(
+            same, node_name=cfg.node_name, kinds=(channel, daemon)
+        )
         await devices.refresh()
         state = await DeviceState.open(
             StateConfig(
@@ -135,10 +136,8 @@ class ComputeDomainDriver:
                 cdi_root=cfg.cdi_root,
                 driver_name=self.name,
                 node_name=cfg.node_name,
-                nvidia_driver_root=cfg.nvidia_driver_root,
-                container_driver_root=cfg.container_driver_root,
+                host=host.host_edits,
                 pod_uid=cfg.pod_uid,
-                nvml_mode="simulated" if host.nvml_mode == "simulated" else "system",
                 flavor=kinds.flavor(channel, daemon),
             ),
             host.api_client,
@@ -200,10 +199,10 @@ class ComputeDomainDriver:
                 await self._label(domains)
             await asyncio.sleep(self._config.clique_period)
             await host.rediscover()
-            inventory = host.inventory()
-            if inventory is None:
+            facts = host.facts()
+            if facts is None:
                 return
-            now = clique.clique_id(inventory)
+            now = facts.clique_id
             if now and now != self._clique:
                 log.warning(
                     "the node's NVLink clique changed: new prepares use it, prepared claims "

@@ -38,7 +38,7 @@ from driver.common.fsutil import write_atomic
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.devicekind import NodeDevice
-from drivers.gpu.kinds import by_name
+from drivers.gpu.kinds import KindTable
 from drivers.gpu.model import devicehealth
 from drivers.gpu.model.devicehealth import Event, MigPlacement, Taint, Xid
 from drivers.gpu.model.inventory import Inventory
@@ -56,10 +56,12 @@ class Watched:
     gpus: tuple[str, ...]  # the physical GPUs whose NVML events are registered
 
     @classmethod
-    def of(cls, current: Mapping[str, NodeDevice], inventory: Inventory | None) -> "Watched":
-        """Each device where its kind says its events come from; the monitor names no
-        kind, so a new kind is watched by implementing ``health_target``."""
-        kinds = by_name()
+    def of(
+        cls, current: Mapping[str, NodeDevice], inventory: Inventory | None, kinds: KindTable
+    ) -> "Watched":
+        """Each device where its kind (of ``kinds``, the node's table) says its events come
+        from; the monitor names no kind, so a new kind is watched by implementing
+        ``health_target``."""
         devices: dict[str, str] = {}
         migs: dict[str, list[MigPlacement]] = {}
         whole: set[str] = set()

@@ -32,17 +32,22 @@ from driver.kube import client as kubeclient
 from driver.kube.rest import Client, errors_of
 from driver.nvml import library
 from driver.slices import SliceController
+from drivers.gpu import flavor
 from drivers.gpu.healthmonitor import HealthMonitor, Recovery, Watched, read_state
-from drivers.gpu.kinds import GpuNode, NodeDevices, mpspaths
+from drivers.gpu.kinds import GpuNode, KindTable, gpu_kinds, mpspaths, node_devices
 from drivers.gpu.kinds.mpspod import MpsPodConfig, MpsPods
+from drivers.gpu.metrics import Metrics
+from drivers.gpu.model import clique
 from drivers.gpu.model.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVERABLE_XIDS, Taint
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
 from drivers.gpu.model.migmake import Maker
-from kubeletplugin import draservice, flavor
+from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
-from kubeletplugin.cohost import Guest, Host
-from kubeletplugin.metrics import Metrics, MetricsServer
+from kubeletplugin.cohost import Guest, Host, NodeFacts
+from kubeletplugin.containertoolkit import Toolkit
+from kubeletplugin.devices import NodeDevices
+from kubeletplugin.metrics import MetricsServer
 from kubeletplugin.probes import ProbeServer
 from kubeletplugin.registration import RegistrationServicer
 from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
@@ -158,6 +163,14 @@ async def run(
         await probes.stop()
 
 
+def host_facts(inventory: Inventory | None) -> NodeFacts | None:
+    """What a guest driver is told of the node's last discovery; raises CliqueError when
+    its GPUs disagree on their NVLink clique."""
+    if inventory is None:
+        return None
+    return NodeFacts(inventory.driver_version, clique.clique_id(inventory))
+
+
 # What _start_guest returns for a refusal no retry can change.
 _FINAL = "final"
 
@@ -201,7 +214,9 @@ class _Node:
         # Owns the NVML backend (a simulated node's sysfs tree) for the process's life.
         self._exit_stack = contextlib.ExitStack()
         self._backend: tuple[Nvml, Path] | None = None
-        self._devices: NodeDevices | None = None
+        self._devices: NodeDevices[Inventory] | None = None
+        # The one table of kinds, made with the node (setup), for the devices and claim state.
+        self._kinds: tuple[GpuNode, KindTable] | None = None
         # The kubelet's health stream reads it; the NVML watcher writes it.
         self._health = health.HealthBoard()
         self._watcher: tuple[threading.Thread, EventWatcher] | None = None
@@ -295,22 +310,23 @@ class _Node:
                 dynamic_mig=cfg.dynamic_mig,
             )
 
-        # One inventory for the publisher and the claim state, for the process's life.
-        self._devices = NodeDevices(
-            rediscover, node_name=cfg.node_name, consumable_capacity=cfg.consumable_capacity
-        )
+        # One inventory and one table of kinds for the publisher and the claim state, for
+        # the process's life.
+        kinds_node = await self._kinds_node(backend, sysfs_root)
+        table = gpu_kinds(kinds_node)
+        self._kinds = (kinds_node, table)
+        self._devices = node_devices(rediscover, node_name=cfg.node_name, kinds=table)
         found = await self._devices.refresh()
         log.info("GPUs discovered", extra=kv(node=cfg.node_name, devices=len(found)))
 
-    async def _open_state(self) -> DeviceState:
+    async def _kinds_node(self, backend: "Nvml", sysfs_root: Path) -> GpuNode:
+        """What the kinds are given of the node: its driver roots, tools, NVML, MPS pods."""
         cfg = self._config
-        assert self._devices is not None and self._backend is not None, "_discover first"
-        backend, sysfs_root = self._backend
         mps_pods = None
         if cfg.mps_pod is not None:
             loop = asyncio.get_running_loop()
             mps_pods = MpsPods(Client(self._api), loop, cfg.mps_pod, cfg.node_name)
-        kinds_node = GpuNode(
+        return GpuNode(
             container_driver_root=cfg.container_driver_root,
             nvidia_driver_root=cfg.nvidia_driver_root,
             nvidia_smi=cfg.nvidia_smi,
@@ -318,17 +334,21 @@ class _Node:
             nvml_library=await asyncio.to_thread(library.find, cfg.container_driver_root),
             mig_maker=Maker(backend, sysfs_root),
             mps_pods=mps_pods,
+            consumable_capacity=cfg.consumable_capacity,
         )
+
+    async def _open_state(self) -> DeviceState:
+        cfg = self._config
+        assert self._devices is not None and self._kinds is not None, "_discover first"
+        kinds_node, table = self._kinds
         state_config = StateConfig(
             plugin_dir=cfg.plugins_dir / cfg.driver_name,
             cdi_root=cfg.cdi_root,
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
-            nvidia_driver_root=cfg.nvidia_driver_root,
-            container_driver_root=cfg.container_driver_root,
+            host=self._toolkit(),
             pod_uid=cfg.pod_uid,
-            nvml_mode="simulated" if cfg.nvml == "simulated" else "system",
-            flavor=flavor.gpu(kinds_node),
+            flavor=flavor.gpu(kinds_node, table),
         )
         state = await DeviceState.open(state_config, self._api, self._devices)
         if cfg.dynamic_mig:
@@ -336,6 +356,12 @@ class _Node:
             # discovery took for out of band: their placements are free again.
             await self._devices.refresh()
         return state
+
+    def _toolkit(self) -> Toolkit:
+        cfg = self._config
+        return flavor.toolkit(
+            cfg.container_driver_root, cfg.nvidia_driver_root, simulated=cfg.nvml == "simulated"
+        )
 
     def _load_nvml(self) -> "tuple[Nvml, Path]":
         from driver import nvml
@@ -375,7 +401,9 @@ class _Node:
         )
         watched = self._watched()
         monitor.set_devices(watched.devices, watched.migs)
+        assert self._kinds is not None
         metrics = Metrics(
+            kinds=self._kinds[1],
             board=self._health,
             events_by_xid=lambda: monitor.events_by_xid,
             slice_writes=lambda: controller.stats.writes,
@@ -469,11 +497,11 @@ class _Node:
 
         host = Host(
             api_client=self._api,
-            inventory=lambda: devices.inventory,
+            facts=lambda: host_facts(devices.inventory),
             rediscover=rediscover,
             proc_root=self._backend[1],
-            nvml_mode=self._config.nvml,
             registry=self._registry,
+            host_edits=self._toolkit(),
         )
         for guest in self._guests:
             reason = await self._start_guest(guest, host, "")
@@ -537,7 +565,8 @@ class _Node:
 
     def _watched(self) -> Watched:
         assert self._devices is not None
-        return Watched.of(self._devices.current, self._devices.inventory)
+        assert self._kinds is not None
+        return Watched.of(self._devices.current, self._devices.inventory, self._kinds[1])
 
     def _start_watcher(self, monitor: HealthMonitor) -> None:
         from drivers.gpu.model.events import EventNvml, EventWatcher

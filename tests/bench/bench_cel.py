@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from tools.cel import CelDevice, compile_selector
 
 DRIVER = "gpu.nvidia.com"

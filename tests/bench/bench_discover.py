@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from driver.common.limits import validate_resource_slice
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.model.discovery import discover
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 
 PROFILE = "synthetic-200gpu"
 RUNS = 15

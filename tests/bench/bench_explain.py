@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Gpu, Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from tests.bench.bytecode import byte_compile
 from tests.oracles.client import Oracle
 from tests.oracles.test_allocator_oracle import compare

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from driver.kube import client as kubeclient  # noqa: E402
 from driver.kube.rest import Client  # noqa: E402
 from driver.nvml.simulated import SimulatedNode  # noqa: E402
-from drivers.gpu.kinds import NodeDevices  # noqa: E402
+from drivers.gpu.kinds import discovered  # noqa: E402
 from drivers.gpu.model.discovery import discover  # noqa: E402
 from sandbox.apiserver import ThreadedApiServer  # noqa: E402
 from tests.bench.bytecode import byte_compile  # noqa: E402
@@ -368,7 +368,7 @@ async def main() -> None:
         sim = SimulatedNode(PROFILE, "template", work / "template")
         inventory = discover(sim.nvml, sysfs_root=sim.sysfs_root)
         devices = work / "devices.json"
-        devices.write_text(json.dumps(NodeDevices.of(inventory, node_name="x").discovered()))
+        devices.write_text(json.dumps(discovered(inventory, node_name="x").discovered()))
         nodes = [f"join-{w}-{i}" for w in ("ours", "go") for i in range(args.rounds)]
         nodes += [f"fleet-{w}-{i}" for w in ("ours", "go") for i in range(args.fleet)]
         print(

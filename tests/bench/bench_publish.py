@@ -28,10 +28,10 @@ from kubernetes.aio import client
 from driver.kube.rest import Client
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import SliceController, plan
-from drivers.gpu.kinds import NodeDevices
+from drivers.gpu.kinds import gpu_kinds, node_devices
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
-from drivers.gpu.model.resourceslice import build_resource_slices
+from drivers.gpu.resourceslice import build_resource_slices
 from sandbox.apiserver import RequestRecord, ThreadedApiServer
 
 DRIVER = "gpu.nvidia.com"
@@ -123,7 +123,9 @@ async def main() -> None:
                     api,
                     node_name=name,
                     driver_name=DRIVER,
-                    devices=NodeDevices(discoverer(name), node_name=name).published,
+                    devices=node_devices(
+                        discoverer(name), node_name=name, kinds=gpu_kinds()
+                    ).published,
                     resync_period=3600,
                     request_timeout=60,
                     identity=name,

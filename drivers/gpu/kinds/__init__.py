@@ -1,80 +1,58 @@
-"""Device kinds: the one table of them, and the node's devices of every kind.
+"""Device kinds: the one table of them, built afresh for each claim state.
 
 A new kind is one module implementing :class:`~drivers.gpu.kinds.base.GpuDeviceKind` (the
-seam of ``driver.devicekind`` over the GPU inventory, and its devices' health) and one entry
-in :data:`KINDS`; nothing else names a kind but the readers of release 0.1.0's
-records (``kubeletplugin/recovery.py``, ``kubeletplugin/cdi.py``), which know that release had
-only the full GPU.
+seam of ``driver.devicekind`` over the GPU inventory, and its devices' health and physical
+GPU) and one entry in :data:`KIND_TYPES`; nothing else names a kind but the readers of
+release 0.1.0's records (``kubeletplugin/recovery.py``, ``kubeletplugin/cdi.py``), which know
+that release had only the full GPU. :func:`gpu_kinds` makes the table: the node process
+gives it to its publisher's devices (:func:`node_devices`) and its claim state (the flavor),
+so both see the same kinds, and two claim states of one process share none.
 """
 
-import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from driver.devicekind import DeviceKind, NodeDevice
-from drivers.gpu.kinds import capacity, dynmig, gpu, mig
-from drivers.gpu.kinds.base import GpuDeviceKind, GpuKindContext, GpuNode, HealthTarget
+from driver.devicekind import DeviceKind
+from drivers.gpu.kinds import dynmig, gpu, mig
+from drivers.gpu.kinds.base import (
+    GpuDeviceKind,
+    GpuKindContext,
+    GpuNode,
+    HealthTarget,
+    MigMaker,
+)
 from drivers.gpu.model.inventory import Inventory
+from kubeletplugin.devices import NodeDevices
 
 __all__ = [
-    "KINDS",
+    "KIND_TYPES",
     "GpuDeviceKind",
     "GpuKindContext",
     "GpuNode",
     "HealthTarget",
-    "NodeDevices",
-    "by_name",
+    "KindTable",
+    "MigMaker",
     "counter_sets",
-    "gpu_uuid",
+    "discovered",
+    "gpu_kinds",
     "node_devices",
 ]
 
-KINDS: tuple[GpuDeviceKind, ...] = (gpu.KIND, mig.KIND, dynmig.KIND)
+# The one table: what makes each kind, given the node, in publishing order.
+KIND_TYPES: tuple[Callable[[GpuNode], GpuDeviceKind], ...] = (
+    gpu.GpuKind,
+    mig.MigKind,
+    dynmig.DynamicMigKind,
+)
 
-# Another driver's kinds whose devices the GPU inventory is handed to (they may ignore it).
-InventoryKind = DeviceKind[Inventory, Any]
-
-_index: tuple[tuple[GpuDeviceKind, ...], Mapping[str, GpuDeviceKind]] = ((), {})
-
-
-def by_name() -> Mapping[str, GpuDeviceKind]:
-    """The table by kind name; rebuilt only when the table is replaced (a test's kind)."""
-    global _index
-    if _index[0] is not KINDS:
-        _index = (KINDS, MappingProxyType({kind.name: kind for kind in KINDS}))
-    return _index[1]
+KindTable = Mapping[str, GpuDeviceKind]
 
 
-def node_devices(
-    inventory: Inventory,
-    *,
-    node_name: str,
-    consumable_capacity: bool = False,
-    kinds: Sequence[InventoryKind] | None = None,
-) -> list[NodeDevice]:
-    """Every kind's devices on the node, kind by kind in table order (``kinds``: another
-    driver's table instead of this one); with ``consumable_capacity``, published for
-    sharing (:mod:`drivers.gpu.kinds.capacity`)."""
-    out: list[NodeDevice] = []
-    for kind in KINDS if kinds is None else kinds:
-        devices = kind.devices(inventory, node_name=node_name)
-        if consumable_capacity and kind is gpu.KIND:  # a MIG device is a partition already
-            devices = [
-                dataclasses.replace(d, published=capacity.shareable(d.published)) for d in devices
-            ]
-        out.extend(devices)
-    return out
-
-
-def gpu_uuid(identity: Mapping[str, str]) -> str:
-    """The physical GPU of a device by its recorded identity: a whole GPU's UUID, or the
-    parent of a MIG device (static or dynamic); "" for a device of no GPU."""
-    return (
-        identity.get(gpu.UUID_KEY)
-        or identity.get(mig.PARENT_KEY)
-        or identity.get(dynmig.PARENT_KEY, "")
-    )
+def gpu_kinds(node: GpuNode | None = None) -> KindTable:
+    """A new table of every kind, made for ``node`` (the defaults when None)."""
+    made = [make(node or GpuNode()) for make in KIND_TYPES]
+    return MappingProxyType({kind.name: kind for kind in made})
 
 
 def counter_sets(inventory: Inventory) -> list[dict[str, Any]]:
@@ -83,87 +61,27 @@ def counter_sets(inventory: Inventory) -> list[dict[str, Any]]:
     return dynmig.counter_sets(inventory)
 
 
-class NodeDevices:
-    """The node's devices, one discovery for the slice publisher and the claim state.
+def node_devices(
+    discover: Callable[[], Awaitable[Inventory]],
+    *,
+    node_name: str,
+    kinds: Mapping[str, DeviceKind[Inventory, Any]],
+) -> NodeDevices[Inventory]:
+    """The node's devices of ``kinds``, with the counter sets they consume."""
+    return NodeDevices(
+        discover, node_name=node_name, kinds=tuple(kinds.values()), counter_sets=counter_sets
+    )
 
-    ``refresh`` rediscovers (the publisher calls it on every resync) and ``current``
-    is what the last discovery found, which prepare plans against: both sides see
-    one inventory with one lifetime, the process's.
-    """
 
-    def __init__(
-        self,
-        discover: Callable[[], Awaitable[Inventory]],
-        *,
-        node_name: str,
-        consumable_capacity: bool = False,
-        kinds: Sequence[InventoryKind] | None = None,
-    ) -> None:
-        # None: the GPU table (and its counter sets); another driver's kinds share the one
-        # inventory and publish no counters.
-        self._kinds = kinds
-        self._discover = discover
-        self._node = node_name
-        self._consumable = consumable_capacity
-        self._current: Mapping[str, NodeDevice] = MappingProxyType({})
-        self._published: list[dict[str, Any]] = []
-        self._inventory: Inventory | None = None
-        self._counter_sets: list[dict[str, Any]] = []
-
-    @classmethod
-    def of(
-        cls, inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
-    ) -> "NodeDevices":
-        """Devices that are already discovered (tests, one-shot tools): no refresh needed."""
-
-        async def same() -> Inventory:
-            return inventory
-
-        devices = cls(same, node_name=node_name, consumable_capacity=consumable_capacity)
-        devices._set(
-            inventory,
-            node_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity),
-        )
-        return devices
-
-    def _set(self, inventory: Inventory, devices: Sequence[NodeDevice]) -> None:
-        self._inventory = inventory
-        self._counter_sets = counter_sets(inventory) if self._kinds is None else []
-        self._current = MappingProxyType({d.name: d for d in devices})
-        self._published = [dict(d.published) for d in devices]
-
-    @property
-    def current(self) -> Mapping[str, NodeDevice]:
-        return self._current
-
-    @property
-    def inventory(self) -> Inventory | None:
-        """What the last discovery found; None before the first."""
-        return self._inventory
-
-    async def refresh(self) -> Sequence[NodeDevice]:
-        """Rediscover; raises what discovery raises and then keeps the last result."""
-        inventory = await self._discover()
-        devices = node_devices(
-            inventory,
-            node_name=self._node,
-            consumable_capacity=self._consumable,
-            kinds=self._kinds,
-        )
-        self._set(inventory, devices)
-        return devices
-
-    async def published(self) -> list[dict[str, Any]]:
-        """The publisher's source of desired devices: rediscover, then what to publish."""
-        await self.refresh()
-        return list(self._published)
-
-    def discovered(self) -> list[dict[str, Any]]:
-        """What :meth:`published` last returned (or :meth:`refresh` last found), without
-        discovering again: for a first publish right after a discovery."""
-        return list(self._published)
-
-    def counter_sets(self) -> list[dict[str, Any]]:
-        """The counter sets of what :meth:`published` last returned (none without
-        partitionable devices)."""
-        return list(self._counter_sets)
+def discovered(
+    inventory: Inventory,
+    *,
+    node_name: str,
+    kinds: Mapping[str, DeviceKind[Inventory, Any]] | None = None,
+) -> NodeDevices[Inventory]:
+    """Devices already discovered (tests, one-shot tools), of ``kinds`` (a new table when
+    None: for what only publishes)."""
+    table: Mapping[str, DeviceKind[Inventory, Any]] = gpu_kinds() if kinds is None else kinds
+    return NodeDevices.of(
+        inventory, node_name=node_name, kinds=tuple(table.values()), counter_sets=counter_sets
+    )

@@ -1,18 +1,31 @@
 """What the GPU driver's kinds share beyond the generic seam (``driver.devicekind``): the
 context they are given of the node (its driver roots, the tools they run, the NVML that
 makes MIG instances, the MPS daemons as pods), and where a device's health comes from.
-Kinds are registered in :data:`drivers.gpu.kinds.KINDS`.
+Kinds are registered in :data:`drivers.gpu.kinds.KIND_TYPES`.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from driver.devicekind import DeviceKind, KindContext, NodeDevice
 from drivers.gpu.kinds.mpspod import MpsPods
 from drivers.gpu.model import nvidiasmi
 from drivers.gpu.model.inventory import Inventory
 from drivers.gpu.model.nvidiasmi import NvidiaSmi
+
+if TYPE_CHECKING:
+    from drivers.gpu.model.migmake import MadeMig
+
+
+class MigMaker(Protocol):
+    """What makes and removes MIG instances for the dynamic MIG kind, which imports no NVML
+    code (``drivers.gpu.model.migmake.Maker`` over the node's NVML)."""
+
+    def make(self, parent_uuid: str, profile_id: int, start: int, size: int) -> "MadeMig": ...
+
+    def unmake(self, parent_uuid: str, profile_id: int, start: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +52,13 @@ class GpuNode:
     nvidia_smi: Path | None = None  # None: under the driver root
     mps_control: Path | None = None  # nvidia-cuda-mps-control; None: under the driver root
     nvml_library: Path | None = None  # the driver root's libnvidia-ml, for the tools it runs
-    # What makes and removes MIG instances (``drivers.gpu.model.migmake.Maker`` over the
-    # node's NVML;
-    # None where no NVML is loaded): for the dynamic MIG kind, which imports no NVML code.
-    mig_maker: Any = None
+    # What makes and removes MIG instances; None where no NVML is loaded.
+    mig_maker: MigMaker | None = None
     # The MPS control daemons as pods (``drivers.gpu.kinds.mpspod.MpsPods``); None: each a
     # process of the plugin's own (a plugin run on the host: tests, e2e levels 1 and 2).
     mps_pods: MpsPods | None = None
+    # Full GPUs published for consumable capacity (drivers.gpu.kinds.capacity).
+    consumable_capacity: bool = False
 
     def context(self, given: KindContext) -> "GpuKindContext":
         return GpuKindContext(given.state_dir, given.boot_id, self)
@@ -72,3 +85,7 @@ class GpuDeviceKind(DeviceKind[Inventory, GpuKindContext], Protocol):
         """The physical GPU whose NVML events concern ``device`` (one of this kind's, as
         :meth:`devices` built it from ``inventory``), and where on it; None: not watched
         (no GPU behind it, or a MIG device discovery no longer lists)."""
+
+    def physical_gpu(self, identity: Mapping[str, str]) -> str:
+        """The UUID of the physical GPU a device of this kind is, or is part of, by its
+        recorded identity; "" for a device of no GPU."""

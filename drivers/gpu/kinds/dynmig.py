@@ -42,7 +42,7 @@ from driver.common.fsutil import ensure_dir, write_atomic
 from driver.common.limits import is_uid
 from driver.common.logs import kv
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
-from drivers.gpu.kinds.base import GpuKindContext, HealthTarget
+from drivers.gpu.kinds.base import GpuKindContext, GpuNode, HealthTarget, MigMaker
 from drivers.gpu.kinds.files import PRIVATE
 from drivers.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
 from drivers.gpu.kinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV
@@ -229,10 +229,13 @@ class DynamicMigKind:
     name = NAME
     identity_keys = (PARENT_KEY, PROFILE_ID_KEY, START_KEY, SIZE_KEY)
 
-    def __init__(self) -> None:
+    def __init__(self, node: GpuNode | None = None) -> None:
         self._dir: Path | None = None
         self._boot = ""
-        self._maker: Any = None  # drivers.gpu.model.migmake.Maker, given at attach
+        self._maker: MigMaker | None = None  # given at attach
+
+    def physical_gpu(self, identity: Mapping[str, str]) -> str:
+        return identity.get(PARENT_KEY, "")
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         ours = self.ours() if any(g.mig_devices for g in inventory.gpus) else Claimed()
@@ -397,7 +400,7 @@ class DynamicMigKind:
     def watch(self) -> None:
         pass
 
-    def _ready(self) -> Any:
+    def _ready(self) -> MigMaker:
         if self._dir is None or self._maker is None:
             raise DynamicMigError("dynamic MIG used before the claim state attached NVML")
         return self._maker
@@ -467,6 +470,3 @@ def _placement(device: PreparedDevice) -> tuple[str, int, int, int]:
         raise DynamicMigError(
             f"device {device.device_name}: its record lacks the placement ({exc})"
         ) from exc
-
-
-KIND = DynamicMigKind()

@@ -8,6 +8,7 @@ GPU of the node) with ``GPU_DRA_VISIBLE_GPU_UUIDS``, the UUIDs of the claim's GP
 device name order, for workloads and tests that want to know what they got.
 """
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,7 +16,8 @@ from typing import Any
 from driver.common.limits import MAX_VALUE_LENGTH
 from driver.common.semver import Semver, SemverError
 from driver.devicekind import NodeDevice, PreparedClaim
-from drivers.gpu.kinds.base import GpuKindContext, HealthTarget
+from drivers.gpu.kinds import capacity
+from drivers.gpu.kinds.base import GpuKindContext, GpuNode, HealthTarget
 from drivers.gpu.kinds.mps import Mps
 from drivers.gpu.kinds.timeslicing import TimeSlicing
 from drivers.gpu.model.inventory import Gpu, Inventory
@@ -25,6 +27,15 @@ NAME = "gpu"
 UUID_KEY = "gpu-uuid"
 VISIBLE_UUIDS_ENV = "GPU_DRA_VISIBLE_GPU_UUIDS"
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+_GPU_NODE_PREFIX = "/dev/nvidia"
+
+
+def own_node(path: str) -> bool:
+    """A device node a GPU claim's spec adds itself (a GPU's, or a control node), which the
+    container toolkit's spec-wide edits must not give every container."""
+    return path in CONTROL_NODES or (
+        path.startswith(_GPU_NODE_PREFIX) and path[len(_GPU_NODE_PREFIX) :].isdigit()
+    )
 
 
 def semver(version: str) -> str | None:
@@ -123,20 +134,29 @@ def node_device(gpu: Gpu, inventory: Inventory, *, node_name: str) -> NodeDevice
 class GpuKind:
     """A full GPU; shared by time-slicing or MPS when the claim's config says so
     (:mod:`drivers.gpu.kinds.timeslicing`, :mod:`drivers.gpu.kinds.mps`), its only
-    side effects."""
+    side effects. With the node's ``consumable_capacity``, published for sharing."""
 
     name = NAME
     identity_keys = (UUID_KEY,)
 
-    def __init__(self) -> None:
+    def __init__(self, node: GpuNode) -> None:
         self.timeslicing = TimeSlicing(UUID_KEY)
         self.mps = Mps(UUID_KEY)
+        self._shareable = node.consumable_capacity
 
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         """Ordered by minor number (the allocation order). A GPU in MIG mode is published
-        only as its MIG devices (:mod:`drivers.gpu.kinds.mig`)."""
+        only as its MIG devices (:mod:`drivers.gpu.kinds.mig`: a partition already)."""
         gpus = sorted((g for g in inventory.gpus if not g.mig_enabled), key=lambda g: g.minor)
-        return [node_device(gpu, inventory, node_name=node_name) for gpu in gpus]
+        devices = [node_device(gpu, inventory, node_name=node_name) for gpu in gpus]
+        if self._shareable:
+            devices = [
+                dataclasses.replace(d, published=capacity.shareable(d.published)) for d in devices
+            ]
+        return devices
+
+    def physical_gpu(self, identity: Mapping[str, str]) -> str:
+        return identity.get(UUID_KEY, "")
 
     def health_target(self, device: NodeDevice, inventory: Inventory) -> HealthTarget | None:
         uuid = device.identity.get(UUID_KEY)
@@ -177,6 +197,3 @@ class GpuKind:
 
     def watch(self) -> None:
         self.mps.watch()
-
-
-KIND = GpuKind()

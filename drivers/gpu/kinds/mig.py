@@ -21,7 +21,7 @@ from typing import Any
 
 from driver.common.errors import PermanentError
 from driver.devicekind import NodeDevice, PreparedClaim
-from drivers.gpu.kinds.base import GpuKindContext, HealthTarget
+from drivers.gpu.kinds.base import GpuKindContext, GpuNode, HealthTarget
 from drivers.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
 from drivers.gpu.model.inventory import Gpu, Inventory, MigDevice
 
@@ -93,6 +93,12 @@ class MigKind:
     name = NAME
     identity_keys = (UUID_KEY, PARENT_KEY)
 
+    def __init__(self, node: GpuNode | None = None) -> None:
+        pass  # it needs nothing of the node
+
+    def physical_gpu(self, identity: Mapping[str, str]) -> str:
+        return identity.get(PARENT_KEY, "")
+
     def devices(self, inventory: Inventory, *, node_name: str) -> Sequence[NodeDevice]:
         """By parent minor, then placement (the allocation order)."""
         return [
@@ -140,6 +146,3 @@ class MigKind:
 
     def watch(self) -> None:
         pass  # a static MIG device relies on nothing the plugin started
-
-
-KIND = MigKind()

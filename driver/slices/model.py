@@ -1,11 +1,12 @@
-"""The ResourceSlice model: pure functions from the node's devices to the node's pool.
+"""The ResourceSlice model: pure functions from a node's devices to its pool.
 
-The devices come from the device kinds (``drivers.gpu.kinds``: one per GPU, named
-``gpu-<minor>``, for the full GPU), in ``resource.k8s.io/v1`` JSON form (camelCase,
-attribute values as ``{"string": ...}``, ``{"int": ...}``, ``{"version": ...}``).
-The pool is named after the node. Pools larger than one
-slice holds are split deterministically; the generation is the caller's (the
-controller's) business, passed through.
+The devices come from a driver's device kinds in ``resource.k8s.io/v1`` JSON form
+(camelCase, attribute values as ``{"string": ...}``, ``{"int": ...}``,
+``{"version": ...}``), in publishing order, with the shared counter sets they consume.
+The pool is named after the node. Pools larger than one slice holds are split
+deterministically; the generation is the caller's (the controller's) business, passed
+through. Nothing here knows a GPU: the GPU driver's devices are built by
+``drivers.gpu.resourceslice``, the ComputeDomain driver's by its kinds.
 """
 
 import re
@@ -13,22 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from driver.common.limits import MAX_COUNTER_SETS, max_devices
-from drivers.gpu.kinds import counter_sets, node_devices
-from drivers.gpu.model.inventory import Inventory
 
 API_VERSION = "resource.k8s.io/v1"
-
-
-def build_devices(
-    inventory: Inventory, *, node_name: str, consumable_capacity: bool = False
-) -> list[dict[str, Any]]:
-    """Every device kind's devices on the node, each kind building its own."""
-    return [
-        dict(d.published)
-        for d in node_devices(
-            inventory, node_name=node_name, consumable_capacity=consumable_capacity
-        )
-    ]
 
 
 def split_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -69,27 +56,6 @@ def slice_metadata(
     if name is not None:
         return {"name": name}
     return {"generateName": generate_name(index, slice_count, driver_name, node_name)}
-
-
-def build_resource_slices(
-    inventory: Inventory,
-    *,
-    driver_name: str,
-    node_name: str,
-    generation: int = 1,
-    consumable_capacity: bool = False,
-    counters_apart: bool = True,
-) -> list[dict[str, Any]]:
-    """The node's complete pool: ``resource.k8s.io/v1`` ResourceSlice objects."""
-    devices = build_devices(inventory, node_name=node_name, consumable_capacity=consumable_capacity)
-    return build_slices(
-        devices,
-        driver_name=driver_name,
-        node_name=node_name,
-        generation=generation,
-        counter_sets=counter_sets(inventory),
-        counters_apart=counters_apart,
-    )
 
 
 def counters_apart_for(server_version: str) -> bool:

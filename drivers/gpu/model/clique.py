@@ -5,6 +5,9 @@ the node's state is an error; none reporting one (fabric not supported, not comp
 all-zero cluster UUID) means no clique, "". Discovery reads each GPU's fabric info
 (``drivers.gpu.model.discovery``); one difference from NVIDIA's strict mode: a fabric still
 ``IN_PROGRESS`` reads as no clique here (discovery's reading), where NVIDIA refuses to start.
+
+The GPU node process reads it for the ComputeDomain driver it hosts, which gets it as plain
+data (``kubeletplugin.cohost.NodeFacts``).
 """
 
 from driver.common.errors import PermanentError
