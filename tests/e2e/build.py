@@ -268,7 +268,11 @@ def build_oracles() -> Path:
 # The plugin's image under two tags (level 3 upgrades from the first to the second): the
 # same build, the second tag and version label differ. Built here, before level 3 enters its
 # network namespace, where no package mirror is reachable.
-IMAGE_TAGS = ("0.1.0", "0.1.0-e2e.2")
+# The project's version (pyproject.toml), as the chart's default image tag names it.
+PROJECT_VERSION: str = tomllib.loads((HERE.parents[1] / "pyproject.toml").read_text())["project"][
+    "version"
+]
+IMAGE_TAGS = (PROJECT_VERSION, f"{PROJECT_VERSION}-e2e.2")
 
 
 def image_archive(tag: str) -> Path:

@@ -23,7 +23,7 @@ from tests import chart_render
 from tests.e2e import build
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = "0.1.0"
+VERSION = build.PROJECT_VERSION
 ARCHES = ("amd64", "arm64")
 PACKAGES = ("api", "cli", "cluster", "driver", "drivers", "kubeletplugin", "sandbox", "tools")
 
