@@ -7,6 +7,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,10 +59,13 @@ def one_line(code: int, lines: list[str], *expected: str, status: int = 2) -> No
 
 
 @pytest.fixture
-def zero(tmp_path: Path) -> Path:
+def zero(tmp_path: Path) -> Iterator[Path]:
     link = tmp_path / "claim.yaml"
     link.symlink_to("/dev/zero")
-    return link
+    yield link
+    # Not left behind in pytest's kept temporary directories: a tool that reads what it
+    # finds under /tmp (nvidia-ctk, searching a driver root there) would read it forever.
+    link.unlink()
 
 
 def test_validate_refuses_a_device_behind_a_symlink(zero: Path) -> None:
