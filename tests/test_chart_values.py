@@ -154,7 +154,7 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
         ("image.repository=1234.dkr.ecr.us-east-1.amazonaws.com/gpu-dra",),
         lambda o: container(o)["image"].startswith("1234.dkr.ecr.us-east-1.amazonaws.com/gpu-dra:"),
     ),
-    "image.tag": (("image.tag=0.2.0",), lambda o: container(o)["image"].endswith(":0.2.0")),
+    "image.tag": (("image.tag=0.9.1-rc1",), lambda o: container(o)["image"].endswith(":0.9.1-rc1")),
     "image.pullPolicy": (
         ("image.pullPolicy=Always",),
         lambda o: container(o)["imagePullPolicy"] == "Always",

@@ -103,16 +103,19 @@ def document_error(doc: Any) -> str | None:
             sizes[key] = (size, 1 + max((h for _, h in held), default=0))
             distinct += 1 + sum(1 for c in children if not isinstance(c, (dict, list)))
             if size - distinct > MAX_ALIAS_VALUES:
-                return f"its YAML aliases expand it past {MAX_ALIAS_VALUES} more values"
+                return (
+                    f"its YAML aliases expand it past {MAX_ALIAS_VALUES} more values "
+                    f"(at most {MAX_ALIAS_VALUES})"
+                )
             continue
         if key in sizes:
             if depth - 1 + sizes[key][1] > MAX_DEPTH:
-                return f"nested deeper than {MAX_DEPTH} levels"
+                return f"nested deeper than {MAX_DEPTH} levels (at most {MAX_DEPTH})"
             continue
         if key in parents:
             return "a YAML alias refers to a value that holds it"
         if depth > MAX_DEPTH:
-            return f"nested deeper than {MAX_DEPTH} levels"
+            return f"nested deeper than {MAX_DEPTH} levels (at most {MAX_DEPTH})"
         parents.add(key)
         stack.append((value, depth, True))
         stack.extend((c, depth + 1, False) for c in children if isinstance(c, (dict, list)))
