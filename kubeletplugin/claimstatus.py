@@ -29,7 +29,7 @@ from typing import Any
 from driver.common.logs import kv
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
-from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError
+from driver.kube.rest import ApiError, Client, ConflictError, ForbiddenError, NotFoundError
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,16 @@ class ClaimStatusWriter:
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _off: bool = False
 
+    @property
+    def enabled(self) -> bool:
+        """False once the API server showed that no write can succeed (no grant, no field)."""
+        return not self._off
+
+    @property
+    def pending(self) -> int:
+        """Claims whose entries wait to be written."""
+        return len(self._dirty)
+
     # ---- the claim state's observer: on the event loop, never blocks ---------------
 
     def prepared(self, claim: PreparedClaim) -> None:
@@ -189,6 +199,9 @@ class ClaimStatusWriter:
                     continue
                 try:
                     await self._write(known)
+                except ForbiddenError as error:  # no retry helps: the grant is missing
+                    self._turn_off(known, error)
+                    continue
                 except ApiError as error:
                     failed = True
                     self._dirty.add(uid)
@@ -249,19 +262,34 @@ class ClaimStatusWriter:
                 continue
             self.stats.writes += 1
             if ours and not (written.get("status") or {}).get("devices"):
-                self._off = True
-                log.warning(
-                    "the API server keeps no claim device status (the "
-                    "DRAResourceClaimDeviceStatus gate is off): not written again",
-                    extra=kv(
-                        claim_uid=known.prepared.uid if known.prepared else "",
-                        claim_namespace=known.namespace,
-                        claim_name=known.name,
-                    ),
-                )
+                self._turn_off(
+                    known, "the API server keeps no claim device status (the "
+                    "DRAResourceClaimDeviceStatus gate is off)"
+                )  # fmt: skip
             return
         raise ConflictError("update resourceclaims/status: five conflicts in a row", status=409,
                             verb="update", resource="resourceclaims/status")  # fmt: skip
+
+    def _turn_off(self, known: _Claim, why: object) -> None:
+        self._off = True
+        self._dirty.clear()
+        log.warning(
+            "claim device status not written again",
+            extra=kv(
+                driver=self.driver,
+                why=why,
+                claim_uid=known.prepared.uid if known.prepared else "",
+                claim_namespace=known.namespace,
+                claim_name=known.name,
+            ),
+        )
+
+    def start(self) -> "list[asyncio.Task[None]]":
+        """The writer's background tasks, for the node driver to own and cancel."""
+        return [
+            asyncio.create_task(self.run(), name=f"claim-status-{self.driver}"),
+            asyncio.create_task(self.follow_board(), name=f"claim-status-health-{self.driver}"),
+        ]
 
     async def follow_board(self) -> None:
         """Check every claim's condition again whenever the health board moves."""
@@ -279,10 +307,7 @@ class ClaimStatusWriter:
 @contextlib.asynccontextmanager
 async def running(writer: ClaimStatusWriter) -> AsyncIterator[ClaimStatusWriter]:
     """The writer and its board follower, for as long as the block runs."""
-    tasks = [
-        asyncio.create_task(writer.run(), name="claim-status"),
-        asyncio.create_task(writer.follow_board(), name="claim-status-health"),
-    ]
+    tasks = writer.start()
     try:
         yield writer
     finally:

@@ -122,8 +122,9 @@ class HostEdits(Protocol):
 
 
 class ClaimObserver(Protocol):
-    """Told what is prepared on the node (the metrics): every path that changes it, this
-    process's and, at each reconcile, another instance's (its records are the node's)."""
+    """Told what is prepared on the node (the metrics, the claims' status writer): by every
+    path that changes it, this process's and, at each reconcile, another instance's (its
+    records are the node's)."""
 
     def prepared(self, claim: PreparedClaim) -> None: ...
 
@@ -221,7 +222,7 @@ class DeviceState:
         self._held: dict[str, tuple[str, ...]] = {}
         self._claim_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self._observer: ClaimObserver | None = None
+        self._observers: tuple[ClaimObserver, ...] = ()
         self._observed = 0  # claims told to the observer, for a resync racing them
 
     @classmethod
@@ -688,23 +689,24 @@ class DeviceState:
 
     # ---- the observer (metrics): told what is prepared -------------------------------
 
-    async def observe(self, observer: ClaimObserver) -> None:
-        """From now on tell ``observer`` what is prepared, starting with what is now
+    async def observe(self, *observers: ClaimObserver) -> None:
+        """From now on tell ``observers`` what is prepared, starting with what is now
         (the claims recovery found, and any other instance's)."""
-        self._observer = observer
+        self._observers = observers
         await self._resync_observer()
 
     def _tell(self, news: Callable[[ClaimObserver], None]) -> None:
-        if self._observer is None:
+        if not self._observers:
             return
         self._observed += 1
-        try:
-            news(self._observer)
-        except Exception:  # the metrics must never fail a prepare that succeeded
-            log.exception("claim observer failed")
+        for observer in self._observers:
+            try:
+                news(observer)
+            except Exception:  # an observer must never fail a prepare that succeeded
+                log.exception("claim observer failed", extra=kv(observer=type(observer).__name__))
 
     async def _resync_observer(self) -> None:
-        if self._observer is None:
+        if not self._observers:
             return
         told = self._observed
         claims = await asyncio.to_thread(self._prepared_on_disk)

@@ -332,8 +332,16 @@ def test_cluster_role_is_least_privilege(default: list[dict[str, Any]]) -> None:
         (v, "resource.k8s.io", "resourceslices")
         for v in ("list", "watch", "create", "update", "delete")
     }
-    claims = {("get", "resource.k8s.io", "resourceclaims")}
+    claims = {
+        ("get", "resource.k8s.io", "resourceclaims"),
+        ("update", "resource.k8s.io", "resourceclaims/status"),  # status.devices
+        ("associated-node:update", "resource.k8s.io", "resourceclaims/driver"),
+    }
     assert rbac_grants(default) == slices | claims | {("get", "", "nodes")}
+    # status.devices: this release's drivers only (the ComputeDomain one is off by default)
+    (driver_rule,) = [r for r in one(default, "ClusterRole")["rules"]
+                      if r["resources"] == ["resourceclaims/driver"]]  # fmt: skip
+    assert driver_rule["resourceNames"] == ["gpu.nvidia.com"]
     assert rbac_grants(default, "Role") == {
         (v, "coordination.k8s.io", "leases") for v in ("get", "create", "update")
     } | {(v, "", "pods") for v in ("get", "list", "create", "delete")}  # MPS daemon pods

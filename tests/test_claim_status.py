@@ -164,6 +164,26 @@ async def test_a_failing_api_server_is_retried_and_counted(
     assert w.stats.failures == 2 and w.stats.writes == 1
 
 
+async def test_a_refused_grant_turns_the_writer_off_with_one_line(
+    apiserver: LocalApiServer,
+    claim: ClaimRef,
+    writer: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """403 (a chart older than the writer, or another node's claim): no retry helps, so no
+    retry storm; prepare is not touched, and one line says why."""
+    apiserver.faults.fail("update", "resourceclaims/status", claim.name, code=403, times=-1)
+    w, _ = writer
+    w.prepared(_prepared(claim))
+    await wait_for(lambda: "claim device status not written again" in caplog.text, "the line")
+    assert not w.enabled
+    w.prepared(_prepared(claim, sharing=(("strategy", "MPS"),)))
+    w.health_changed()
+    assert not w.pending  # news after the refusal wakes nothing
+    assert (w.stats.writes, w.stats.failures) == (0, 0)
+    assert caplog.text.count("claim device status not written again") == 1
+
+
 def test_entries_are_pure_and_keep_an_unchanged_conditions_time() -> None:
     ref = ClaimRef(uid="u", namespace="n", name="c")
     first = desired_entries(_prepared(ref), DRIVER, {"gpu-0": GPU0}, {}, [], "2026-12-04T10:00:00Z")

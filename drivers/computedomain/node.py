@@ -44,6 +44,7 @@ from driver.slices import SliceController
 from drivers.computedomain import kinds, names
 from drivers.computedomain.domains import Domains
 from kubeletplugin import draservice
+from kubeletplugin.claimstatus import ClaimStatusWriter
 from kubeletplugin.cohost import Host, NodeFacts
 from kubeletplugin.devices import NodeDevices
 from kubeletplugin.metrics import ClaimMetrics, Forward
@@ -144,7 +145,13 @@ class ComputeDomainDriver:
             devices,
         )
         metrics = ClaimMetrics(COMPUTE_DOMAIN_PREFIX, what=COMPUTE_DOMAIN_WHAT)
-        await state.observe(metrics)
+        status = ClaimStatusWriter(
+            Client(host.api_client),
+            driver=self.name,
+            pool=cfg.node_name,
+            devices=lambda: devices.current,
+        )
+        await state.observe(metrics, status)
         dra = grpc.aio.server()
         draservice.add_to_server(dra, state, metrics)
         registration = grpc.aio.server()
@@ -171,6 +178,7 @@ class ComputeDomainDriver:
             asyncio.create_task(controller.run(), name="cd-slice-controller"),
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="cd-reconciler"),
             asyncio.create_task(self._follow_clique(host, domains), name="cd-clique"),
+            *status.start(),
         ]
         if host.registry is not None:  # last: a failed start registers nothing
             self._forward = (host.registry, Forward(metrics.registry))

@@ -44,6 +44,7 @@ from drivers.gpu.model.inventory import Inventory
 from drivers.gpu.model.migmake import Maker
 from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
+from kubeletplugin.claimstatus import ClaimStatusWriter
 from kubeletplugin.cohost import Guest, Host, NodeFacts
 from kubeletplugin.containertoolkit import Toolkit
 from kubeletplugin.devices import NodeDevices
@@ -410,10 +411,17 @@ class _Node:
             slice_write_failures=lambda: controller.stats.failures,
             api_errors=lambda: errors_of(self._api),
         )
-        await state.observe(metrics)  # what is prepared, recovered claims first
-        self._registry = metrics.registry  # guests' families join it
         assert self._devices is not None
         devices_of = self._devices
+        status = ClaimStatusWriter(
+            Client(self._api),
+            driver=cfg.driver_name,
+            pool=cfg.node_name,
+            devices=lambda: devices_of.current,
+            board=self._health,
+        )
+        await state.observe(metrics, status)  # what is prepared, recovered claims first
+        self._registry = metrics.registry  # guests' families join it
         first = True
 
         async def published() -> list[dict[str, Any]]:
@@ -478,6 +486,7 @@ class _Node:
         self._tasks.append(
             asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
         )
+        self._tasks += status.start()
         self._tasks.append(
             asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
         )

@@ -416,6 +416,54 @@ async def test_a_plugin_cannot_squat_another_nodes_slice_name(
     )
 
 
+# Granular authorization of status.devices (resourceclaims/driver, associated-node), beta
+# and on from 1.36; before it, the resourceclaims/status grant alone decides.
+GRANULAR_STATUS_AUTHZ = tuple(map(int, MINOR.split("."))) >= (1, 36)
+
+
+async def test_a_plugin_writes_device_status_of_its_own_nodes_claims_only(
+    cluster: ControlPlane, plugins: dict[str, PluginProcess], installed: dict[str, str]
+) -> None:
+    """The claim status writer's grant, on the real API server: g6's plugin may write the
+    status.devices entry of a claim allocated on g6; p5's, holding the same grants, may not."""
+    cp, ns = cluster, "device-status"
+    (template, pod) = dict(_examples())["single-gpu"]
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+    await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
+    cp.create(template, ns)
+    cp.create(_pin(pod, "g6"), ns)
+    try:
+        name = pod["metadata"]["name"]
+        outcome = await await_until("scheduled", partial(_pod_outcome, cp, ns, name), 90)
+        assert outcome == ("scheduled", "g6")
+        live = _claim_for(cp, ns, pod)
+        assert live is not None
+        (result,) = live["status"]["allocation"]["devices"]["results"]
+        entry = {
+            "driver": DRIVER,
+            "pool": result["pool"],
+            "device": result["device"],
+            "data": {"kind": "gpu"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                            "message": "prepared on the node",
+                            "lastTransitionTime": "2026-12-05T00:00:00Z"}],
+        }  # fmt: skip
+        body = {**live, "status": {**live["status"], "devices": [entry]}}
+        path = (f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
+                f"{live['metadata']['name']}/status?dryRun=All")  # fmt: skip
+        code, out = cp.raw("PUT", path, body, token=installed["g6"])
+        assert code == 200, out
+        code, out = cp.raw("PUT", path, body, token=installed["p5"])
+        if GRANULAR_STATUS_AUTHZ:
+            assert code == 403, out
+            assert b"resourceclaims/driver" in out, out
+        else:
+            assert code == 200, out
+    finally:
+        await _clean(cp, ns)
+
+
 async def test_a_plugin_cannot_read_secrets(
     cluster: ControlPlane, installed: dict[str, str]
 ) -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from tests.e2e.installed import (
     ready,
     simulated_node,
 )
-from tests.e2e.kube import as_pod, await_until, wait_until
+from tests.e2e.kube import DRIVER, as_pod, await_until, wait_until
 from tests.e2e.node import RealNode
 from tests.e2e.workloads import (
     delete_namespace_claims,
@@ -172,6 +173,12 @@ async def test_workload_pods_get_devices_the_pod_prepared(release: GpuNode) -> N
     # The spec of a claim whose pod runs (the kubelet unprepares once a pod has finished).
     await asyncio.to_thread(_start_holder, cp, "held")
     _host_paths_only(spec_files(node), release.driver_root)
+    # The claim says which GPU it got: written by the DaemonSet's pod, through the chart's
+    # grants and its node-bound token (the API server checks resourceclaims/driver from 1.36).
+    entry = await await_until("the claim's status.devices", partial(_device_status, cp, "held"), 60)
+    assert entry["driver"] == DRIVER and entry["data"]["kind"] == "gpu", entry
+    assert entry["data"]["attributes"]["uuid"].startswith("GPU-"), entry
+    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")], entry
     await delete_namespace_claims(cp, "held")
     (pod,) = await run_example(cp, "single", "single-gpu.yaml", host_network=False)
     (report,) = reports(pod).values()
@@ -278,6 +285,13 @@ def _inside(marker: str) -> dict[str, Any]:
                 seen["mps_daemon_pid"] = int((inside / "daemon.pid").read_text())
         return seen
     return {}
+
+
+def _device_status(cp: ControlPlane, ns: str) -> dict[str, Any] | None:
+    """The one status.devices entry of the one claim in ``ns``, once written."""
+    (claim,) = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
+    entries = (claim.get("status") or {}).get("devices") or []
+    return dict(entries[0]) if len(entries) == 1 else None
 
 
 def _start_holder(cp: ControlPlane, ns: str, example: str = "single-gpu.yaml") -> str:
