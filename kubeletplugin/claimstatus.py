@@ -29,7 +29,14 @@ from typing import Any
 from driver.common.logs import kv
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
-from driver.kube.rest import ApiError, Client, ConflictError, ForbiddenError, NotFoundError
+from driver.kube.rest import (
+    ApiError,
+    Client,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    RejectedError,
+)
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 
 log = logging.getLogger(__name__)
@@ -201,6 +208,21 @@ class ClaimStatusWriter:
                     await self._write(known)
                 except ForbiddenError as error:  # no retry helps: the grant is missing
                     self._turn_off(known, error)
+                    continue
+                except RejectedError as error:
+                    # This claim's entries refused (a claim allocated to another node, a value
+                    # the server will not take): the same write would be refused again, so it
+                    # waits for the claim's next change; other claims go on.
+                    self.stats.failures += 1
+                    log.warning(
+                        "claim status refused; written again at the claim's next change",
+                        extra=kv(
+                            claim_uid=uid,
+                            claim_namespace=known.namespace,
+                            claim_name=known.name,
+                            error=error,
+                        ),
+                    )
                     continue
                 except ApiError as error:
                     failed = True

@@ -184,6 +184,22 @@ async def test_a_refused_grant_turns_the_writer_off_with_one_line(
     assert caplog.text.count("claim device status not written again") == 1
 
 
+async def test_a_refused_claim_waits_for_its_next_change(
+    api_client: k8s.ApiClient, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
+) -> None:
+    """422 for one claim (as 1.36 answers a write for a claim of another node): not retried
+    in a loop; the claim's next change tries again."""
+    apiserver.faults.fail("update", "resourceclaims/status", claim.name, code=422, times=1)
+    w, _ = writer
+    w.prepared(_prepared(claim))
+    await wait_for(lambda: w.stats.failures == 1 and not w.pending, "the refusal")
+    assert w.enabled and w.stats.writes == 0 and await _status(api_client, claim) == []
+    w.prepared(_prepared(claim, sharing=(("strategy", "TimeSlicing"),)))
+    (entry,) = await _until(api_client, claim, lambda d: len(d) == 1)
+    assert entry["data"]["sharing"] == {"strategy": "TimeSlicing"}
+    assert (w.stats.writes, w.stats.failures) == (1, 1)
+
+
 def test_entries_are_pure_and_keep_an_unchanged_conditions_time() -> None:
     ref = ClaimRef(uid="u", namespace="n", name="c")
     first = desired_entries(_prepared(ref), DRIVER, {"gpu-0": GPU0}, {}, [], "2026-12-04T10:00:00Z")
