@@ -134,6 +134,10 @@ class _Claim:
     name: str
     prepared: PreparedClaim | None  # None: unprepared, its entries to be removed
 
+    def fields(self, uid: str, **more: object) -> Mapping[str, object]:
+        """The claim's log fields."""
+        return kv(claim_uid=uid, claim_namespace=self.namespace, claim_name=self.name, **more)
+
 
 @dataclass
 class ClaimStatusWriter:
@@ -207,35 +211,21 @@ class ClaimStatusWriter:
                 try:
                     await self._write(known)
                 except ForbiddenError as error:  # no retry helps: the grant is missing
-                    self._turn_off(known, error)
-                    continue
-                except RejectedError as error:
-                    # This claim's entries refused (a claim allocated to another node, a value
-                    # the server will not take): the same write would be refused again, so it
-                    # waits for the claim's next change; other claims go on.
-                    self.stats.failures += 1
-                    log.warning(
-                        "claim status refused; written again at the claim's next change",
-                        extra=kv(
-                            claim_uid=uid,
-                            claim_namespace=known.namespace,
-                            claim_name=known.name,
-                            error=error,
-                        ),
-                    )
+                    self._turn_off(uid, known, error)
                     continue
                 except ApiError as error:
-                    failed = True
-                    self._dirty.add(uid)
                     self.stats.failures += 1
+                    # A claim refused (422: allocated to another node, a value the server
+                    # will not take) would be refused again: it waits for its next change.
+                    retried = not isinstance(error, RejectedError)
+                    if retried:
+                        failed = True
+                        self._dirty.add(uid)
                     log.warning(
-                        "claim status not written; retried",
-                        extra=kv(
-                            claim_uid=uid,
-                            claim_namespace=known.namespace,
-                            claim_name=known.name,
-                            error=error,
-                        ),
+                        "claim status not written; retried"
+                        if retried
+                        else "claim status refused; written again at the claim's next change",
+                        extra=known.fields(uid, error=error),
                     )
                     continue
                 if known.prepared is None:
@@ -284,27 +274,19 @@ class ClaimStatusWriter:
                 continue
             self.stats.writes += 1
             if ours and not (written.get("status") or {}).get("devices"):
-                self._turn_off(
-                    known, "the API server keeps no claim device status (the "
-                    "DRAResourceClaimDeviceStatus gate is off)"
-                )  # fmt: skip
+                uid = known.prepared.uid if known.prepared else ""
+                why = (
+                    "the API server keeps no claim device status (DRAResourceClaimDeviceStatus off)"
+                )
+                self._turn_off(uid, known, why)
             return
         raise ConflictError("update resourceclaims/status: five conflicts in a row", status=409,
                             verb="update", resource="resourceclaims/status")  # fmt: skip
 
-    def _turn_off(self, known: _Claim, why: object) -> None:
+    def _turn_off(self, uid: str, known: _Claim, why: object) -> None:
         self._off = True
         self._dirty.clear()
-        log.warning(
-            "claim device status not written again",
-            extra=kv(
-                driver=self.driver,
-                why=why,
-                claim_uid=known.prepared.uid if known.prepared else "",
-                claim_namespace=known.namespace,
-                claim_name=known.name,
-            ),
-        )
+        log.warning("claim device status not written again", extra=known.fields(uid, why=why))
 
     def start(self) -> "list[asyncio.Task[None]]":
         """The writer's background tasks, for the node driver to own and cancel."""
