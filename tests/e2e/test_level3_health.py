@@ -114,12 +114,15 @@ async def test_an_xid_shows_in_the_pods_status_and_clears_on_recovery(
     claim = _holder(cp)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     resource_id = f"{result['driver']}/{result['pool']}/{result['device']}"
-    healthy = await await_until(
-        "the pod's device health reported",
-        lambda: _health(cp).get(resource_id) == "Healthy" or None,
-        90,
-    )
-    assert healthy
+    try:
+        await await_until(
+            "the pod's device health reported",
+            lambda: _health(cp).get(resource_id) == "Healthy" or None,
+            90,
+        )
+    except TimeoutError as exc:  # what the kubelet did write, for the next reader
+        statuses = get_pod(cp, NS, "holder").get("status", {}).get("containerStatuses")
+        raise TimeoutError(f"{exc}: {resource_id} not Healthy in {json.dumps(statuses)}") from exc
     injected = time.monotonic()
     _render(release.driver_root, XidEvent(gpu=_minor(cp, result["device"]), xid=RECOVERABLE_XID))
     await await_until(
