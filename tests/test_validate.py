@@ -648,3 +648,38 @@ def test_a_memory_request_off_the_shared_gpus_step_is_a_warning() -> None:
     assert "this request consumes 21Gi" in problem.message
     whole = claim(requests=[exactly(capacity={"requests": {"gpu.nvidia.com/memory": "20Gi"}})])
     assert check(whole, version="1.36") == []
+
+
+@pytest.mark.parametrize(
+    ("version", "key", "refused"),
+    [
+        ((1, 36), "distinctAttribute", False),
+        ((1, 37), "distinctAttribute", True),
+        ((1, 37), "matchAttribute", False),
+    ],
+)
+def test_a_constraints_domain_case_as_each_api_server_judges_it(
+    version: tuple[int, int], key: str, refused: bool
+) -> None:
+    """1.37's API server refuses 'GPU.nvidia.com/uuid' as a distinctAttribute (its prefix must
+    be a lowercase subdomain), which 1.36 took: seen by the validate oracle at 1.37."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "team"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+                "constraints": [{key: "GPU.nvidia.com/uuid"}],
+            }
+        },
+    }
+    found = validate_sources([("c.yaml", yaml.safe_dump(claim))], version=version)
+    errors = [
+        p.message for p in found if p.severity is Severity.ERROR and p.check is not Check.DEVICES
+    ]
+    path = f"spec.devices.constraints[0].{key}"
+    assert [p.path for p in found if "must be lowercase" in p.message] == (
+        [path] if refused else []
+    )
+    assert bool(errors) == refused, errors

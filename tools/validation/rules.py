@@ -93,12 +93,13 @@ def is_driver_name(name: str) -> bool:
     return is_dns_subdomain(name.lower(), MAX_DRIVER_NAME)
 
 
-def _fully_qualified_name(name: str) -> str | None:
+def _fully_qualified_name(name: str, *, any_case: bool = True) -> str | None:
     """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None.
 
     As validateFullyQualifiedName, which lets a name with two slashes pass (the API server
     accepts it): no attribute has one, which the caller reports as a name that matches
-    nothing."""
+    nothing. ``any_case=False``: the domain as written must be lowercase (1.37's check of
+    distinctAttribute, seen refusing 'GPU.nvidia.com/uuid' that 1.36 took)."""
     parts = name.split("/")
     if len(parts) == 1:
         return "must be a fully qualified name: <domain>/<name>, e.g. gpu.nvidia.com/nvlinkDomain"
@@ -109,6 +110,8 @@ def _fully_qualified_name(name: str) -> str | None:
         return "the domain before '/' must not be empty"
     if not is_driver_name(domain):
         return f"domain {domain!r} must be a DNS subdomain of at most {MAX_DRIVER_NAME} characters"
+    if not any_case and domain != domain.lower():
+        return f"domain {domain!r} must be lowercase: write {domain.lower()!r}"
     if not ident:
         return "the name after '/' must not be empty"
     if not C_IDENTIFIER.fullmatch(ident) or len(ident) > MAX_ID:
@@ -703,7 +706,8 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
             ("matchAttribute", match) if match is not None else ("distinctAttribute", distinct)
         )
         for key, value in (checked,):
-            if value is not None and (why := _fully_qualified_name(value)):
+            any_case = key == "matchAttribute" or ctx.version < (1, 37)
+            if value is not None and (why := _fully_qualified_name(value, any_case=any_case)):
                 yield Finding(f"{cpath}.{key}", f"{value!r}: {why}")
             elif value is not None:
                 yield from _published_attribute(f"{cpath}.{key}", value, ctx)
