@@ -113,7 +113,8 @@ async def test_an_xid_shows_in_the_pods_status_and_clears_on_recovery(
     cp = release.cp
     claim = _holder(cp)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
-    resource_id = f"{result['driver']}/{result['pool']}/{result['device']}"
+    # The kubelet names a device by its CDI ID there (seen at 1.37), not driver/pool/device.
+    resource_id = f"k8s.{result['driver']}/claim={claim['metadata']['uid']}-{result['device']}"
     try:
         await await_until(
             "the pod's device health reported",
