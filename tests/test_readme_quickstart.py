@@ -33,6 +33,7 @@ _CLUSTER_TOOLS = {
 _SHOWS = {
     "gpu-dra discover --nvml simulated --profile p5.48xlarge -o table": "8 device(s)",
     "gpu-dra demo": "problems: 0",
+    "make demo": "problems: 0",
     "gpu-dra validate charts/examples/tensor-parallel.yaml": "objects, no problems",
     "gpu-dra discover --nvml simulated --profile p5.48xlarge -o yaml >": "allocatable on 1 of 1",
     "make chart": "kind: DaemonSet",
