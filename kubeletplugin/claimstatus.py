@@ -130,13 +130,14 @@ class WriterStats:
 
 @dataclass
 class _Claim:
+    uid: str
     namespace: str
     name: str
     prepared: PreparedClaim | None  # None: unprepared, its entries to be removed
 
-    def fields(self, uid: str, **more: object) -> Mapping[str, object]:
+    def fields(self, **more: object) -> Mapping[str, object]:
         """The claim's log fields."""
-        return kv(claim_uid=uid, claim_namespace=self.namespace, claim_name=self.name, **more)
+        return kv(claim_uid=self.uid, claim_namespace=self.namespace, claim_name=self.name, **more)
 
 
 @dataclass
@@ -167,7 +168,7 @@ class ClaimStatusWriter:
     # ---- the claim state's observer: on the event loop, never blocks ---------------
 
     def prepared(self, claim: PreparedClaim) -> None:
-        self._claims[claim.uid] = _Claim(claim.namespace, claim.name, claim)
+        self._claims[claim.uid] = _Claim(claim.uid, claim.namespace, claim.name, claim)
         self._mark(claim.uid)
 
     def unprepared(self, uid: str) -> None:
@@ -178,7 +179,8 @@ class ClaimStatusWriter:
 
     def recorded(self, claims: Mapping[str, PreparedClaim]) -> None:
         for uid, claim in claims.items():
-            if self._claims.get(uid, _Claim("", "", None)).prepared != claim:
+            known = self._claims.get(uid)
+            if known is None or known.prepared != claim:
                 self.prepared(claim)
         for uid in set(self._claims) - set(claims):
             self.unprepared(uid)
@@ -211,7 +213,7 @@ class ClaimStatusWriter:
                 try:
                     await self._write(known)
                 except ForbiddenError as error:  # no retry helps: the grant is missing
-                    self._turn_off(uid, known, error)
+                    self._turn_off(known, error)
                     continue
                 except ApiError as error:
                     self.stats.failures += 1
@@ -225,7 +227,7 @@ class ClaimStatusWriter:
                         "claim status not written; retried"
                         if retried
                         else "claim status refused; written again at the claim's next change",
-                        extra=known.fields(uid, error=error),
+                        extra=known.fields(error=error),
                     )
                     continue
                 if known.prepared is None:
@@ -274,19 +276,18 @@ class ClaimStatusWriter:
                 continue
             self.stats.writes += 1
             if ours and not (written.get("status") or {}).get("devices"):
-                uid = known.prepared.uid if known.prepared else ""
                 why = (
                     "the API server keeps no claim device status (DRAResourceClaimDeviceStatus off)"
                 )
-                self._turn_off(uid, known, why)
+                self._turn_off(known, why)
             return
         raise ConflictError("update resourceclaims/status: five conflicts in a row", status=409,
                             verb="update", resource="resourceclaims/status")  # fmt: skip
 
-    def _turn_off(self, uid: str, known: _Claim, why: object) -> None:
+    def _turn_off(self, known: _Claim, why: object) -> None:
         self._off = True
         self._dirty.clear()
-        log.warning("claim device status not written again", extra=known.fields(uid, why=why))
+        log.warning("claim device status not written again", extra=known.fields(why=why))
 
     def start(self) -> "list[asyncio.Task[None]]":
         """The writer's background tasks, for the node driver to own and cancel."""

@@ -93,6 +93,10 @@ def is_driver_name(name: str) -> bool:
     return is_dns_subdomain(name.lower(), MAX_DRIVER_NAME)
 
 
+# From this version the API server takes a distinctAttribute's domain as written, lowercase only.
+STRICT_DISTINCT_DOMAIN = (1, 37)
+
+
 def _fully_qualified_name(name: str, *, any_case: bool = True) -> str | None:
     """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None.
 
@@ -706,7 +710,7 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
             ("matchAttribute", match) if match is not None else ("distinctAttribute", distinct)
         )
         for key, value in (checked,):
-            any_case = key == "matchAttribute" or ctx.version < (1, 37)
+            any_case = key == "matchAttribute" or ctx.version < STRICT_DISTINCT_DOMAIN
             if value is not None and (why := _fully_qualified_name(value, any_case=any_case)):
                 yield Finding(f"{cpath}.{key}", f"{value!r}: {why}")
             elif value is not None:
