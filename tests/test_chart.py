@@ -91,6 +91,8 @@ def test_default_render_has_every_object(default: list[dict[str, Any]]) -> None:
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # leases
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # claims' status.devices
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # MPS control daemon pods
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",  # users' GpuConfigs
@@ -432,7 +434,7 @@ def test_policy_can_be_turned_off() -> None:
 def test_config_admission_can_be_turned_off() -> None:
     objects = render((), ("configAdmission.enabled=false",))
     assert "gpu-dra-driver-gpuconfig" not in _policy_names(objects)
-    assert len(_policy_names(objects)) == 3
+    assert len(_policy_names(objects)) == 4
 
 
 def test_config_admission_matches_claims_and_templates_of_this_driver_on_create(

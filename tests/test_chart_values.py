@@ -328,7 +328,7 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Objects], bool]]] = {
     ),
     "configAdmission.enabled": (
         ("configAdmission.enabled=false",),
-        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 3,
+        lambda o: len(kind(o, "ValidatingAdmissionPolicy")) == 4,
     ),
     "configAdmission.failurePolicy": (
         ("configAdmission.failurePolicy=Ignore",),
