@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 # Kubernetes minor of the e2e tier (tests/e2e/versions.toml pins the patch).
-K8S ?= 1.36
+K8S ?= 1.37
 
 .PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean gpu-check
 
