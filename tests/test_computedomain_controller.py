@@ -364,6 +364,31 @@ async def test_a_leader_that_cannot_renew_stands_down(
     assert ctl.election.transitions == 2
 
 
+async def test_a_leader_whose_renewal_is_held_back_stands_down_before_another_may_lead(
+    apiserver: LocalApiServer, running: Running
+) -> None:
+    # A patient client (10 s per request): only the election's own bound can stop the leader
+    # in time. Before it, the held renewal kept "a" at work for the 3 s, "b" leading from ~2 s.
+    first = running.start("a", request_timeout=10.0)
+    await asyncio.wait_for(first.synced.wait(), TIMEOUT)
+    second = running.start("b", request_timeout=10.0)
+    a, b = first.election, second.election
+    assert a is not None and b is not None
+    apiserver.faults.delay("update", "leases", seconds=3.0, times=1)
+    # An observation window, not a wait for state: who leads, sampled while the renewal is
+    # held and a little after.
+    leaders: set[tuple[bool, bool]] = set()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 3.5
+    while loop.time() < end:
+        leaders.add((a.leading, b.leading))
+        await asyncio.sleep(0.005)
+    assert (True, True) not in leaders, "two leaders at once"
+    # "a" stood down at the renew deadline (then took back the lease it still held, or "b" took it).
+    assert a.transitions == 2 or b.leading
+    assert (False, False) in leaders
+
+
 async def test_metrics_count_domains_by_status(apiserver: LocalApiServer, running: Running) -> None:
     ctl = running.start()
     created(apiserver, name="ready", num_nodes=0, template="a")

@@ -13,7 +13,10 @@ renewal period.
 * The leader renews every ``retry_period``; when no renewal has succeeded for
   ``renew_deadline`` (shorter than the lease duration, so it stops before anyone may take
   over), or someone else holds the lease, it has lost: its work is cancelled and it becomes
-  a candidate again.
+  a candidate again. The deadline counts from the start of the last renewal that succeeded
+  (the others cannot have seen it earlier), and an attempt still unanswered when it passes is
+  abandoned, as client-go bounds each by the renew deadline: a renewal the API server holds
+  back must not keep a deposed leader at work while another takes the lease.
 * A leader that stops cleanly releases the lease (empty holder), so a standby takes over at
   its next look instead of after the lease expires.
 
@@ -84,13 +87,13 @@ class LeaderElection:
         what it raises. Cancelling ``run`` releases the lease."""
         try:
             while True:
-                await self._acquire()
+                renewed = await self._acquire()
                 self.leading = True
                 self.lost.clear()
                 self.transitions += 1
                 log.info("became the leader", extra=kv(lease=self.name, identity=self.identity))
                 work = asyncio.create_task(lead(), name="leader-work")
-                renewing = asyncio.create_task(self._renew_until_lost(), name="leader-renew")
+                renewing = asyncio.create_task(self._renew_until_lost(renewed), name="leader-renew")
                 try:
                     await asyncio.wait([work, renewing], return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -112,21 +115,34 @@ class LeaderElection:
                 with contextlib.suppress(DriverError, TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(self._release()), 5.0)
 
-    async def _acquire(self) -> None:
+    async def _acquire(self) -> float:
+        """When (our clock) the look that took the lease started."""
         # A look every period is the protocol itself (the lease is another host's state).
         while True:
-            if await self._try():
-                return
+            started = self._clock()
+            if await self._bounded_try(self._deadline):
+                return started
             await asyncio.sleep(self._period)
 
-    async def _renew_until_lost(self) -> None:
-        renewed = self._clock()
+    async def _renew_until_lost(self, renewed: float) -> None:
         while True:
             await asyncio.sleep(self._period)
-            if await self._try():
-                renewed = self._clock()
+            started = self._clock()
+            left = self._deadline - (started - renewed)
+            if left > 0 and await self._bounded_try(left):
+                renewed = started
             elif self._held_by_other or self._clock() - renewed >= self._deadline:
                 return
+
+    async def _bounded_try(self, seconds: float) -> bool:
+        try:
+            return await asyncio.wait_for(self._try(), seconds)
+        except TimeoutError:
+            log.warning(
+                "leader lease check unanswered within the renew deadline",
+                extra=kv(lease=self.name, identity=self.identity, seconds=round(seconds, 3)),
+            )
+            return False
 
     async def _try(self) -> bool:
         """One look: take or renew the lease if the rules allow; True when we hold it now."""
