@@ -285,7 +285,11 @@ class ControlPlane:
         content_type: str = "application/json",
     ) -> tuple[int, bytes]:
         """One request as the admin (client certificate), or as the bearer of ``token``."""
-        data = None if body is None else json.dumps(body).encode()
+        # Compact, as kubectl and Go clients send it: the API server keeps an opaque config's
+        # RawExtension as the bytes it received, the scheduler copies them into the claim's
+        # allocation, and every later status write re-encodes them compactly; with spaced bytes
+        # stored, no writer's status.devices update can ever match the allocation (422).
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Content-Type", content_type)
         if token:

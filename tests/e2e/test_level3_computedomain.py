@@ -14,6 +14,7 @@ one node. Runs inside :mod:`tests.e2e.netns` (``make e2e`` does that); elsewhere
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import time
@@ -166,6 +167,21 @@ async def test_the_daemon_pod_runs_from_the_image_and_the_worker_gets_channel_0(
     assert (os.major(found.st_rdev), os.minor(found.st_rdev)) == (major, 0)
     gpus = sorted(p.name for p in (worker / "root" / "dev").glob("nvidia[0-9]*"))
     assert len(gpus) == 4, gpus
+
+    # The worker's claims say what each device is: the channel names its domain.
+    def entries() -> dict[str, list[dict[str, Any]]] | None:
+        claims = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{TEAM}/resourceclaims")
+        found: dict[str, list[dict[str, Any]]] = {}
+        for claim in claims["items"]:
+            for entry in (claim.get("status") or {}).get("devices") or []:
+                found.setdefault(entry["driver"], []).append(entry)
+        return found if len(found.get(names.DRIVER_NAME, [])) == 1 else None
+
+    written = await await_until("the channel's status.devices entry", entries, 60)
+    (channel,) = written[names.DRIVER_NAME]
+    assert channel["data"]["sharing"]["domainID"] == _domain(cp)["metadata"]["uid"], channel
+    assert [(c["type"], c["status"]) for c in channel["conditions"]] == [("Ready", "True")]
+    print(f"the channel's status.devices entry: {json.dumps(channel)}")
     print(f"worker Running {took:.1f} s after its creation (the domain's daemon started and "
           f"Ready meanwhile); it sees {CHANNEL} c {major}:0 and {gpus}; daemon "
           f"{daemon['metadata']['name']} Ready from {container['image']}")  # fmt: skip
