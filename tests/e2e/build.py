@@ -137,7 +137,10 @@ def build_kubernetes(version: str, wanted: tuple[str, ...] = K8S_BINARIES) -> Pa
     # modules the earlier go.sum lacks: tidy each time something is built (seconds, cached).
     started = time.monotonic()
     print(f"resolving k8s.io/kubernetes {version} modules ...", file=sys.stderr, flush=True)
-    _go(["mod", "tidy"], module)
+    # -e: tidy also resolves the tests of every package it reaches, and a module only a test
+    # needs may not be served by the proxy (1.38's kube-proxy tests import iptables-wrappers'
+    # testing package, refused with 403); a module the binaries need fails their build.
+    _go(["mod", "tidy", "-e"], module)
     print(f"resolved in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     major, minor = version.removeprefix("v").split(".")[:2]
     stamp = " ".join(
