@@ -251,6 +251,41 @@ async def test_edits_had_at_start_are_had_again_once_the_nodes_appear(fresh: Fre
         assert all(fresh.on_host(spec).values())
 
 
+async def test_a_driver_containers_nodes_are_found_once_it_makes_them(
+    api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """The GPU Operator's driver root (/run/nvidia/driver): where its dev/ holds no node
+    yet the host's /dev is where the toolkit looks; once the driver container makes its
+    nodes, specs name those (the dev root had at start is had again)."""
+    root, state = tmp_path / "driver", tmp_path / "tools"
+    (root / "dev").mkdir(parents=True)
+    state.mkdir()
+    ctk = _tool(root / "usr" / "bin" / "nvidia-ctk", _CTK, state)
+    host_root = Path("/run/nvidia/driver")
+    config = _config(
+        tmp_path, nvml_mode="system", container_driver_root=root, nvidia_driver_root=host_root
+    )
+    node = Node(api_client, config, _inventory("p5.48xlarge", tmp_path), cast(DeviceState, None))
+    await node.restart()
+    early = await node.claim("early", ["gpu-0"])
+    assert (await node.state.prepare([early]))[early.uid].error == ""
+    # The host's /dev, which this container does not see live: named as the toolkit would.
+    minors = {name: g.minor for name, g in node.inventory.by_device_name().items()}
+    nodes = cdi.host_device_nodes(node.spec(early.uid))
+    assert f"/dev/nvidia{minors['gpu-0']}" in nodes and "/dev/nvidiactl" in nodes
+    assert all(p.startswith("/dev/") for p in nodes), nodes
+    for name in (*CONTROL, *(f"nvidia{g.minor}" for g in node.inventory.gpus)):
+        (root / "dev" / name).touch()
+    ctk.calls()
+    late = await node.claim("late", ["gpu-1"])
+    assert (await node.state.prepare([late]))[late.uid].error == ""
+    nodes = cdi.host_device_nodes(node.spec(late.uid))
+    assert f"{host_root}/dev/nvidia{minors['gpu-1']}" in nodes
+    assert f"{host_root}/dev/nvidiactl" in nodes
+    assert all(p.startswith(f"{host_root}/dev/") for p in nodes), nodes
+    assert [c.split()[:2] for c in ctk.calls()] == [["cdi", "generate"]]
+
+
 def test_nodes_the_runtime_makes_itself_need_none_on_the_host() -> None:
     spec = {
         "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}]},
