@@ -238,6 +238,21 @@ def _device_nodes_under(spec: dict[str, Any], root: str) -> dict[str, Any]:
     return {**spec, "devices": devices, "containerEdits": edits(spec["containerEdits"])}
 
 
+def host_device_nodes(spec: Mapping[str, Any]) -> list[str]:
+    """Pure: the host paths of the device nodes the spec names that the runtime must find on
+    the host, in spec order, once each. A node given with its type and major (an IMEX
+    channel) is made in the container from those and needs none (CDI's fillMissingInfo)."""
+    edits = [spec.get("containerEdits") or {}]
+    edits += [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+    paths: dict[str, None] = {}
+    for e in edits:
+        for node in e.get("deviceNodes") or ():
+            if node.get("type") and (node.get("major") or node.get("type") == "p"):
+                continue
+            paths[str(node.get("hostPath") or node.get("path", ""))] = None
+    return [p for p in paths if p]
+
+
 def encode(spec: Mapping[str, Any]) -> bytes:
     """The file's bytes: deterministic, so an unchanged spec compares equal. Compact:
     an ``indent`` would take json off its C encoder (a tenth of a millisecond a spec)."""

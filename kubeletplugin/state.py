@@ -4,8 +4,9 @@ A prepare is one straight line, :meth:`DeviceState._prepare`: fetch the claim, p
 (pure: which devices, with which identities; a spec of this boot that records the same
 plan means the claim is prepared already), record (reserve each device), side effects
 (only for kinds that have them, after a per-claim record), the CDI spec (built once, from
-the kinds' edits asked after the side effects, off the event loop; it is the claim's
-durable record), complete. An unprepare runs it backwards.
+the kinds' edits asked after the side effects, off the event loop, once the device nodes
+it names are on the host; it is the claim's durable record), complete. An unprepare runs it
+backwards.
 The records, their crash safety and their durability are ``kubeletplugin.records``;
 startup recovery is ``kubeletplugin.recovery``.
 
@@ -47,6 +48,7 @@ from kubeletplugin.claims import (
     plan_claim,
     share_problem,
 )
+from kubeletplugin.containertoolkit import DeviceNodesError, NodeCheck, missing_message
 from kubeletplugin.flavor import Flavor
 from kubeletplugin.records import (
     DeviceTakenError,
@@ -119,6 +121,13 @@ class HostEdits(Protocol):
 
     def dev_root(self) -> str:
         """Blocking (it may stat): the host directory the device nodes are under."""
+
+    def check_nodes(self, paths: Sequence[str]) -> NodeCheck:
+        """Blocking (stats): which of the device nodes ``paths`` (host paths) the host
+        lacks, where its nodes are now, and what of them there is."""
+
+    async def create_nodes(self, paths: Sequence[str]) -> list[str]:
+        """Make the missing nodes ``paths`` as the driver's tools do; what failed."""
 
 
 class ClaimObserver(Protocol):
@@ -208,6 +217,7 @@ class DeviceState:
         records: Records,
         base_edits: Mapping[str, Any],
         dev_root: str = "/",
+        nodes_seen: frozenset[str] = frozenset(),
     ) -> None:
         self._config = config
         self._claims = ClaimReader(api_client)
@@ -216,6 +226,10 @@ class DeviceState:
         self._records = records
         self._base_edits = base_edits
         self._dev_root = dev_root
+        # The host's device nodes when base_edits and dev_root were had: a prepare that
+        # finds others has them again (a node made since is missing from them).
+        self._nodes_seen = nodes_seen
+        self._host_lock = asyncio.Lock()
         # Which devices each claim this process prepared or recovered holds: where an
         # unprepare releases, without reading the spec back (another instance's claim
         # is found by a look at every reservation).
@@ -238,18 +252,19 @@ class DeviceState:
         not ready.
         """
         boot_id = await asyncio.to_thread(_read_boot_id, config.boot_id_path)
-        base_edits: Mapping[str, Any] = {}
-        dev_root = "/"
-        if config.host is not None:
-            if config.flavor.toolkit_kinds is None or config.flavor.toolkit_kinds:
-                base_edits = await config.host.base_edits()
-            dev_root = await asyncio.to_thread(config.host.dev_root)
+        base_edits, dev_root, seen = await _host_view(config)
         records = Records(config.plugin_dir, config.cdi_root, boot_id=boot_id, flavor=config.flavor)
         await asyncio.to_thread(records.make_dirs)
         await asyncio.to_thread(_attach_kinds, config.flavor, records)
         claims = await asyncio.to_thread(recovery.recover, records)
         state = cls(
-            config, api_client, devices, records=records, base_edits=base_edits, dev_root=dev_root
+            config,
+            api_client,
+            devices,
+            records=records,
+            base_edits=base_edits,
+            dev_root=dev_root,
+            nodes_seen=seen,
         )
         state._held = {uid: _device_names(claim) for uid, claim in claims.items()}
         log.info(
@@ -459,17 +474,7 @@ class DeviceState:
             # One build, after the side effects: what they made (a MIG instance's device
             # nodes) is in the kinds' edits, which may read the kinds' files.
             edits = await asyncio.to_thread(self._kind_edits, claim, devices)
-            spec = cdi.encode(
-                cdi.build_claim_spec(
-                    claim,
-                    devices,
-                    self._base_edits,
-                    edits,
-                    boot_id=self._records.boot_id,
-                    dev_root=self._dev_root,
-                    flavor=self._config.flavor,
-                )
-            )
+            spec = cdi.encode(await self._spec_on_host(ref, claim, devices, edits))
             # CDI: the spec is the claim's record; once it is in place the claim is prepared.
             await self._file_step(self._records.write_spec, ref.uid, spec)
         except PreparePendingError:
@@ -500,6 +505,62 @@ class DeviceState:
         # Complete.
         self._held[ref.uid] = _device_names(claim)
         return ("repaired" if existing is not None else "prepared"), claim
+
+    async def _spec_on_host(
+        self,
+        ref: ClaimRef,
+        claim: PreparedClaim,
+        devices: Mapping[str, NodeDevice],
+        edits: Mapping[str, Mapping[str, Any]],
+    ) -> dict[str, Any]:
+        """The claim's spec, once every device node it names is on the host: the missing
+        ones made as NVIDIA's tools make them, and the host's edits had again when its nodes
+        differ from those they were had with. A fresh node's first claim (no NVIDIA client
+        has run: NVIDIA's issue 1380) otherwise gets a spec that starts no container with
+        a GPU while its prepare succeeds. Raises DeviceNodesError (retryable)."""
+        host = self._config.host
+        tried: list[str] | None = None  # what making the missing nodes said, once tried
+        check: NodeCheck | None = None
+        for _ in range(4):  # at most: make them, then the edits and dev root they change
+            spec = cdi.build_claim_spec(
+                claim,
+                devices,
+                self._base_edits,
+                edits,
+                boot_id=self._records.boot_id,
+                dev_root=self._dev_root,
+                flavor=self._config.flavor,
+            )
+            if host is None:
+                return spec
+            check = await asyncio.to_thread(host.check_nodes, cdi.host_device_nodes(spec))
+            if check.seen != self._nodes_seen or check.dev_root != self._dev_root:
+                await self._refresh_host_view()
+                continue
+            if not check.missing:
+                return spec
+            if tried is not None:
+                break
+            log.warning(
+                "device nodes of the claim's spec are missing on the host; making them",
+                extra={**_claim_kv(ref), "missing": ",".join(check.missing)},
+            )
+            tried = await host.create_nodes(check.missing)
+        missing = check.missing if check is not None and check.missing else ()
+        raise DeviceNodesError(
+            f"claim {ref}: "
+            + (
+                missing_message(missing, tried or [])
+                if missing
+                else "the host's device nodes kept changing while its spec was written"
+            )
+        )
+
+    async def _refresh_host_view(self) -> None:
+        """The host's edits, dev root and nodes had again; one at a time, since having the
+        toolkit's edits again runs it."""
+        async with self._host_lock:
+            self._base_edits, self._dev_root, self._nodes_seen = await _host_view(self._config)
 
     def _prepared_claim(self, plan: ClaimPlan, devices: Mapping[str, NodeDevice]) -> PreparedClaim:
         """Pure: the claim as it will be recorded, each device checked to exist here."""
@@ -746,6 +807,19 @@ class DeviceState:
                         effects.uid, Holder(effects.uid, effects.namespace, effects.name)
                     )
         return list(found.values())
+
+
+async def _host_view(config: StateConfig) -> tuple[Mapping[str, Any], str, frozenset[str]]:
+    """What specs take from the host's install now: its edits, its dev root and the device
+    nodes they were had with (seen first: a node made meanwhile makes the next look differ)."""
+    host = config.host
+    if host is None:
+        return {}, "/", frozenset()
+    check = await asyncio.to_thread(host.check_nodes, ())
+    base_edits: Mapping[str, Any] = {}
+    if config.flavor.toolkit_kinds is None or config.flavor.toolkit_kinds:
+        base_edits = await host.base_edits()
+    return base_edits, check.dev_root, check.seen
 
 
 async def _every(period: float, work: Callable[[], Awaitable[None]], name: str) -> None:
