@@ -276,6 +276,64 @@ async def test_two_pods_share_one_claim(node: RealNode, plugin: PluginProcess) -
     await await_until("spec removed by unprepare", lambda: not spec_files(node), 60)
 
 
+async def test_a_claims_status_names_what_each_device_got(
+    node: RealNode, plugin: PluginProcess
+) -> None:
+    """status.devices on the real API server, written by the plugin with its node's token,
+    for a MIG pair and an MPS share: what `kubectl get resourceclaim -o yaml` shows."""
+    cp = node.cp
+    mig = await _held_claim(cp, "status-mig", "mig-two-sizes.yaml", entries=2)
+    mps = await _held_claim(cp, "status-mps", "mps-memory-limit.yaml", entries=1)
+    shown = {"mig": mig, "mps": mps}
+    (cp.root / "status-devices.json").write_text(json.dumps(shown, indent=2))
+    profiles = sorted(e["data"]["attributes"]["profile"] for e in mig)
+    assert profiles[0] == "1g.10gb" and profiles[1].startswith("3g."), mig
+    for entry in mig:
+        data = entry["data"]
+        assert entry["driver"] == "gpu.nvidia.com" and data["kind"] == "mig", entry
+        assert data["identity"]["mig-uuid"] == data["attributes"]["uuid"], entry
+        assert data["attributes"]["uuid"].startswith("MIG-"), entry
+        assert data["identity"]["parent-uuid"] == data["attributes"]["parentUUID"], entry
+        assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+    (entry,) = mps
+    assert entry["data"]["kind"] == "gpu", entry
+    assert entry["data"]["identity"]["gpu-uuid"].startswith("GPU-"), entry
+    assert entry["data"]["sharing"] == {"activeThreadPercentage": "50", "strategy": "MPS"}
+    for ns in shown:
+        await delete_namespace_claims(cp, f"status-{ns}")
+    await await_until("specs removed by unprepare", lambda: not spec_files(node), 60)
+
+
+async def _held_claim(
+    cp: ControlPlane, ns: str, example: str, *, entries: int
+) -> list[dict[str, Any]]:
+    """The status.devices entries of the claim of ``example``'s first pod, kept prepared by a
+    pod that sleeps, once the plugin has written ``entries`` of them."""
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    await await_until(
+        f"default SA in {ns}",
+        lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200,
+    )
+    docs = example_docs(example)
+    for doc in docs:
+        if doc["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
+            cp.create(doc, ns)
+    workload = next(d for d in docs if d["kind"] not in ("ResourceClaim", "ResourceClaimTemplate"))
+    pod = runnable(as_pod(workload))
+    pod["metadata"] = {"name": "holder"}
+    for container in pod["spec"]["containers"]:
+        container["command"] = ["sh", "-c", "exec sleep 3600"]
+    cp.create(pod, ns)
+
+    def written() -> list[dict[str, Any]] | None:
+        items = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
+        found = [e for c in items["items"] for e in (c.get("status") or {}).get("devices") or []]
+        return found if len(found) == entries else None
+
+    got: list[dict[str, Any]] = await await_until(f"{ns}: status.devices", written, 120)
+    return got
+
+
 async def test_sigkill_while_pods_start_then_restart(node: RealNode, plugin: PluginProcess) -> None:
     """The plugin dies mid-flight; the kubelet retries against its successor."""
     cp = node.cp
@@ -334,61 +392,3 @@ async def test_surge_a_second_plugin_beside_the_first(
         await await_until("no orphan spec", lambda: not spec_files(node), 60)
     finally:
         await surge.terminate()
-
-
-async def test_a_claims_status_names_what_each_device_got(
-    node: RealNode, plugin: PluginProcess
-) -> None:
-    """status.devices on the real API server, written by the plugin with its node's token,
-    for a MIG pair and an MPS share: what `kubectl get resourceclaim -o yaml` shows."""
-    cp = node.cp
-    mig = await _held_claim(cp, "status-mig", "mig-two-sizes.yaml", entries=2)
-    mps = await _held_claim(cp, "status-mps", "mps-memory-limit.yaml", entries=1)
-    shown = {"mig": mig, "mps": mps}
-    (cp.root / "status-devices.json").write_text(json.dumps(shown, indent=2))
-    profiles = sorted(e["data"]["attributes"]["profile"] for e in mig)
-    assert profiles[0] == "1g.10gb" and profiles[1].startswith("3g."), mig
-    for entry in mig:
-        data = entry["data"]
-        assert entry["driver"] == "gpu.nvidia.com" and data["kind"] == "mig", entry
-        assert data["identity"]["mig-uuid"] == data["attributes"]["uuid"], entry
-        assert data["attributes"]["uuid"].startswith("MIG-"), entry
-        assert data["identity"]["parent-uuid"] == data["attributes"]["parentUUID"], entry
-        assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
-    (entry,) = mps
-    assert entry["data"]["kind"] == "gpu", entry
-    assert entry["data"]["identity"]["gpu-uuid"].startswith("GPU-"), entry
-    assert entry["data"]["sharing"] == {"activeThreadPercentage": "50", "strategy": "MPS"}
-    for ns in shown:
-        await delete_namespace_claims(cp, f"status-{ns}")
-    await await_until("specs removed by unprepare", lambda: not spec_files(node), 60)
-
-
-async def _held_claim(
-    cp: ControlPlane, ns: str, example: str, *, entries: int
-) -> list[dict[str, Any]]:
-    """The status.devices entries of the claim of ``example``'s first pod, kept prepared by a
-    pod that sleeps, once the plugin has written ``entries`` of them."""
-    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    await await_until(
-        f"default SA in {ns}",
-        lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200,
-    )
-    docs = example_docs(example)
-    for doc in docs:
-        if doc["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
-            cp.create(doc, ns)
-    workload = next(d for d in docs if d["kind"] not in ("ResourceClaim", "ResourceClaimTemplate"))
-    pod = runnable(as_pod(workload))
-    pod["metadata"] = {"name": "holder"}
-    for container in pod["spec"]["containers"]:
-        container["command"] = ["sh", "-c", "exec sleep 3600"]
-    cp.create(pod, ns)
-
-    def written() -> list[dict[str, Any]] | None:
-        items = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
-        found = [e for c in items["items"] for e in (c.get("status") or {}).get("devices") or []]
-        return found if len(found) == entries else None
-
-    got: list[dict[str, Any]] = await await_until(f"{ns}: status.devices", written, 120)
-    return got
