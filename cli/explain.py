@@ -4,7 +4,7 @@ Offline, with the scheduler's structured-parameters semantics (see
 :mod:`tools.allocation`): DeviceClass and request selectors, ``exactly`` with
 ``count`` or ``allocationMode: All``, ``firstAvailable``, ``matchAttribute`` /
 ``distinctAttribute`` constraints, devices already allocated, pool generations
-and completeness, device taints and tolerations.
+and completeness, device taints (DeviceTaintRules too) and tolerations.
 
 JSON output (``-o json``), stable for scripts; keys may be added, never renamed::
 
@@ -56,9 +56,14 @@ inputs:
   For thousands of slices prefer JSON: it parses about ten times faster than YAML.
   Without --cluster the chart's DeviceClasses are known (every switch on, the
   ones `gpu-dra validate` knows); --cluster reads ResourceSlices, DeviceClasses,
-  allocated ResourceClaims and Node labels through the kubeconfig instead.
+  allocated ResourceClaims, DeviceTaintRules and Node labels through the
+  kubeconfig instead.
   --deviceclass files (a rendered chart, as `make chart` prints it, will do) add
   to and override those classes by name; other objects in them are ignored.
+  DeviceTaintRules (from --cluster, in --slices files, or in --taint-rules files)
+  taint the devices they select, as the scheduler applies them: a device drained
+  by one is refused to a claim that does not tolerate its taint, and the reason
+  names the rule.
 
 json output (-o json), stable:
   {"claim": {kind, namespace, name}, "problems": [...],
@@ -140,6 +145,16 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         help="files with allocated ResourceClaims whose devices are taken (repeatable)",
     )
     parser.add_argument(
+        "--taint-rules",
+        type=Path,
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        default=[],
+        help="files with DeviceTaintRules to apply, besides those in --slices files or the "
+        "cluster's: a drain previewed before it is created (repeatable)",
+    )
+    parser.add_argument(
         "--node",
         action="append",
         default=[],
@@ -185,6 +200,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         CLAIM,
         CLASS,
         SLICE,
+        TAINT_RULE,
         TEMPLATE,
         InputError,
         Inputs,
@@ -199,7 +215,18 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     inputs = _read_cluster(args.kubeconfig) if args.cluster else Inputs()
     limit = args.max_file_size
     for path in args.slices:
-        inputs.slices.extend(of_kinds(load_file(path, max_bytes=limit), (SLICE,), str(path)))
+        # A `kubectl get resourceslices,devicetaintrules -o yaml` dump: the rules come along.
+        for obj in of_kinds(load_file(path, max_bytes=limit), (SLICE, TAINT_RULE), str(path)):
+            (inputs.slices if obj["kind"] == SLICE else inputs.taint_rules).append(obj)
+    for path in args.taint_rules:
+        found = of_kinds(load_file(path, max_bytes=limit), (TAINT_RULE,), str(path))
+        inputs.taint_rules.extend(found)
+    if inputs.taint_rules_unread:
+        print(
+            f"gpu-dra explain: {inputs.taint_rules_unread}: taints of DeviceTaintRules are not "
+            "accounted for",
+            file=sys.stderr,
+        )
     extra_classes = [c for p in args.deviceclass for c in _classes_in(p, limit)]
     for path in args.allocated:
         inputs.claims.extend(of_kinds(load_file(path, max_bytes=limit), (CLAIM,), str(path)))
@@ -208,7 +235,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         if not extra_classes:
             raise InputError("give -f CLAIM_OR_TEMPLATE, or --deviceclass FILE to list devices")
         listings = [
-            explain_class(c, slices=inputs.slices, node_labels=inputs.node_labels)
+            explain_class(
+                c,
+                slices=inputs.slices,
+                node_labels=inputs.node_labels,
+                taint_rules=inputs.taint_rules,
+            )
             for c in extra_classes
         ]
         if args.output == "json":
@@ -240,6 +272,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         allocated=inputs.claims,
         node_labels=inputs.node_labels,
         budget=args.budget or DEFAULT_BUDGET,
+        taint_rules=inputs.taint_rules,
     )
     explanation = _with_lint(explanation, claims[0])
     if args.node:

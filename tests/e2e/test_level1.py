@@ -11,10 +11,12 @@ each outcome is compared with what ``gpu-dra explain`` predicts from the same sl
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -479,6 +481,135 @@ async def test_a_plugin_cannot_read_secrets(
         f'User "system:serviceaccount:{NAMESPACE}:{SA}" cannot list resource "secrets"'
         in body["message"]
     )
+
+
+# ---- DeviceTaintRule: an admin drains a GPU, the docs' recipe on the real scheduler -----------
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+TAINT_RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
+
+
+def _recipe_rule(node: str, device: str, effect: str) -> dict[str, Any]:
+    """The DeviceTaintRule of the drain recipe in docs/operations.md, for this device."""
+    section = OPERATIONS.read_text().split("## Draining a GPU or a node", 1)[1]
+    rule: dict[str, Any] = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    rule["metadata"]["name"] = f"drain-{node}-{device}-{effect.lower()}"
+    rule["spec"]["deviceSelector"].update(pool=node, device=device)
+    rule["spec"]["taint"]["effect"] = effect
+    return rule
+
+
+def _gpu_claim(name: str, uuid: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if uuid:
+        expression = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+async def _explain_cluster(cp: ControlPlane, claim: dict[str, Any], node: str) -> dict[str, Any]:
+    """`gpu-dra explain --cluster -o json` for one node, as an admin runs it."""
+    path = cp.root / f"explain-{claim['metadata']['name']}.json"
+    path.write_text(json.dumps(claim))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli", "explain", "--cluster", "--kubeconfig",
+        str(cp.admin_kubeconfig), "-f", str(path), "--node", node, "-o", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode in (0, 1), err.decode()
+    (entry,) = json.loads(out)["nodes"]
+    result: dict[str, Any] = entry
+    return result
+
+
+def _evicted(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    """The pod once it is being deleted (no kubelet here finishes that), or None."""
+    code, out = cp.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+    pod: dict[str, Any] = json.loads(out)
+    return pod if code == 200 and pod["metadata"].get("deletionTimestamp") else None
+
+
+async def test_a_device_taint_rule_drains_a_gpu_on_the_real_scheduler(
+    cluster: ControlPlane, plugins: dict[str, PluginProcess]
+) -> None:
+    """NoSchedule keeps new claims off the GPU (explain --cluster names the rule), NoExecute
+    makes kube-controller-manager evict the pod using it."""
+    cp, node, device = cluster, "g6e", "gpu-0"
+    if not _exists(cp, TAINT_RULES):
+        pytest.skip(f"{MINOR} does not serve DeviceTaintRule as resource.k8s.io/v1 (1.37+)")
+    (uuid,) = [
+        d["attributes"]["uuid"]["string"]
+        for s in _slices(cp, node)
+        for d in s["spec"]["devices"]
+        if d["name"] == device
+    ]
+    ns = "drain"
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+    await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
+    rules = [_recipe_rule(node, device, "NoSchedule")]
+    try:
+        cp.create(rules[0])
+        pinned, anyone = _gpu_claim("pinned", uuid), _gpu_claim("any-gpu")
+        # explain reads the rule through the API server, as the scheduler does.
+        refused = await _explain_cluster(cp, pinned, node)
+        assert refused["allocatable"] is False
+        why = (f"{device} (gpu.nvidia.com/maintenance=drain:NoSchedule by DeviceTaintRule "
+               f"{rules[0]['metadata']['name']})")  # fmt: skip
+        assert any(why in r for r in refused["reasons"]), refused["reasons"]
+        print(f"\nexplain --cluster: {refused['reasons']}")
+        predicted = await _explain_cluster(cp, anyone, node)
+        assert predicted["allocatable"] and predicted["results"][0]["device"] != device
+        created = time.monotonic()
+        for claim in (pinned, anyone):
+            cp.create(claim, ns)
+            cp.create(_pin(_claim_pod(claim), node), ns)
+        outcome = await await_until(
+            "pinned unschedulable", partial(_pod_outcome, cp, ns, "pinned"), 90
+        )
+        assert outcome[0] == "unschedulable", outcome
+        unschedulable, message = time.monotonic() - created, outcome[1]
+        outcome = await await_until(
+            "any-gpu scheduled", partial(_pod_outcome, cp, ns, "any-gpu"), 90
+        )
+        assert outcome == ("scheduled", node)
+        live = _claim_for(cp, ns, _claim_pod(anyone))
+        assert live is not None
+        (result,) = live["status"]["allocation"]["devices"]["results"]
+        assert result["device"] != device  # the drained GPU is not given
+        # NoExecute on the GPU the running pod got: the eviction controller deletes it.
+        rules.append(_recipe_rule(node, result["device"], "NoExecute"))
+        tainted = time.monotonic()
+        cp.create(rules[1])
+        pod = await await_until("any-gpu evicted", partial(_evicted, cp, ns, "any-gpu"), 60)
+        evicted = time.monotonic() - tainted
+        conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
+        assert conditions["DisruptionTarget"]["reason"] == "DeletionByDeviceTaintManager"
+        assert _evicted(cp, ns, "pinned") is None  # its device is not the one evicted from
+        # What the kubelet does once the containers stopped; then the claim is deallocated.
+        cp.raw("DELETE", f"/api/v1/namespaces/{ns}/pods/any-gpu?gracePeriodSeconds=0")
+        claim_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/any-gpu"
+        await await_until(
+            "any-gpu deallocated",
+            lambda: "allocation" not in cp.call("GET", claim_path)["status"],
+            60,
+        )
+        deallocated = time.monotonic() - tainted
+        print(
+            f"scheduler: {message}\nDeviceTaintRule NoSchedule: pod unschedulable "
+            f"{unschedulable:.2f}s after creation; NoExecute: pod evicted {evicted:.2f}s after "
+            f"the rule, claim deallocated {deallocated:.2f}s after it"
+        )
+    finally:
+        for rule in rules:
+            cp.raw("DELETE", f"{TAINT_RULES}/{rule['metadata']['name']}")
+        await _clean(cp, ns)
 
 
 # ---- device health: an XID becomes a taint the real scheduler honours -------------------------

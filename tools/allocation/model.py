@@ -111,7 +111,8 @@ class Explanation:
 
 @dataclass(frozen=True, slots=True)
 class DeviceVerdict:
-    """Whether a DeviceClass selects one device, and if not, what decided it."""
+    """Whether a DeviceClass selects one device, and if not, what decided it; for a selected
+    device, the taints that keep it from a claim without tolerations (or None)."""
 
     node: str | None
     driver: str
