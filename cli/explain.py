@@ -18,7 +18,14 @@ JSON output (``-o json``), stable for scripts; keys may be added, never renamed:
         "reasons": [],
         "allocation": {...}},    # the status.allocation a scheduler would write
        {"node": "node-b", "allocatable": false, "results": [],
-        "reasons": ["request gpus: needed 4, found 2 matching", ...]}]}
+        "reasons": ["request gpus: needed 4, found 2 matching", ...]}],
+     "advice": null,
+     # an allocated ResourceClaim (with --cluster, the cluster's of that name): what it
+     # holds, with its status.devices entries (the plugin's data: UUID, product...; Ready)
+     "allocated": {"node": "node-a", "reservedFor": ["pods/trainer"],
+                   "devices": [{"request": "gpus", "driver": "gpu.nvidia.com",
+                                "pool": "node-a", "device": "gpu-0", "data": {...},
+                                "ready": {"type": "Ready", "status": "True", ...}}]}}
 
 ``node`` is null when the slices name no node (only allNodes/nodeSelector pools).
 Without ``-f``, the devices each ``--deviceclass`` selects::
@@ -46,6 +53,7 @@ from cli import flagvalues
 
 if TYPE_CHECKING:
     from tools.allocation import ClassListing, Explanation
+    from tools.allocation.current import CurrentAllocation
     from tools.allocation.inputs import Inputs
 
 _EPILOG = """\
@@ -70,7 +78,11 @@ json output (-o json), stable:
    "summary": {"nodes": N, "allocatable": M},
    "nodes": [{"node", "allocatable", "results": [{"request", "driver", "pool",
               "device"}], "reasons": [...], "allocation": {...} (if allocatable)}],
-   "advice": "one line" (when no node can take the claim) or null}
+   "advice": "one line" (when no node can take the claim) or null,
+   "allocated": what an allocated ResourceClaim holds (with --cluster, the cluster's
+     claim of that name): {"node", "devices": [{"request", "driver", "pool",
+     "device", "data", "ready"}], "reservedFor": [...]}, data and ready from its
+     status.devices; else null}
   without -f: {"deviceClass", "problems", "summary": {"devices", "selected"},
    "devices": [{"node", "driver", "pool", "device", "selected", "reason"}]}
 
@@ -213,6 +225,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.kubeconfig is not None and not args.cluster:
         raise InputError("--kubeconfig needs --cluster")
     inputs = _read_cluster(args.kubeconfig) if args.cluster else Inputs()
+    live_claims = list(inputs.claims)
     limit = args.max_file_size
     for path in args.slices:
         # A `kubectl get resourceslices,devicetaintrules -o yaml` dump: the rules come along.
@@ -275,6 +288,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         taint_rules=inputs.taint_rules,
     )
     explanation = _with_lint(explanation, claims[0])
+    explanation = _with_current(explanation, claims[0], live_claims if args.cluster else [])
     if args.node:
         wanted = set(args.node)
         unknown = wanted - {n.node for n in explanation.nodes}
@@ -338,6 +352,26 @@ def _with_lint(explanation: "Explanation", claim: dict[str, Any]) -> "Explanatio
     return replace(explanation, problems=(*explanation.problems, *new), advice=advice)
 
 
+def _with_current(
+    explanation: "Explanation", claim: dict[str, Any], live: Sequence[dict[str, Any]]
+) -> "Explanation":
+    """The allocation the claim holds, with its device status: the cluster's claim of that
+    name with --cluster, else the file's own status (`kubectl get resourceclaim -o yaml`)."""
+    from dataclasses import replace
+
+    from tools.allocation.current import current_allocation
+    from tools.allocation.inputs import CLAIM
+
+    ref = explanation.claim
+    if ref.kind != CLAIM:
+        return explanation  # a template's claims have generated names
+    for other in live:
+        meta = other.get("metadata") or {}
+        if (meta.get("namespace"), meta.get("name")) == (ref.namespace, ref.name):
+            claim = other
+    return replace(explanation, current=current_allocation(claim))
+
+
 def _classes_in(path: Path, max_bytes: int) -> list[dict[str, Any]]:
     """The DeviceClasses of a --deviceclass file; the rest of it (a rendered chart's RBAC, an
     example's claims) is not for explain."""
@@ -389,6 +423,8 @@ def _claim_table(explanation: "Explanation", out: TextIO) -> None:
     )
     for problem in explanation.problems:
         out.write(f"  problem: {problem}\n")
+    if explanation.current is not None:
+        _current_table(explanation.current, out)
     if not explanation.nodes:
         out.write("no node has devices in the given slices\n")
         return
@@ -414,6 +450,31 @@ def _claim_table(explanation: "Explanation", out: TextIO) -> None:
             out.write(f"    - {reason}\n")
     if explanation.advice:
         out.write(f"\nadvice: {explanation.advice}\n")
+
+
+def _current_table(current: "CurrentAllocation", out: TextIO) -> None:
+    where = f" on {current.node}" if current.node else ""
+    users = f", reserved for {', '.join(current.reserved_for)}" if current.reserved_for else ""
+    out.write(f"allocated{where}{users}:\n")
+    rows = [("  REQUEST", "DEVICE", "UUID", "PRODUCT", "READY")]
+    for held in current.devices:
+        if held.ready is not None:
+            ready = f"{held.ready.get('status')} ({held.ready.get('reason')})"
+            if held.ready.get("status") != "True":
+                ready += f": {held.ready.get('message', '')}"
+        else:
+            ready = "- (no status from the node yet)"
+        rows.append(
+            (
+                f"  {held.request}",
+                _device_text(current.node, held.pool, held.device),
+                str(held.attributes.get("uuid", "-")),
+                str(held.attributes.get("productName", "-")),
+                ready,
+            )
+        )
+    _write_rows(rows, out)
+    out.write("if it were allocated now:\n")
 
 
 def _class_table(listing: "ClassListing", out: TextIO) -> None:

@@ -11,12 +11,10 @@ each outcome is compared with what ``gpu-dra explain`` predicts from the same sl
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -36,13 +34,16 @@ from tests.e2e.kube import (
     DRIVER,
     EXTENDED_RESOURCE_MINORS,
     SA,
+    TAINT_RULES,
     as_pod,
     await_until,
+    explain_cluster,
     install_chart,
     node_object,
     patch_node_ready,
     plugin_dirs,
     plugin_token,
+    recipe_rule,
 )
 from tests.pluginharness import PluginProcess
 from tools.allocation import explain_claim
@@ -485,19 +486,6 @@ async def test_a_plugin_cannot_read_secrets(
 
 # ---- DeviceTaintRule: an admin drains a GPU, the docs' recipe on the real scheduler -----------
 
-OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
-TAINT_RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
-
-
-def _recipe_rule(node: str, device: str, effect: str) -> dict[str, Any]:
-    """The DeviceTaintRule of the drain recipe in docs/operations.md, for this device."""
-    section = OPERATIONS.read_text().split("## Draining a GPU or a node", 1)[1]
-    rule: dict[str, Any] = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
-    rule["metadata"]["name"] = f"drain-{node}-{device}-{effect.lower()}"
-    rule["spec"]["deviceSelector"].update(pool=node, device=device)
-    rule["spec"]["taint"]["effect"] = effect
-    return rule
-
 
 def _gpu_claim(name: str, uuid: str | None = None) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
@@ -510,22 +498,6 @@ def _gpu_claim(name: str, uuid: str | None = None) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     }
-
-
-async def _explain_cluster(cp: ControlPlane, claim: dict[str, Any], node: str) -> dict[str, Any]:
-    """`gpu-dra explain --cluster -o json` for one node, as an admin runs it."""
-    path = cp.root / f"explain-{claim['metadata']['name']}.json"
-    path.write_text(json.dumps(claim))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "explain", "--cluster", "--kubeconfig",
-        str(cp.admin_kubeconfig), "-f", str(path), "--node", node, "-o", "json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await proc.communicate()
-    assert proc.returncode in (0, 1), err.decode()
-    (entry,) = json.loads(out)["nodes"]
-    result: dict[str, Any] = entry
-    return result
 
 
 def _evicted(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
@@ -553,18 +525,18 @@ async def test_a_device_taint_rule_drains_a_gpu_on_the_real_scheduler(
     cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
     await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
-    rules = [_recipe_rule(node, device, "NoSchedule")]
+    rules = [recipe_rule(node, device, "NoSchedule")]
     try:
         cp.create(rules[0])
         pinned, anyone = _gpu_claim("pinned", uuid), _gpu_claim("any-gpu")
         # explain reads the rule through the API server, as the scheduler does.
-        refused = await _explain_cluster(cp, pinned, node)
+        (refused,) = (await explain_cluster(cp, pinned, node))["nodes"]
         assert refused["allocatable"] is False
         why = (f"{device} (gpu.nvidia.com/maintenance=drain:NoSchedule by DeviceTaintRule "
                f"{rules[0]['metadata']['name']})")  # fmt: skip
         assert any(why in r for r in refused["reasons"]), refused["reasons"]
         print(f"\nexplain --cluster: {refused['reasons']}")
-        predicted = await _explain_cluster(cp, anyone, node)
+        (predicted,) = (await explain_cluster(cp, anyone, node))["nodes"]
         assert predicted["allocatable"] and predicted["results"][0]["device"] != device
         created = time.monotonic()
         for claim in (pinned, anyone):
@@ -583,8 +555,16 @@ async def test_a_device_taint_rule_drains_a_gpu_on_the_real_scheduler(
         assert live is not None
         (result,) = live["status"]["allocation"]["devices"]["results"]
         assert result["device"] != device  # the drained GPU is not given
+        # explain --cluster names what the claim holds; no kubelet here prepares it, so no
+        # status.devices entry yet (level 2 has the plugin's).
+        named = {**anyone, "metadata": {"name": "any-gpu", "namespace": ns}}
+        allocated = (await explain_cluster(cp, named, node))["allocated"]
+        assert allocated["node"] == node and allocated["reservedFor"] == ["pods/any-gpu"]
+        assert [(d["device"], d["ready"]) for d in allocated["devices"]] == [
+            (result["device"], None)
+        ]
         # NoExecute on the GPU the running pod got: the eviction controller deletes it.
-        rules.append(_recipe_rule(node, result["device"], "NoExecute"))
+        rules.append(recipe_rule(node, result["device"], "NoExecute"))
         tainted = time.monotonic()
         cp.create(rules[1])
         pod = await await_until("any-gpu evicted", partial(_evicted, cp, ns, "any-gpu"), 60)
