@@ -67,6 +67,7 @@ def tainted(slices: list[dict[str, Any]] | list[Any]) -> set[tuple[str, str, str
         ),
         ({"device": "gpu-0"}, {(DRIVER, "n1", "gpu-0"), (DRIVER, "n2", "gpu-0")}),
         ({"driver": DRIVER, "pool": "n3"}, set()),
+        ({"pool": ""}, set()),  # given, so compared: no pool is named ""
         # The empty selector matches every device; no selector matches none.
         ({}, {(DRIVER, p, f"gpu-{i}") for p in ("n1", "n2") for i in (0, 1)} | {NIC}),
         (None, set()),

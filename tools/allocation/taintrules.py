@@ -3,7 +3,8 @@
 A DeviceTaintRule (KEP-5055; ``resource.k8s.io/v1`` from 1.37) adds its one taint to every
 device its ``deviceSelector`` matches, "the same effect as if the taint was specified
 directly in the ResourceSlice" (the API's words): the scheduler's ResourceSlice tracker
-appends it to the device's ``taints``, after the driver's own. So does
+(k8s.io/dynamic-resource-allocation resourceslice/tracker ``applyPatches``) appends it to
+the device's ``taints``, after the driver's own. So does
 :func:`apply_taint_rules`, on copies of the slices it changes, marking each added taint
 with the rule's name under :data:`RULE`, a key the API has not, so that a reason can say
 which rule to delete.
@@ -46,9 +47,6 @@ class TaintRule:
             return False
         return self.driver in (None, driver) and self.pool in (None, pool)
 
-    def matches(self, driver: str, pool: str, device: str) -> bool:
-        return self.matches_pool(driver, pool) and self.device in (None, device)
-
 
 def parse_rule(obj: Mapping[str, Any]) -> TaintRule:
     name = str((obj.get("metadata") or {}).get("name") or "?")
@@ -74,8 +72,9 @@ def parse_rule(obj: Mapping[str, Any]) -> TaintRule:
             )
 
     def criterion(field: str) -> str | None:
+        # As the tracker compares pointers: only an absent field matches every value.
         value = (selector or {}).get(field)
-        return None if value in (None, "") else str(value)
+        return None if value is None else str(value)
 
     kept = {k: taint[k] for k in ("key", "value", "effect", "timeAdded") if taint.get(k)}
     return TaintRule(
@@ -89,7 +88,8 @@ def parse_rule(obj: Mapping[str, Any]) -> TaintRule:
 
 
 def parse_rules(objects: Iterable[Mapping[str, Any]]) -> list[TaintRule]:
-    # By name: the order the taints are added in, whatever order they were listed in.
+    # The tracker adds them in its informer's order, which no reader can know: by name, so
+    # that the same rules give the same reasons whatever order they were listed in.
     return sorted((parse_rule(o) for o in objects), key=lambda r: r.name)
 
 
