@@ -164,7 +164,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         metavar="FILE",
         default=[],
         help="files with DeviceTaintRules to apply, besides those in --slices files or the "
-        "cluster's: a drain previewed before it is created (repeatable)",
+        "cluster's: a drain previewed before it is created (repeatable; other objects in them, "
+        "e.g. the rest of a rendered chart, are ignored)",
     )
     parser.add_argument(
         "--node",
@@ -232,7 +233,9 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         for obj in of_kinds(load_file(path, max_bytes=limit), (SLICE, TAINT_RULE), str(path)):
             (inputs.slices if obj["kind"] == SLICE else inputs.taint_rules).append(obj)
     for path in args.taint_rules:
-        found = of_kinds(load_file(path, max_bytes=limit), (TAINT_RULE,), str(path))
+        found = [o for o in load_file(path, max_bytes=limit) if o.get("kind") == TAINT_RULE]
+        if not found:
+            raise InputError(f"{path}: no DeviceTaintRule in it")
         inputs.taint_rules.extend(found)
     if inputs.taint_rules_unread:
         print(

@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from driver.kube.rest import ApiError, ForbiddenError, NotFoundError, ServerError
+from tests.chart_render import render
 from tests.test_allocator import DRIVER, claim, device, device_class, exactly, picked, slice_
 from tests.test_explain_cli import discover_yaml, run, write
 from tools.allocation import explain_claim, explain_class
@@ -214,13 +216,26 @@ def test_rules_from_a_file_or_beside_the_slices(
         assert "advice: the devices that fit are drained by a DeviceTaintRule" in out
 
 
-def test_a_taint_rules_file_holds_rules_only(
-    g6e: dict[str, Path], capsys: pytest.CaptureFixture[str]
+def test_a_rendered_chart_serves_as_the_rules_file(
+    g6e: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The chart's deviceTaintRule values, rendered: its rule drains the pool; the rest of the
+    chart is ignored, and a file without a rule is refused (a wrong file, not no drain)."""
+    values = (
+        "deviceTaintRule.enabled=true",
+        "deviceTaintRule.pool=g6e-a",
+        "deviceTaintRule.device=gpu-2",
+    )
+    served = ["resource.k8s.io/v1/DeviceTaintRule"]
+    chart = tmp_path / "chart.yaml"
+    chart.write_text(yaml.safe_dump_all(render((), values, api_versions=served)))
     argv = ["-f", str(g6e["claim"]), "--slices", str(g6e["slices"]), "--taint-rules"]
+    code, out, _ = run([*argv, str(chart)], capsys)
+    assert code == 1
+    assert "gpu-2 (gpu.nvidia.com/maintenance:NoSchedule by DeviceTaintRule gpu-dra" in out
     code, _, err = run([*argv, str(g6e["slices"])], capsys)
     assert code == 2
-    assert "expected DeviceTaintRule here" in err
+    assert f"{g6e['slices']}: no DeviceTaintRule in it" in err
 
 
 # --- reading the cluster's rules ------------------------------------------------------------
