@@ -4,7 +4,7 @@ Offline, with the scheduler's structured-parameters semantics (see
 :mod:`tools.allocation`): DeviceClass and request selectors, ``exactly`` with
 ``count`` or ``allocationMode: All``, ``firstAvailable``, ``matchAttribute`` /
 ``distinctAttribute`` constraints, devices already allocated, pool generations
-and completeness, device taints and tolerations.
+and completeness, device taints (DeviceTaintRules too) and tolerations.
 
 JSON output (``-o json``), stable for scripts; keys may be added, never renamed::
 
@@ -18,7 +18,14 @@ JSON output (``-o json``), stable for scripts; keys may be added, never renamed:
         "reasons": [],
         "allocation": {...}},    # the status.allocation a scheduler would write
        {"node": "node-b", "allocatable": false, "results": [],
-        "reasons": ["request gpus: needed 4, found 2 matching", ...]}]}
+        "reasons": ["request gpus: needed 4, found 2 matching", ...]}],
+     "advice": null,
+     # an allocated ResourceClaim (with --cluster, the cluster's of that name): what it
+     # holds, with its status.devices entries (the plugin's data: UUID, product...; Ready)
+     "allocated": {"node": "node-a", "reservedFor": ["pods/trainer"],
+                   "devices": [{"request": "gpus", "driver": "gpu.nvidia.com",
+                                "pool": "node-a", "device": "gpu-0", "data": {...},
+                                "ready": {"type": "Ready", "status": "True", ...}}]}}
 
 ``node`` is null when the slices name no node (only allNodes/nodeSelector pools).
 Without ``-f``, the devices each ``--deviceclass`` selects::
@@ -46,6 +53,7 @@ from cli import flagvalues
 
 if TYPE_CHECKING:
     from tools.allocation import ClassListing, Explanation
+    from tools.allocation.current import CurrentAllocation
     from tools.allocation.inputs import Inputs
 
 _EPILOG = """\
@@ -56,16 +64,25 @@ inputs:
   For thousands of slices prefer JSON: it parses about ten times faster than YAML.
   Without --cluster the chart's DeviceClasses are known (every switch on, the
   ones `gpu-dra validate` knows); --cluster reads ResourceSlices, DeviceClasses,
-  allocated ResourceClaims and Node labels through the kubeconfig instead.
+  allocated ResourceClaims, DeviceTaintRules and Node labels through the
+  kubeconfig instead.
   --deviceclass files (a rendered chart, as `make chart` prints it, will do) add
   to and override those classes by name; other objects in them are ignored.
+  DeviceTaintRules (from --cluster, in --slices files, or in --taint-rules files)
+  taint the devices they select, as the scheduler applies them: a device drained
+  by one is refused to a claim that does not tolerate its taint, and the reason
+  names the rule.
 
 json output (-o json), stable:
   {"claim": {kind, namespace, name}, "problems": [...],
    "summary": {"nodes": N, "allocatable": M},
    "nodes": [{"node", "allocatable", "results": [{"request", "driver", "pool",
               "device"}], "reasons": [...], "allocation": {...} (if allocatable)}],
-   "advice": "one line" (when no node can take the claim) or null}
+   "advice": "one line" (when no node can take the claim) or null,
+   "allocated": what an allocated ResourceClaim holds (with --cluster, the cluster's
+     claim of that name): {"node", "devices": [{"request", "driver", "pool",
+     "device", "data", "ready"}], "reservedFor": [...]}, data and ready from its
+     status.devices; else null}
   without -f: {"deviceClass", "problems", "summary": {"devices", "selected"},
    "devices": [{"node", "driver", "pool", "device", "selected", "reason"}]}
 
@@ -140,6 +157,17 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         help="files with allocated ResourceClaims whose devices are taken (repeatable)",
     )
     parser.add_argument(
+        "--taint-rules",
+        type=Path,
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        default=[],
+        help="files with DeviceTaintRules to apply, besides those in --slices files or the "
+        "cluster's: a drain previewed before it is created (repeatable; other objects in them, "
+        "e.g. the rest of a rendered chart, are ignored)",
+    )
+    parser.add_argument(
         "--node",
         action="append",
         default=[],
@@ -185,6 +213,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         CLAIM,
         CLASS,
         SLICE,
+        TAINT_RULE,
         TEMPLATE,
         InputError,
         Inputs,
@@ -197,9 +226,23 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.kubeconfig is not None and not args.cluster:
         raise InputError("--kubeconfig needs --cluster")
     inputs = _read_cluster(args.kubeconfig) if args.cluster else Inputs()
+    live_claims = list(inputs.claims)
     limit = args.max_file_size
     for path in args.slices:
-        inputs.slices.extend(of_kinds(load_file(path, max_bytes=limit), (SLICE,), str(path)))
+        # A `kubectl get resourceslices,devicetaintrules -o yaml` dump: the rules come along.
+        for obj in of_kinds(load_file(path, max_bytes=limit), (SLICE, TAINT_RULE), str(path)):
+            (inputs.slices if obj["kind"] == SLICE else inputs.taint_rules).append(obj)
+    for path in args.taint_rules:
+        found = [o for o in load_file(path, max_bytes=limit) if o.get("kind") == TAINT_RULE]
+        if not found:
+            raise InputError(f"{path}: no DeviceTaintRule in it")
+        inputs.taint_rules.extend(found)
+    if inputs.taint_rules_unread:
+        print(
+            f"gpu-dra explain: {inputs.taint_rules_unread}: taints of DeviceTaintRules are not "
+            "accounted for",
+            file=sys.stderr,
+        )
     extra_classes = [c for p in args.deviceclass for c in _classes_in(p, limit)]
     for path in args.allocated:
         inputs.claims.extend(of_kinds(load_file(path, max_bytes=limit), (CLAIM,), str(path)))
@@ -208,7 +251,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         if not extra_classes:
             raise InputError("give -f CLAIM_OR_TEMPLATE, or --deviceclass FILE to list devices")
         listings = [
-            explain_class(c, slices=inputs.slices, node_labels=inputs.node_labels)
+            explain_class(
+                c,
+                slices=inputs.slices,
+                node_labels=inputs.node_labels,
+                taint_rules=inputs.taint_rules,
+            )
             for c in extra_classes
         ]
         if args.output == "json":
@@ -240,8 +288,10 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         allocated=inputs.claims,
         node_labels=inputs.node_labels,
         budget=args.budget or DEFAULT_BUDGET,
+        taint_rules=inputs.taint_rules,
     )
     explanation = _with_lint(explanation, claims[0])
+    explanation = _with_current(explanation, claims[0], live_claims if args.cluster else [])
     if args.node:
         wanted = set(args.node)
         unknown = wanted - {n.node for n in explanation.nodes}
@@ -305,6 +355,26 @@ def _with_lint(explanation: "Explanation", claim: dict[str, Any]) -> "Explanatio
     return replace(explanation, problems=(*explanation.problems, *new), advice=advice)
 
 
+def _with_current(
+    explanation: "Explanation", claim: dict[str, Any], live: Sequence[dict[str, Any]]
+) -> "Explanation":
+    """The allocation the claim holds, with its device status: the cluster's claim of that
+    name with --cluster, else the file's own status (`kubectl get resourceclaim -o yaml`)."""
+    from dataclasses import replace
+
+    from tools.allocation.current import current_allocation
+    from tools.allocation.inputs import CLAIM
+
+    ref = explanation.claim
+    if ref.kind != CLAIM:
+        return explanation  # a template's claims have generated names
+    for other in live:
+        meta = other.get("metadata") or {}
+        if (meta.get("namespace"), meta.get("name")) == (ref.namespace, ref.name):
+            claim = other
+    return replace(explanation, current=current_allocation(claim))
+
+
 def _classes_in(path: Path, max_bytes: int) -> list[dict[str, Any]]:
     """The DeviceClasses of a --deviceclass file; the rest of it (a rendered chart's RBAC, an
     example's claims) is not for explain."""
@@ -356,6 +426,8 @@ def _claim_table(explanation: "Explanation", out: TextIO) -> None:
     )
     for problem in explanation.problems:
         out.write(f"  problem: {problem}\n")
+    if explanation.current is not None:
+        _current_table(explanation.current, out)
     if not explanation.nodes:
         out.write("no node has devices in the given slices\n")
         return
@@ -381,6 +453,31 @@ def _claim_table(explanation: "Explanation", out: TextIO) -> None:
             out.write(f"    - {reason}\n")
     if explanation.advice:
         out.write(f"\nadvice: {explanation.advice}\n")
+
+
+def _current_table(current: "CurrentAllocation", out: TextIO) -> None:
+    where = f" on {current.node}" if current.node else ""
+    users = f", reserved for {', '.join(current.reserved_for)}" if current.reserved_for else ""
+    out.write(f"allocated{where}{users}:\n")
+    rows = [("  REQUEST", "DEVICE", "UUID", "PRODUCT", "READY")]
+    for held in current.devices:
+        if held.ready is not None:
+            ready = f"{held.ready.get('status')} ({held.ready.get('reason')})"
+            if held.ready.get("status") != "True":
+                ready += f": {held.ready.get('message', '')}"
+        else:
+            ready = "- (no status from the node yet)"
+        rows.append(
+            (
+                f"  {held.request}",
+                _device_text(current.node, held.pool, held.device),
+                str(held.attributes.get("uuid", "-")),
+                str(held.attributes.get("productName", "-")),
+                ready,
+            )
+        )
+    _write_rows(rows, out)
+    out.write("if it were allocated now:\n")
 
 
 def _class_table(listing: "ClassListing", out: TextIO) -> None:

@@ -145,6 +145,7 @@ _RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ResourceClaim": ("apis/resource.k8s.io/v1", "resourceclaims", True),
     "ResourceClaimTemplate": ("apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
     "ResourceSlice": ("apis/resource.k8s.io/v1", "resourceslices", False),
+    "DeviceTaintRule": ("apis/resource.k8s.io/v1", "devicetaintrules", False),  # 1.37+
     "Lease": ("apis/coordination.k8s.io/v1", "leases", True),
     "DaemonSet": ("apis/apps/v1", "daemonsets", True),
     "Deployment": ("apis/apps/v1", "deployments", True),

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tests.chart_render import NAMESPACE, render
 from tests.e2e.cluster import ControlPlane, kubeconfig
@@ -172,3 +176,34 @@ def as_pod(obj: dict[str, Any]) -> dict[str, Any]:
     spec.setdefault("restartPolicy", "Never")
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": obj["metadata"]["name"]},
             "spec": spec}  # fmt: skip
+
+
+# ---- DeviceTaintRule: the drain recipe of docs/operations.md ----------------------------------
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+TAINT_RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
+
+
+def recipe_rule(node: str, device: str, effect: str) -> dict[str, Any]:
+    """The DeviceTaintRule of the drain recipe in docs/operations.md, for this device."""
+    section = OPERATIONS.read_text().split("## Draining a GPU or a node", 1)[1]
+    rule: dict[str, Any] = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    rule["metadata"]["name"] = f"drain-{node}-{device}-{effect.lower()}"
+    rule["spec"]["deviceSelector"].update(pool=node, device=device)
+    rule["spec"]["taint"]["effect"] = effect
+    return rule
+
+
+async def explain_cluster(cp: ControlPlane, claim: dict[str, Any], node: str) -> dict[str, Any]:
+    """`gpu-dra explain --cluster -o json` limited to one node, as an admin runs it."""
+    path = cp.root / f"explain-{claim['metadata']['name']}.json"
+    path.write_text(json.dumps(claim))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli", "explain", "--cluster", "--kubeconfig",
+        str(cp.admin_kubeconfig), "-f", str(path), "--node", node, "-o", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode in (0, 1), err.decode()
+    body: dict[str, Any] = json.loads(out)
+    return body

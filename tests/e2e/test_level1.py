@@ -34,13 +34,16 @@ from tests.e2e.kube import (
     DRIVER,
     EXTENDED_RESOURCE_MINORS,
     SA,
+    TAINT_RULES,
     as_pod,
     await_until,
+    explain_cluster,
     install_chart,
     node_object,
     patch_node_ready,
     plugin_dirs,
     plugin_token,
+    recipe_rule,
 )
 from tests.pluginharness import PluginProcess
 from tools.allocation import explain_claim
@@ -479,6 +482,114 @@ async def test_a_plugin_cannot_read_secrets(
         f'User "system:serviceaccount:{NAMESPACE}:{SA}" cannot list resource "secrets"'
         in body["message"]
     )
+
+
+# ---- DeviceTaintRule: an admin drains a GPU, the docs' recipe on the real scheduler -----------
+
+
+def _gpu_claim(name: str, uuid: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if uuid:
+        expression = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def _evicted(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    """The pod once it is being deleted (no kubelet here finishes that), or None."""
+    code, out = cp.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+    pod: dict[str, Any] = json.loads(out)
+    return pod if code == 200 and pod["metadata"].get("deletionTimestamp") else None
+
+
+async def test_a_device_taint_rule_drains_a_gpu_on_the_real_scheduler(
+    cluster: ControlPlane, plugins: dict[str, PluginProcess]
+) -> None:
+    """NoSchedule keeps new claims off the GPU (explain --cluster names the rule), NoExecute
+    makes kube-controller-manager evict the pod using it."""
+    cp, node, device = cluster, "g6e", "gpu-0"
+    if not _exists(cp, TAINT_RULES):
+        pytest.skip(f"{MINOR} does not serve DeviceTaintRule as resource.k8s.io/v1 (1.37+)")
+    (uuid,) = [
+        d["attributes"]["uuid"]["string"]
+        for s in _slices(cp, node)
+        for d in s["spec"]["devices"]
+        if d["name"] == device
+    ]
+    ns = "drain"
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+    await await_until(f"default SA in {ns}", partial(_exists, cp, sa_path), 60)
+    rules = [recipe_rule(node, device, "NoSchedule")]
+    try:
+        cp.create(rules[0])
+        pinned, anyone = _gpu_claim("pinned", uuid), _gpu_claim("any-gpu")
+        # explain reads the rule through the API server, as the scheduler does.
+        (refused,) = (await explain_cluster(cp, pinned, node))["nodes"]
+        assert refused["allocatable"] is False
+        why = (f"{device} (gpu.nvidia.com/maintenance=drain:NoSchedule by DeviceTaintRule "
+               f"{rules[0]['metadata']['name']})")  # fmt: skip
+        assert any(why in r for r in refused["reasons"]), refused["reasons"]
+        print(f"\nexplain --cluster: {refused['reasons']}")
+        (predicted,) = (await explain_cluster(cp, anyone, node))["nodes"]
+        assert predicted["allocatable"] and predicted["results"][0]["device"] != device
+        created = time.monotonic()
+        for claim in (pinned, anyone):
+            cp.create(claim, ns)
+            cp.create(_pin(_claim_pod(claim), node), ns)
+        outcome = await await_until(
+            "pinned unschedulable", partial(_pod_outcome, cp, ns, "pinned"), 90
+        )
+        assert outcome[0] == "unschedulable", outcome
+        unschedulable, message = time.monotonic() - created, outcome[1]
+        outcome = await await_until(
+            "any-gpu scheduled", partial(_pod_outcome, cp, ns, "any-gpu"), 90
+        )
+        assert outcome == ("scheduled", node)
+        live = _claim_for(cp, ns, _claim_pod(anyone))
+        assert live is not None
+        (result,) = live["status"]["allocation"]["devices"]["results"]
+        assert result["device"] != device  # the drained GPU is not given
+        # explain --cluster names what the claim holds; no kubelet here prepares it, so no
+        # status.devices entry yet (level 2 has the plugin's).
+        named = {**anyone, "metadata": {"name": "any-gpu", "namespace": ns}}
+        allocated = (await explain_cluster(cp, named, node))["allocated"]
+        assert allocated["node"] == node and allocated["reservedFor"] == ["pods/any-gpu"]
+        assert [(d["device"], d["ready"]) for d in allocated["devices"]] == [
+            (result["device"], None)
+        ]
+        # NoExecute on the GPU the running pod got: the eviction controller deletes it.
+        rules.append(recipe_rule(node, result["device"], "NoExecute"))
+        tainted = time.monotonic()
+        cp.create(rules[1])
+        pod = await await_until("any-gpu evicted", partial(_evicted, cp, ns, "any-gpu"), 60)
+        evicted = time.monotonic() - tainted
+        conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
+        assert conditions["DisruptionTarget"]["reason"] == "DeletionByDeviceTaintManager"
+        assert _evicted(cp, ns, "pinned") is None  # its device is not the one evicted from
+        # What the kubelet does once the containers stopped; then the claim is deallocated.
+        cp.raw("DELETE", f"/api/v1/namespaces/{ns}/pods/any-gpu?gracePeriodSeconds=0")
+        claim_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/any-gpu"
+        await await_until(
+            "any-gpu deallocated",
+            lambda: "allocation" not in cp.call("GET", claim_path)["status"],
+            60,
+        )
+        deallocated = time.monotonic() - tainted
+        print(
+            f"scheduler: {message}\nDeviceTaintRule NoSchedule: pod unschedulable "
+            f"{unschedulable:.2f}s after creation; NoExecute: pod evicted {evicted:.2f}s after "
+            f"the rule, claim deallocated {deallocated:.2f}s after it"
+        )
+    finally:
+        for rule in rules:
+            cp.raw("DELETE", f"{TAINT_RULES}/{rule['metadata']['name']}")
+        await _clean(cp, ns)
 
 
 # ---- device health: an XID becomes a taint the real scheduler honours -------------------------

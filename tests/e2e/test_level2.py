@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
@@ -25,13 +26,23 @@ import pytest_asyncio
 from tests.chart_render import NAMESPACE
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, kubeconfig, run_root
-from tests.e2e.kube import PLUGIN_POD_IMAGE, as_pod, await_until, install_chart, plugin_token
+from tests.e2e.kube import (
+    PLUGIN_POD_IMAGE,
+    TAINT_RULES,
+    as_pod,
+    await_until,
+    explain_cluster,
+    install_chart,
+    plugin_token,
+    recipe_rule,
+)
 from tests.e2e.node import RealNode, missing_dependencies, unmount_under
 from tests.e2e.workloads import (
     EXAMPLES,
     delete_namespace_claims,
     example_docs,
     finished_pod,
+    get_pod,
     reports,
     run_example,
     runnable,
@@ -332,6 +343,85 @@ async def _held_claim(
 
     got: list[dict[str, Any]] = await await_until(f"{ns}: status.devices", written, 120)
     return got
+
+
+# Before the restart and surge tests: the surge test ends the module's plugin.
+async def test_a_drained_gpu_evicts_its_running_pod_and_explain_names_the_gpu(
+    node: RealNode, plugin: PluginProcess
+) -> None:
+    """`explain --cluster` on a running pod's claim says which GPU it got, from the status
+    the plugin wrote; the drain recipe's NoExecute rule on that GPU then evicts the pod, and
+    the real kubelet stops it."""
+    cp, ns = node.cp, "drain"
+    if cp.raw("GET", TAINT_RULES)[0] != 200:
+        pytest.skip(f"{MINOR} does not serve DeviceTaintRule as resource.k8s.io/v1 (1.37+)")
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "held"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }  # fmt: skip
+    (template_pod,) = [d for d in example_docs("single-gpu.yaml") if d["kind"] == "Pod"]
+    pod = runnable(template_pod)
+    pod["metadata"] = {"name": "held"}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "held"}]
+    for c in pod["spec"]["containers"]:
+        c["command"] = ["sh", "-c", "sleep 3600"]
+        c["resources"] = {"claims": [{"name": "gpu"}]}
+    cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    sa_path = f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+    await await_until(f"default SA in {ns}", lambda: cp.raw("GET", sa_path)[0] == 200, 60)
+    rule: dict[str, Any] | None = None
+    claim_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/held"
+    try:
+        cp.create(claim, ns)
+        cp.create(pod, ns)
+        await await_until(
+            "held running",
+            lambda: get_pod(cp, ns, "held").get("status", {}).get("phase") == "Running",
+            120,
+        )
+        # The plugin writes the claim's status once prepared, in the background.
+        await await_until(
+            "status.devices", lambda: cp.call("GET", claim_path)["status"].get("devices"), 30
+        )
+        named = {**claim, "metadata": {"name": "held", "namespace": ns}}
+        allocated = (await explain_cluster(cp, named, NODE))["allocated"]
+        (held,) = allocated["devices"]
+        slices = cp.call("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+        (published,) = [
+            d for s in slices for d in s["spec"]["devices"] if d["name"] == held["device"]
+        ]
+        assert held["data"]["attributes"]["uuid"] == published["attributes"]["uuid"]["string"]
+        assert (held["ready"]["status"], held["ready"]["reason"]) == ("True", "Prepared")
+        assert allocated["node"] == NODE and allocated["reservedFor"] == ["pods/held"]
+        attributes = held["data"]["attributes"]
+        print(f"\nexplain --cluster: {held['device']} {attributes['uuid']} "
+              f"{attributes['productName']} Ready={held['ready']['status']}")  # fmt: skip
+        rule = recipe_rule(NODE, held["device"], "NoExecute")
+        tainted = time.monotonic()
+        cp.create(rule)
+        await await_until(
+            "held evicted",
+            lambda: get_pod(cp, ns, "held")["metadata"].get("deletionTimestamp"),
+            60,
+        )
+        evicted = time.monotonic() - tainted
+        # The kubelet stops the container (grace 1 s) and the pod goes.
+        await await_until(
+            "held gone", lambda: cp.raw("GET", f"/api/v1/namespaces/{ns}/pods/held")[0] == 404, 60
+        )
+        gone = time.monotonic() - tainted
+        await await_until(
+            "held deallocated", lambda: "allocation" not in cp.call("GET", claim_path)["status"], 60
+        )
+        print(f"NoExecute on a running pod's GPU: deleted {evicted:.2f}s after the rule, "
+              f"gone (container stopped by the kubelet) {gone:.2f}s after it")  # fmt: skip
+    finally:
+        if rule is not None:
+            cp.raw("DELETE", f"{TAINT_RULES}/{rule['metadata']['name']}")
+        await delete_namespace_claims(cp, ns)
 
 
 async def test_sigkill_while_pods_start_then_restart(node: RealNode, plugin: PluginProcess) -> None:

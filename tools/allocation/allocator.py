@@ -36,6 +36,7 @@ from tools.allocation.search import DEFAULT_BUDGET, BudgetExceeded, NodeSearch, 
 from tools.allocation.selectors import SelectorProblem, Selectors, selector_refs
 from tools.allocation.shapes import Key, Shapes
 from tools.allocation.status import Placement, allocation_json
+from tools.allocation.taintrules import apply_taint_rules, parse_rules, taint_text
 
 
 def explain_claim(
@@ -46,6 +47,7 @@ def explain_claim(
     allocated: Iterable[Mapping[str, Any]] = (),
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
     budget: int = DEFAULT_BUDGET,
+    taint_rules: Iterable[Mapping[str, Any]] = (),
 ) -> Explanation:
     """Try to allocate ``claim`` on every node the slices name.
 
@@ -55,8 +57,10 @@ def explain_claim(
     adminAccess do not take a device, and the claim itself is ignored).
     ``node_labels`` (node name -> labels) lets nodeSelector pools be matched;
     without it label requirements are assumed to hold. ``budget`` bounds the
-    search steps per node.
+    search steps per node. ``taint_rules`` are DeviceTaintRules, whose taints the devices
+    they select get (:mod:`tools.allocation.taintrules`).
     """
+    slices = _tainted(slices, taint_rules)
     # The search makes many short-lived objects and no cycles; with tens of thousands of
     # slice dicts alive, the collector's passes cost up to a third of a large explain.
     with gc_paused():
@@ -229,13 +233,28 @@ def _allocatable(
     )
 
 
+def _tainted(
+    slices: Iterable[Mapping[str, Any]] | Cluster, taint_rules: Iterable[Mapping[str, Any]]
+) -> Iterable[Mapping[str, Any]] | Cluster:
+    rules = parse_rules(taint_rules)
+    if not rules:
+        return slices
+    if isinstance(slices, Cluster):
+        raise TypeError("taint rules apply to slices, not to a Cluster already built")
+    return apply_taint_rules(slices, rules)
+
+
 def explain_class(
     device_class: Mapping[str, Any],
     *,
     slices: Iterable[Mapping[str, Any]] | Cluster,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    taint_rules: Iterable[Mapping[str, Any]] = (),
 ) -> ClassListing:
-    """Judge every published device (newest pool generation) against one class's selectors."""
+    """Judge every published device (newest pool generation) against one class's selectors;
+    a selected device a NoSchedule or NoExecute taint keeps from claims that do not tolerate
+    it says so in its reason."""
+    slices = _tainted(slices, taint_rules)
     name = str((device_class.get("metadata") or {}).get("name") or "")
     cluster = slices if isinstance(slices, Cluster) else Cluster(slices, node_labels=node_labels)
     selectors = Selectors()
@@ -256,6 +275,9 @@ def explain_class(
                     continue
                 seen.add(device.index)
                 rejection = selectors.first_rejection(refs, device)
+                reason = None if rejection is None else rejection.describe()
+                if reason is None:
+                    reason = _untolerated(device.taints)
                 verdicts.append(
                     DeviceVerdict(
                         node=device.node_name,
@@ -263,10 +285,16 @@ def explain_class(
                         pool=device.pool,
                         device=device.name,
                         selected=rejection is None,
-                        reason=None if rejection is None else rejection.describe(),
+                        reason=reason,
                     )
                 )
     return ClassListing(name, tuple(verdicts))
+
+
+def _untolerated(taints: Iterable[Mapping[str, Any]]) -> str | None:
+    """What keeps a selected device from a claim without tolerations: its blocking taints."""
+    blocking = [taint_text(t) for t in taints if t.get("effect") in ("NoSchedule", "NoExecute")]
+    return f"tainted {', '.join(blocking)}" if blocking else None
 
 
 def allocated_devices(

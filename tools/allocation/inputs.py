@@ -28,6 +28,10 @@ SLICE = "ResourceSlice"
 CLASS = "DeviceClass"
 CLAIM = "ResourceClaim"
 TEMPLATE = "ResourceClaimTemplate"
+TAINT_RULE = "DeviceTaintRule"
+# Where each Kubernetes version serves DeviceTaintRules, newest first: v1 from 1.37, v1beta2
+# in 1.36 (off unless runtime-config enables it), v1alpha3 before.
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 
 
 class InputError(PermanentError):
@@ -48,6 +52,9 @@ class Inputs:
     classes: list[dict[str, Any]] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)  # allocated claims
     node_labels: dict[str, dict[str, str]] | None = None
+    taint_rules: list[dict[str, Any]] = field(default_factory=list)
+    # Why the cluster's DeviceTaintRules could not be read (forbidden), or None.
+    taint_rules_unread: str | None = None
 
 
 class _DuplicateKey(yaml.constructor.ConstructorError):
@@ -190,7 +197,8 @@ def of_kinds(
 
 
 async def read_cluster(api_client: Any) -> Inputs:
-    """ResourceSlices, DeviceClasses, allocated ResourceClaims and Node labels from the API server.
+    """ResourceSlices, DeviceClasses, allocated ResourceClaims, DeviceTaintRules and Node labels
+    from the API server.
 
     ``api_client`` is a ``kubernetes.aio.client.ApiClient``. Node labels are
     optional: without permission to list Nodes they stay unknown.
@@ -211,10 +219,39 @@ async def read_cluster(api_client: Any) -> Inputs:
             str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in nodes
         }
     allocated = [c for c in claims if (c.get("status") or {}).get("allocation")]
-    for kind, items in ((SLICE, slices), (CLASS, classes), (CLAIM, allocated)):
+    rules, unread = await _taint_rules(api)
+    for kind, items in ((SLICE, slices), (CLASS, classes), (CLAIM, allocated), (TAINT_RULE, rules)):
         for item in items:
             item.setdefault("kind", kind)
-    return Inputs(slices=slices, classes=classes, claims=allocated, node_labels=labels)
+    return Inputs(
+        slices=slices,
+        classes=classes,
+        claims=allocated,
+        node_labels=labels,
+        taint_rules=rules,
+        taint_rules_unread=unread,
+    )
+
+
+async def _taint_rules(api: "Client") -> tuple[list[dict[str, Any]], str | None]:
+    """The DeviceTaintRules in the newest version served; none where no version is (the
+    scheduler applies none there either). Without permission to list them, none and why:
+    the claim is still explained, with that said."""
+    from driver.kube.rest import ApiError
+
+    for version in TAINT_RULE_VERSIONS:
+        path = f"/apis/resource.k8s.io/{version}/devicetaintrules"
+        try:
+            return await api.list_all(path, resource="devicetaintrules"), None
+        except ApiError as exc:
+            if exc.status == 404:
+                continue
+            if exc.status in (401, 403):
+                return [], f"list devicetaintrules: HTTP {exc.status}"
+            if isinstance(exc, RetryableError):
+                raise ClusterReadError(str(exc)) from exc
+            raise ClusterAccessError(str(exc)) from exc
+    return [], None
 
 
 _HINTS = {

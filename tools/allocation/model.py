@@ -7,6 +7,8 @@ of ``gpu-dra explain -o json`` (documented in :mod:`cli.explain`).
 from dataclasses import dataclass, field
 from typing import Any
 
+from tools.allocation.current import CurrentAllocation
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceResult:
@@ -85,6 +87,8 @@ class Explanation:
     problems: tuple[str, ...] = ()
     # One line for the most common cause when no node can take the claim, else None.
     advice: str | None = None
+    # What the claim of that name holds in the cluster (explain --cluster), else None.
+    current: CurrentAllocation | None = None
 
     @property
     def allocatable_nodes(self) -> list[str | None]:
@@ -106,12 +110,14 @@ class Explanation:
             },
             "nodes": [n.to_json() for n in self.nodes],
             "advice": self.advice,
+            "allocated": self.current.to_json() if self.current is not None else None,
         }
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceVerdict:
-    """Whether a DeviceClass selects one device, and if not, what decided it."""
+    """Whether a DeviceClass selects one device, and if not, what decided it; for a selected
+    device, the taints that keep it from a claim without tolerations (or None)."""
 
     node: str | None
     driver: str

@@ -8,14 +8,14 @@ reason is the combination: the constraints across requests.
 """
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from tools.allocation.capacity import Shortfall, format_quantity
 from tools.allocation.claims import MAX_RESULTS, Constraint, Request
 from tools.allocation.pools import AttributeValue, Device
 from tools.allocation.search import NodeSearch, SearchAborted, device_label
 from tools.allocation.selectors import Rejection
+from tools.allocation.taintrules import taint_text
 
 _LISTED = 4
 
@@ -30,12 +30,6 @@ def _names(items: Iterable[str]) -> str:
     if len(listed) > _LISTED:
         shown += f", ... (+{len(listed) - _LISTED} more)"
     return shown
-
-
-def _taint(taint: Mapping[str, Any]) -> str:
-    value = taint.get("value")
-    key = f"{taint.get('key', '')}={value}" if value else str(taint.get("key", ""))
-    return f"{key}:{taint.get('effect', '')}"
 
 
 def _value(value: AttributeValue | None) -> str:
@@ -130,7 +124,7 @@ def _request_reasons(search: NodeSearch, request: Request) -> tuple[list[str], b
             continue
         taint = request.blocking_taint(device)
         if taint is not None:
-            tainted.append(f"{label} ({_taint(taint)})")
+            tainted.append(f"{label} ({taint_text(taint)})")
             continue
         if not request.all_mode and not search.counters_fit(device):
             short_counters.append(device)
@@ -302,6 +296,11 @@ _ADVICE = (
         "allocated to other claims",
         "the devices that fit are taken: delete or wait for the claims holding them "
         "(kubectl get resourceclaims -A), or add nodes",
+    ),
+    (
+        "by DeviceTaintRule",
+        "the devices that fit are drained by a DeviceTaintRule: delete it when the work on "
+        "them is done (kubectl delete devicetaintrule <name>), or tolerate its taint",
     ),
     (
         "tainted without a matching toleration",
