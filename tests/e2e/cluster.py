@@ -52,6 +52,7 @@ FEATURE_GATES: dict[str, dict[str, bool]] = {
     },
     "1.36": {},
     "1.37": {},
+    "1.38": {},
 }
 
 

@@ -76,7 +76,7 @@ def node_status() -> dict[str, Any]:
 
 # Kubernetes minors that serve DeviceClass.spec.extendedResourceName (DRAExtendedResource
 # is beta and on from 1.36; alpha and off before).
-EXTENDED_RESOURCE_MINORS = frozenset({"1.36", "1.37"})
+EXTENDED_RESOURCE_MINORS = frozenset({"1.36", "1.37", "1.38"})
 
 
 def chart_objects(minor: str | None = None) -> list[dict[str, Any]]:
