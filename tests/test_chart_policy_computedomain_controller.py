@@ -164,6 +164,25 @@ def test_the_controllers_daemonset_is_admitted_as_sent_and_as_served(
     assert denials(daemonsets, patched, drifted) == []
 
 
+def test_a_daemonset_of_an_older_image_is_released_but_not_set_again(
+    daemonsets: dict[str, Any],
+) -> None:
+    """A DaemonSet made before a chart upgrade, of the old image, loses its finalizer when its
+    domain goes (a patch of metadata only); a patch that sets its pod template is checked."""
+    old = _ds()
+    _container(old)["image"] = "gpu-dra-driver:0.1.0"
+    old["metadata"].update(deletionTimestamp="2026-12-05T09:00:00Z", resourceVersion="9")
+    (write,) = planning._converge(planning.DAEMON_SETS, daemon_set(domain(uid=UID),
+                                  chart_settings()), [old], "DaemonSet")  # fmt: skip
+    assert write.body == {"metadata": {"finalizers": None, "resourceVersion": "9"}}
+    released = copy.deepcopy(old)
+    del released["metadata"]["finalizers"]
+    assert denials(daemonsets, released, old) == []
+    hosted = copy.deepcopy(old)
+    _pod(hosted)["hostPID"] = True
+    assert denials(daemonsets, hosted, old) == [_IMAGE, _PRIVILEGE]
+
+
 def test_the_controllers_templates_are_admitted(templates: dict[str, Any]) -> None:
     cd = domain(uid=UID)
     daemon = daemon_template(cd, chart_settings())
@@ -174,8 +193,12 @@ def test_the_controllers_templates_are_admitted(templates: dict[str, Any]) -> No
         request = defaulted["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         request.update(allocationMode="ExactCount", count=1)
         assert denials(templates, defaulted) == []
-        # The plan restores a label or finalizer with a patch: an UPDATE of the same spec.
+        # The plan restores a label or finalizer with a patch: an UPDATE, of an immutable
+        # spec, which the policy does not match.
         assert denials(templates, defaulted, template) == []
+    gpus = copy.deepcopy(daemon)
+    gpus["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "x"
+    assert denials(templates, gpus) and denials(templates, gpus, daemon) == []
 
 
 def _node(**labels: str) -> dict[str, Any]:
