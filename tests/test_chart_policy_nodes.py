@@ -24,6 +24,7 @@ def policy() -> Policy:
         for o in objects
         if o["kind"] == "ValidatingAdmissionPolicy"
         and o["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+        and o["metadata"]["name"].endswith("-node-labels")  # not the controller's
     ]
     (account,) = [
         o

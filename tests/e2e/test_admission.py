@@ -22,11 +22,14 @@ import pytest
 import pytest_asyncio
 
 from api.config import API_VERSION, ConfigError, parse_gpu_config
+from cluster.computedomain.objects import daemon_set, daemon_template
 from drivers.computedomain import names as cd_names
 from tests.chart_render import NAMESPACE, render
+from tests.computedomains import domain
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, run_root
-from tests.e2e.kube import chart_objects
+from tests.e2e.kube import chart_objects, service_account_token
+from tests.test_chart_policy_computedomain_controller import chart_settings, served
 
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
 DRIVER = "gpu.nvidia.com"
@@ -50,8 +53,8 @@ async def cluster() -> AsyncIterator[ControlPlane]:
         yield cp
 
 
-def _checked(cp: ControlPlane) -> bool:
-    path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{POLICY}"
+def _checked(cp: ControlPlane, policy: str = POLICY) -> bool:
+    path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{policy}"
     status = cp.call("GET", path).get("status", {})
     assert not status.get("typeChecking", {}).get("expressionWarnings"), status
     return bool(status.get("observedGeneration"))
@@ -261,6 +264,128 @@ async def test_the_imex_daemon_class_is_refused_outside_the_drivers_namespace(
     assert code == 422
     assert "only a claim in the driver's namespace" in json.loads(refusal)["message"]
     assert _daemon_claim(cluster, NAMESPACE)[0] == 201
+
+
+CONTROLLER_POLICIES = "-compute-domain-controller-"  # the controller's policies' name infix
+MERGE = "application/merge-patch+json"
+
+
+def _as_controller(cp: ControlPlane) -> str:
+    """The chart's ComputeDomain controller account, its RBAC and policies; its token."""
+    for namespace in (NAMESPACE, "team-b"):
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        assert cp.raw("POST", "/api/v1/namespaces", body)[0] in (201, 409)
+    account = ""
+    for obj in render((), ("computeDomains.enabled=true",)):
+        name = obj["metadata"]["name"]
+        if CONTROLLER_POLICIES in name or (
+            name.endswith("-compute-domain-controller")
+            and obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                "RoleBinding")
+        ):  # fmt: skip
+            cp.create(obj, NAMESPACE)
+            account = name if obj["kind"] == "ServiceAccount" else account
+    return service_account_token(cp, account)
+
+
+async def test_the_controllers_daemonset_node_and_template_writes_are_bounded(
+    cluster: ControlPlane,
+) -> None:
+    """What a stolen ComputeDomain controller token could do (issue #38): run a DaemonSet of
+    another image, or a privileged hostPath one, in the driver's namespace, take a template
+    for GPUs, lift a Node's taint or label it. The API server refuses each with the chart's
+    policy; what the controller's own builders make is admitted."""
+    token = _as_controller(cluster)
+    for suffix in ("daemonsets", "nodes", "templates"):
+        name = f"gpu-dra-driver{CONTROLLER_POLICIES}{suffix}"
+        await cluster.wait_for(f"{name} type-checked", lambda n=name: _checked(cluster, n), 60)
+    settings = chart_settings()
+    uid = "3b1c6a4e-8f2d-4c1a-9e7b-5d0f2a6c8e11"
+    sent = daemon_set(domain(uid=uid), settings)
+    path = f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets"
+    ds_path = f"{path}/{sent['metadata']['name']}"
+
+    def post(ds: dict[str, Any], dry: bool = True) -> tuple[int, str]:
+        code, body = cluster.raw("POST", path + ("?dryRun=All" if dry else ""), ds, token=token)
+        return code, body.decode(errors="replace")
+
+    privileged = json.loads(json.dumps(sent))
+    pod = privileged["spec"]["template"]["spec"]
+    pod["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
+    pod["containers"][0]["volumeMounts"] = [{"name": "root", "mountPath": "/host"}]
+    pod["containers"][0]["securityContext"] = {"privileged": True}
+    # RBAC and the policy both take a moment: refused by the policy, not by RBAC (403).
+    await cluster.wait_for("the controller's DaemonSet policy enforced",
+                           lambda: post(privileged)[0] == 422, 60)  # fmt: skip
+    refusals = {}
+    code, refusals["hostPath"] = post(privileged)
+    assert "has no volume, host network" in json.loads(refusals["hostPath"])["message"]
+    other = json.loads(json.dumps(sent))
+    other["spec"]["template"]["spec"]["containers"][0]["image"] = "attacker/root:1"
+    code, refusals["image"] = post(other)
+    assert code == 422 and "runs one container: gpu-dra compute-domain-daemon" in refusals["image"]
+    plugin = json.loads(json.dumps(sent))
+    plugin["spec"]["template"]["spec"]["serviceAccountName"] = "gpu-dra-driver-kubelet-plugin"
+    code, refusals["account"] = post(plugin)
+    assert code == 422 and "runs as the IMEX daemons' ServiceAccount" in refusals["account"]
+    # What the controller sends, stored: the policy sees it after the server's defaulting.
+    assert post(sent, dry=False)[0] == 201, post(sent)
+    # The unit tests' model of the server's defaulting is the server's (what the policy sees).
+    stored = cluster.call("GET", ds_path)
+    assert stored["spec"]["template"] == served(sent)["spec"]["template"]
+    patched = cluster.raw("PATCH", ds_path, {"spec": sent["spec"]}, token=token, content_type=MERGE)
+    assert patched[0] == 200, patched
+    hosted = {"spec": {"template": {"spec": {"hostPID": True}}}}
+    code, raw = cluster.raw("PATCH", ds_path, hosted, token=token, content_type=MERGE)
+    refusals["hostPID patched in"] = raw.decode(errors="replace")
+    assert code == 422 and "has no volume, host network, PID" in refusals["hostPID patched in"]
+    # A DaemonSet of another image (an older chart's, set here by the admin) still has its
+    # metadata patched: its domain's deletion releases it.
+    container = {**sent["spec"]["template"]["spec"]["containers"][0], "image": "x:0.1.0"}
+    older = {"spec": {"template": {"spec": {"containers": [container]}}}}
+    assert cluster.raw("PATCH", ds_path, older, content_type=MERGE)[0] == 200
+    release = {"metadata": {"finalizers": None}}
+    code, raw = cluster.raw("PATCH", ds_path, release, token=token, content_type=MERGE)
+    assert code == 200, raw
+    templates = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates"
+    template = daemon_template(domain(uid=uid), settings)
+    code, raw = cluster.raw("POST", templates + "?dryRun=All", template, token=token)
+    assert code == 201, raw
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = DRIVER
+
+    def post_template() -> tuple[int, bytes]:
+        return cluster.raw("POST", templates + "?dryRun=All", template, token=token)
+
+    await cluster.wait_for("the template policy enforced", lambda: post_template()[0] == 422, 60)
+    refusals["template"] = post_template()[1].decode(errors="replace")
+    assert "request exactly one device of" in refusals["template"]
+    # A Node with the domain label and a taint: the label goes, the taint stays.
+    node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "gb-x", "labels": {cd_names.COMPUTE_DOMAIN_LABEL: uid}},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}}  # fmt: skip
+    cluster.create(node)
+    nodes = "/api/v1/nodes/gb-x"
+    # Probed with a dry run, which changes nothing either way.
+    untaint = {"spec": {"taints": None}}
+    await cluster.wait_for("the Node policy enforced", lambda: cluster.raw(
+        "PATCH", nodes + "?dryRun=All", untaint, token=token, content_type=MERGE)[0] == 422,
+        60)  # fmt: skip
+    for name, patch in (
+        ("taint", untaint),
+        ("label", {"metadata": {"labels": {"team": "ml"}}}),
+    ):
+        code, raw = cluster.raw("PATCH", nodes, patch, token=token, content_type=MERGE)
+        refusals[name] = raw.decode(errors="replace")
+        assert code == 422 and "may only remove the label" in refusals[name], (code, raw)
+    removal = {"metadata": {"labels": {cd_names.COMPUTE_DOMAIN_LABEL: None}}}
+    code, raw = cluster.raw("PATCH", nodes, removal, token=token, content_type=MERGE)
+    assert code == 200, raw
+    stored = cluster.call("GET", nodes)
+    assert cd_names.COMPUTE_DOMAIN_LABEL not in stored["metadata"].get("labels", {})
+    # (The TaintNodesByCondition admission plugin adds its not-ready taint beside ours.)
+    assert node["spec"]["taints"][0] in stored["spec"]["taints"]
+    for name, body in refusals.items():
+        print(f"\nrefused ({name}): {json.loads(body)['message']}")
 
 
 async def test_another_drivers_config_is_not_ours_to_check(cluster: ControlPlane) -> None:

@@ -69,6 +69,7 @@ CDS = f"/apis/{names.GROUP}/{names.VERSION}"
 VENDOR = "k8s.compute-domain.nvidia.com"
 PROBE_PERIOD = 0.5  # the chart's readiness probe runs every 10 s; quicker here, same rule
 RESTART_DELAY = 1.0  # the kubelet's first crash-loop backoff is 10 s
+IMAGE = "gpu-dra-driver:e2e"  # the daemons' image: only named, the simulated kubelets run gpu-dra
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +333,7 @@ def _start_controller(cp: ControlPlane, config: Path) -> subprocess.Popen[bytes]
     with (cp.root / "controller.log").open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "cli", "compute-domain-controller", f"--kubeconfig={config}",
-             f"--driver-namespace={NAMESPACE}", "--image=gpu-dra-driver:e2e", "--pod-name=e2e"],
+             f"--driver-namespace={NAMESPACE}", f"--image={IMAGE}", "--pod-name=e2e"],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
 
@@ -352,7 +353,11 @@ async def world() -> AsyncIterator[World]:
             cp.create(yaml.safe_load(crd.read_text()))
         cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}})
-        objects = render((), ["computeDomains.enabled=true"])
+        # The image the controller is started with below: the chart's policy admits only
+        # DaemonSets of the chart's image.
+        objects = render(
+            (), ["computeDomains.enabled=true", f"image.tag={IMAGE.partition(':')[2]}"]
+        )
         for obj in objects:
             if obj["kind"] not in ("Namespace", "DaemonSet", "Deployment"):
                 cp.create(obj, NAMESPACE)
