@@ -599,8 +599,8 @@ class Mps:
         return str(self._new_pipe(uuid)), str(self._legacy_pipe(uuid))
 
     def _pod_pipe(self, uuid: str, pod: Obj) -> Path | None:
-        """The pipe a daemon pod serves: this layout's, the last release's, or None (a pod
-        not of this GPU's, then replaced)."""
+        """The pipe a daemon pod serves: this layout's or the last release's (what
+        :meth:`MpsPods.ours` lets a pod serve), else None."""
         pipe = pipe_of(pod)
         for ours in (self._new_pipe(uuid), self._legacy_pipe(uuid)):
             if pipe == str(ours):
