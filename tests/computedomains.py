@@ -51,8 +51,14 @@ def daemon_pod(
     if clique is not None:
         labels[names.CLIQUE_LABEL] = clique
     meta: Obj = {"name": f"daemon-{node}", "namespace": DRIVER_NAMESPACE, "labels": labels}
-    if owner is not None:
-        meta["ownerReferences"] = [_owner(owner, "apps/v1", "DaemonSet")]
+    if owner is not None:  # as the DaemonSet controller makes its pods
+        meta["ownerReferences"] = [
+            {
+                **_owner(owner, "apps/v1", "DaemonSet"),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     status: Obj = {"phase": "Running"}
     if ip:
         status["podIP"] = ip

@@ -14,6 +14,8 @@ import pytest
 from cel_expr_python import cel
 
 from driver.kube.lease import lease_name
+from drivers.computedomain import names
+from drivers.gpu.kinds.mps import default_control
 from drivers.gpu.kinds.mpspod import DaemonSpec, MpsPodConfig, daemon_pod
 from drivers.gpu.resourceslice import build_resource_slices
 from tests.chart_render import render
@@ -421,11 +423,22 @@ def pod_policy() -> Policy:
     return _policy("pods")
 
 
-def _daemon(node: str, image: str = "gpu-dra-driver:0.2.0") -> dict[str, Any]:
-    """The pod the plugin sends (drivers.gpu.kinds.mpspod), as the chart's flags configure it."""
+def _container_driver_root(*sets: str) -> Path:
+    """Where the chart's DaemonSet tells the plugin its driver root is mounted."""
+    (plugin,) = [o for o in render((), sets) if o["kind"] == "DaemonSet"]
+    (container,) = plugin["spec"]["template"]["spec"]["containers"]
+    (root,) = [a for a in container["args"] if a.startswith("--container-driver-root=")]
+    return Path(root.partition("=")[2])
+
+
+def _daemon(
+    node: str, image: str = "gpu-dra-driver:0.2.0", control: Path | None = None
+) -> dict[str, Any]:
+    """The pod the plugin sends (drivers.gpu.kinds.mpspod), as the chart's flags configure it:
+    the control binary where the plugin looks for it by default (or ``control``)."""
     config = MpsPodConfig(namespace="gpu-dra-driver", image=image, pull_policy="IfNotPresent")
     spec = DaemonSpec(node, "GPU-9b7e2a4c-1111-2222-3333-444455556666",
-                      Path("/driver-root/usr/bin/nvidia-cuda-mps-control"),
+                      control or default_control(_container_driver_root()),
                       Path("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/9b7e2a4c1111"),
                       Path("/var/lib/kubelet/plugins/gpu.nvidia.com/kinds/gpu/mps/GPU-9b7e/log"),
                       Path("/"), Path("/driver-root"))  # fmt: skip
@@ -466,8 +479,8 @@ def test_a_daemon_pod_that_could_reach_more_than_its_node_is_denied() -> None:
         lambda p: p["spec"].pop("automountServiceAccountToken"),
         lambda p: p["spec"].update(serviceAccountName="x", automountServiceAccountToken=True),
         lambda p: p["spec"]["volumes"].append({"name": "s", "secret": {"secretName": "x"}}),
-        lambda p: p["spec"]["containers"][0]["env"].append(
-            {"name": "T", "valueFrom": {"secretKeyRef": {"name": "x", "key": "t"}}}),
+        lambda p: p["spec"]["containers"][0]["env"][0].update(
+            value=None, valueFrom={"secretKeyRef": {"name": "x", "key": "t"}}),
         lambda p: p["spec"]["containers"][0].update(envFrom=[{"secretRef": {"name": "x"}}]),
         lambda p: p["spec"].update(initContainers=[{"name": "i", "image": "busybox"}]),
     ]  # fmt: skip
@@ -479,6 +492,81 @@ def test_a_daemon_pod_that_could_reach_more_than_its_node_is_denied() -> None:
             "no init or ephemeral container, no value from another object and hostPath volumes "
             "only"
         ], pod
+
+
+ONLY_THE_DAEMON = (
+    "an MPS control daemon pod is the one the kubelet plugin makes: the labels "
+    "app.kubernetes.io/component=mps-control-daemon and app.kubernetes.io/part-of=gpu.nvidia.com "
+    "and no other, no owner, in the host's PID namespace and not its network or IPC, one "
+    "container running {control} -f with no other argument and only the variables "
+    "CUDA_VISIBLE_DEVICES, CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY"
+)
+
+
+def test_a_daemon_pod_that_is_more_than_the_daemon_is_denied(pod_policy: Policy) -> None:
+    """Only what daemon_pod makes: a ComputeDomain daemon's label would count the node into
+    that domain's status; another command, argument or variable runs something else as root
+    on the node, under the daemon's name."""
+    control = str(default_control(_container_driver_root()))
+    assert evaluate(pod_policy, operation="CREATE", obj=_daemon("node-a"), user_node="node-a") == []
+
+    def env(pod: dict[str, Any], name: str) -> None:
+        pod["spec"]["containers"][0]["env"].append({"name": name, "value": "x"})
+
+    changes: list[Callable[[dict[str, Any]], object]] = [
+        lambda p: p["metadata"]["labels"].update({names.COMPUTE_DOMAIN_LABEL: "9b1c"}),
+        lambda p: p["metadata"]["labels"].update({names.CLIQUE_LABEL: ""}),
+        lambda p: p["metadata"]["labels"].update({"app.kubernetes.io/part-of": "x.example.com"}),
+        lambda p: p["metadata"].update(ownerReferences=[
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u",
+             "controller": True}]),
+        lambda p: p["spec"]["containers"][0].update(command=["/bin/sh", "-c", "id"]),
+        lambda p: p["spec"]["containers"][0].update(command=["/tmp/nvidia-cuda-mps-control", "-f"]),
+        lambda p: p["spec"]["containers"][0].pop("command"),
+        lambda p: p["spec"]["containers"][0].update(args=["--x"]),
+        lambda p: env(p, "LD_PRELOAD"),
+        lambda p: p["spec"].update(hostNetwork=True),
+        lambda p: p["spec"].update(hostIPC=True),
+        lambda p: p["spec"].update(hostPID=False),
+        lambda p: p["spec"]["containers"].append(dict(p["spec"]["containers"][0], name="two")),
+    ]  # fmt: skip
+    for change in changes:
+        pod = _daemon("node-a")
+        change(pod)
+        assert evaluate(pod_policy, operation="CREATE", obj=pod, user_node="node-a") == [
+            ONLY_THE_DAEMON.format(control=control)
+        ], pod
+    # Its delete is left to the node rule: a pod the plugin could not make may still go.
+    pod = _daemon("node-a")
+    pod["metadata"]["labels"][names.COMPUTE_DOMAIN_LABEL] = "9b1c"
+    assert evaluate(pod_policy, operation="DELETE", obj=pod, user_node="node-a") == []
+
+
+@pytest.mark.parametrize(
+    ("sets", "control"),
+    [
+        (("kubeletPlugin.extraArgs={--mps-control=/opt/mps/nvidia-cuda-mps-control}",),
+         "/opt/mps/nvidia-cuda-mps-control"),
+        (("kubeletPlugin.extraEnv[0].name=GPU_DRA_MPS_CONTROL",
+          "kubeletPlugin.extraEnv[0].value=/opt/env/nvidia-cuda-mps-control"),
+         "/opt/env/nvidia-cuda-mps-control"),
+        (("kubeletPlugin.extraArgs={--container-driver-root=/host/}",),
+         "/host/usr/bin/nvidia-cuda-mps-control"),
+    ],
+)  # fmt: skip
+def test_the_daemons_binary_is_where_the_plugin_is_told_it_is(
+    sets: tuple[str, ...], control: str
+) -> None:
+    """--mps-control (what `gpu-dra doctor` tells to set when the binary is not under the
+    driver root) or another driver root, through the chart's extraArgs or extraEnv: the
+    policy admits the binary the plugin then runs, and no longer the default one."""
+    policy = _policy("pods", *sets)
+    pod = _daemon("node-a", control=Path(control))
+    assert evaluate(policy, operation="CREATE", obj=pod, user_node="node-a") == []
+    default = _daemon("node-a")
+    assert evaluate(policy, operation="CREATE", obj=default, user_node="node-a") == [
+        ONLY_THE_DAEMON.format(control=control)
+    ]
 
 
 def test_the_pod_policy_leaves_other_users_alone(pod_policy: Policy) -> None:

@@ -149,6 +149,13 @@ def created(cluster: Cluster, **kw: Any) -> str:
     return str(cluster.add("computedomains", domain(**kw))["metadata"]["uid"])
 
 
+def daemon_set_of(cluster: Cluster, uid: str) -> Obj:
+    """The domain's DaemonSet, made: its pods are what a node counts by."""
+    cluster.converge(uid)
+    [ds] = cluster.of("daemonsets", uid)
+    return ds
+
+
 def total(cluster: Cluster) -> int:
     return len(cluster.writes)
 
@@ -491,10 +498,11 @@ def test_overall_status_is_nvidias_rule(
 
 def test_nodes_come_from_cliques_and_from_pods_without_a_clique(cluster: Cluster) -> None:
     uid = created(cluster, num_nodes=3)
-    cluster.add("pods", daemon_pod(uid, "gb-1"))
-    cluster.add("pods", daemon_pod(uid, "gb-2", clique="c2.7"))
-    cluster.add("pods", daemon_pod(uid, "plain", clique="", ip="10.1.0.9", ready=False))
-    cluster.add("pods", daemon_pod(uid, "plain-no-ip", clique=""))
+    ds = daemon_set_of(cluster, uid)
+    cluster.add("pods", daemon_pod(uid, "gb-1", owner=ds))
+    cluster.add("pods", daemon_pod(uid, "gb-2", clique="c2.7", owner=ds))
+    cluster.add("pods", daemon_pod(uid, "plain", clique="", ip="10.1.0.9", ready=False, owner=ds))
+    cluster.add("pods", daemon_pod(uid, "plain-no-ip", clique="", owner=ds))
     cluster.add("computedomaincliques", clique(uid, "c1.0", [daemon("gb-1", "10.0.0.1", 0)]))
     cluster.add(
         "computedomaincliques",
@@ -532,7 +540,10 @@ def test_nodes_come_from_cliques_and_from_pods_without_a_clique(cluster: Cluster
 
 def test_a_status_change_is_one_write_and_the_same_status_none(cluster: Cluster) -> None:
     uid = created(cluster, num_nodes=1)
-    pod = cluster.add("pods", daemon_pod(uid, "n1", clique="", ip="10.0.0.1", ready=False))
+    ds = daemon_set_of(cluster, uid)
+    pod = cluster.add(
+        "pods", daemon_pod(uid, "n1", clique="", ip="10.0.0.1", ready=False, owner=ds)
+    )
     cluster.converge(uid)
     assert status_of(cluster, uid)["status"] == "NotReady"
     before = total(cluster)
@@ -546,12 +557,38 @@ def test_a_status_change_is_one_write_and_the_same_status_none(cluster: Cluster)
 
 def test_nodes_leaving_clear_the_list(cluster: Cluster) -> None:
     uid = created(cluster, num_nodes=0)
-    pod = cluster.add("pods", daemon_pod(uid, "n1", clique="", ip="10.0.0.1"))
+    ds = daemon_set_of(cluster, uid)
+    pod = cluster.add("pods", daemon_pod(uid, "n1", clique="", ip="10.0.0.1", owner=ds))
     cluster.converge(uid)
     assert len(status_of(cluster, uid)["nodes"]) == 1
     del cluster.objects[("pods", DRIVER_NAMESPACE, pod["metadata"]["name"])]
     writes = plan(uid, cluster.observed(uid), SETTINGS)
     assert [w.body for w in writes] == [{"status": {"status": "Ready", "nodes": None}}]
+
+
+def test_a_pod_counts_only_when_the_domains_daemon_set_controls_it(cluster: Cluster) -> None:
+    """The domain's label is anyone's to set who may make a pod in the driver's namespace (a
+    node's kubelet plugin may make its MPS daemon pods there): a Ready pod so labelled, of no
+    DaemonSet, or of a DaemonSet of that name gone since, or owned without control, adds no
+    node; the DaemonSet's own pod does."""
+    uid = created(cluster, num_nodes=1)
+    ds = daemon_set_of(cluster, uid)
+    gone = copy.deepcopy(ds)
+    gone["metadata"]["uid"] = new_uid()
+    not_controlling = daemon_pod(uid, "not-controlling", clique="", ip="10.0.0.4", owner=ds)
+    not_controlling["metadata"]["ownerReferences"][0]["controller"] = False
+    for pod in (
+        daemon_pod(uid, "squatter", clique="", ip="10.0.0.2"),
+        daemon_pod(uid, "old", clique="", ip="10.0.0.3", owner=gone),
+        not_controlling,
+    ):
+        cluster.add("pods", pod)
+    cluster.converge(uid)
+    assert status_of(cluster, uid) == {"status": "NotReady"}
+    cluster.add("pods", daemon_pod(uid, "n1", clique="", ip="10.0.0.1", owner=ds))
+    cluster.converge(uid)
+    assert [(n["name"], n["status"]) for n in status_of(cluster, uid)["nodes"]] == [("n1", "Ready")]
+    assert status_of(cluster, uid)["status"] == "Ready"
 
 
 def test_an_entry_without_status_counts_as_the_crds_default(cluster: Cluster) -> None:

@@ -7,9 +7,10 @@ its claim alone and is deleted; a pod that lost its last claim to a crash is del
 
 import asyncio
 import contextlib
+import copy
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError
-from driver.kube.rest import Client
+from driver.kube.rest import Client, ForbiddenError
 from drivers.gpu.kinds import mpspaths
 from drivers.gpu.kinds.mpspod import (
     DaemonSpec,
@@ -32,6 +33,7 @@ from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for
 from tests.podrunner import PodRunner
 from tests.standin import short_dir
+from tests.test_chart_policy import _policy, evaluate
 from tests.test_mps import Control, daemon_pids, mps
 from tests.test_state import DRIVER, NODE, _config, _inventory, create_claim, devices_of
 from tests.test_timeslicing import Smi
@@ -201,6 +203,122 @@ async def test_a_pod_gone_under_its_claims_is_made_again_and_one_without_claims_
     assert await state.unprepare([ref]) == {ref.uid: ""}
 
 
+def _spec(tmp_path: Path, control: Control, uuid: str, node: str = NODE) -> DaemonSpec:
+    """The daemon :func:`_state`'s plugin makes for ``uuid`` (on ``node``)."""
+    logs = _gpu_dir(tmp_path, uuid) / "log"
+    return DaemonSpec(node, uuid, control.path, _pipe(tmp_path, uuid), logs, Path("/host/driver"),
+                      Path("/"))  # fmt: skip
+
+
+def _squatter(tmp_path: Path, control: Control, uuid: str, how: str) -> dict[str, Any]:
+    """A pod under the name of this node's daemon of ``uuid`` that its plugin did not make:
+    another node's plugin's (which the chart's policy lets pin a pod to its own node only),
+    or one of this node with another image or command."""
+    if how == "another node":
+        pod = daemon_pod(POD_CONFIG, _spec(tmp_path, control, uuid, "node-other"))
+        pod["metadata"]["name"] = pod_name(NODE, uuid)
+        return pod
+    pod = daemon_pod(POD_CONFIG, _spec(tmp_path, control, uuid))
+    (container,) = pod["spec"]["containers"]
+    if how == "another image":
+        container["image"] = "registry.example/busybox:1"  # the same daemon, another's image
+    else:
+        container["command"] = ["sleep", "600"]
+    return pod
+
+
+SQUATS = {
+    "another node": "node 'node-other', not 'node-a'",
+    "another image": "image 'registry.example/busybox', not 'gpu-dra-driver'",
+    "another command": "command ['sleep', '600'], not [",
+}
+
+
+@pytest.mark.parametrize("how", list(SQUATS))
+async def test_a_pod_taking_the_daemons_name_is_neither_adopted_nor_deleted(
+    api_client: k8s.ApiClient,
+    apiserver: LocalApiServer,
+    tmp_path: Path,
+    control: Control,
+    runner: PodRunner,
+    how: str,
+) -> None:
+    smi = Smi(tmp_path / "smi")
+    state = await _state(api_client, tmp_path, smi, control)
+    uuid = _uuid(tmp_path, "gpu-0")
+    name = pod_name(NODE, uuid)
+    squat = apiserver.put(_squatter(tmp_path, control, uuid, how))
+    ref = await create_claim(api_client, "mps", ["gpu-0"], config=[mps()])
+    error = (await asyncio.wait_for(state.prepare([ref]), 20))[ref.uid].error
+    assert f"pod {NAMESPACE}/{name} holds the name of the MPS control daemon of GPU {uuid} " \
+        f"on node {NODE}, but it is not that daemon" in error, error  # fmt: skip
+    assert SQUATS[how] in error, error
+    assert f"delete it (kubectl -n {NAMESPACE} delete pod {name})" in error, error
+    assert "ClusterRole" not in error, error
+    (left,) = apiserver.objects("pods", NAMESPACE)
+    assert left["metadata"]["uid"] == squat["metadata"]["uid"]
+    assert apiserver.requests.count("delete", "pods") == 0
+    assert apiserver.requests.count("create", "pods") == 0
+    assert smi.calls() == [f"-i {uuid} -c DEFAULT"]
+    # The watchdog does not take it for the GPU's daemon either.
+    await state.watch()
+    assert apiserver.requests.count("delete", "pods") == 0
+
+    apiserver.delete("pods", name, NAMESPACE)  # the operator, as the error says
+    await wait_for(lambda: runner.running() == 0, "the squatter's container stopped")
+    assert (await state.prepare([ref]))[ref.uid].error == ""
+    (ours,) = runner.pods()
+    assert ours["spec"]["containers"][0]["command"] == [str(control.path), "-f"]
+    assert await state.unprepare([ref]) == {ref.uid: ""}
+    assert runner.pods() == []
+
+
+async def test_a_create_answered_409_adopts_only_this_daemon(
+    apiserver: LocalApiServer, api_client: k8s.ApiClient, tmp_path: Path, control: Control
+) -> None:
+    """The create's 409 (a create whose answer was lost, the other plugin of a surge): the pod
+    there is adopted when it is this daemon, of this release's image or another tag of it, and
+    refused, not deleted, when it is not."""
+    apiserver.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    pods = MpsPods(Client(api_client), asyncio.get_running_loop(), POD_CONFIG, NODE)
+    uuid = _uuid(tmp_path, "gpu-0")
+    spec = _spec(tmp_path, control, uuid)
+
+    def create() -> Any:
+        return asyncio.to_thread(pods.create, spec)
+
+    def image(pod: dict[str, Any], value: str) -> None:
+        pod["spec"]["containers"][0]["image"] = value
+
+    adopted: list[Callable[[dict[str, Any]], object]] = [
+        lambda p: None,
+        lambda p: image(p, "gpu-dra-driver:0.0.9"),  # the last release's pod, in a surge
+        lambda p: image(p, "gpu-dra-driver@sha256:" + "0" * 64),
+    ]
+    for change in adopted:
+        pod = daemon_pod(POD_CONFIG, spec)
+        change(pod)
+        there = apiserver.put(pod)
+        assert (await create())["metadata"]["uid"] == there["metadata"]["uid"]
+        apiserver.delete("pods", pod_name(NODE, uuid), NAMESPACE)
+
+    for how, difference in SQUATS.items():
+        there = apiserver.put(_squatter(tmp_path, control, uuid, how))
+        with pytest.raises(PermanentError, match="it is not that daemon") as refused:
+            await create()
+        assert difference in str(refused.value), refused.value
+        (left,) = apiserver.objects("pods", NAMESPACE)
+        assert left["metadata"]["uid"] == there["metadata"]["uid"]
+        apiserver.delete("pods", pod_name(NODE, uuid), NAMESPACE)
+    labelled = daemon_pod(POD_CONFIG, spec)
+    labels = copy.deepcopy(labelled["metadata"]["labels"])
+    labelled["metadata"]["labels"] = {**labels, "resource.nvidia.com/computeDomain": "x"}
+    apiserver.put(labelled)
+    with pytest.raises(PermanentError, match="labels"):
+        await create()
+    assert apiserver.requests.count("delete", "pods") == 0
+
+
 def test_why_a_pod_will_not_serve() -> None:
     def pod(phase: str, **container: Any) -> dict[str, Any]:
         return {"status": {"phase": phase, "containerStatuses": [container] if container else []}}
@@ -229,3 +347,38 @@ def test_missing_namespace_or_image_is_refused_with_what_to_set() -> None:
     for namespace, image in (("", IMAGE), (NAMESPACE, "")):
         with pytest.raises(PermanentError, match=r"POD_NAMESPACE.*--image"):
             MpsPodConfig(namespace=namespace, image=image)
+
+
+@pytest.mark.parametrize("code", [422, 403])
+async def test_a_delete_the_charts_policy_refuses_is_not_put_on_rbac(
+    apiserver: LocalApiServer,
+    api_client: k8s.ApiClient,
+    tmp_path: Path,
+    control: Control,
+    code: int,
+) -> None:
+    """A delete of another node's pod, refused by the chart's policy as the API server words
+    it (422, Invalid, as the real one answers, tests/e2e/test_admission.py; or 403, where a
+    policy's validation says reason: Forbidden, or a webhook's): the error quotes the refusal,
+    and does not send the operator to the ClusterRole, where granting the verb would change
+    nothing. RBAC's own 403 still does."""
+    pods = MpsPods(Client(api_client), asyncio.get_running_loop(), POD_CONFIG, NODE)
+    uuid = _uuid(tmp_path, "gpu-0")
+    other = daemon_pod(POD_CONFIG, _spec(tmp_path, control, uuid, "node-other"))
+    other["metadata"]["name"] = name = pod_name(NODE, uuid)
+    (denial,) = evaluate(_policy("pods"), operation="DELETE", obj=other, user_node=NODE)
+    policy = "gpu-dra-driver-mps-daemon-pods"
+    message = (f'pods "{name}" is forbidden: ValidatingAdmissionPolicy \'{policy}\' with '
+               f"binding '{policy}' denied request: {denial}")  # fmt: skip
+    apiserver.faults.fail("delete", "pods", code=code, message=message)
+    with pytest.raises(PermanentError) as refused:
+        await asyncio.to_thread(pods.delete, uuid, "uid-1")
+    assert str(refused.value) == (
+        f"refused by admission: cannot delete pods: {message}"
+        if code == 403
+        else f"delete pods: HTTP 422: {message}"
+    )
+    apiserver.faults.clear()
+    apiserver.faults.forbid("delete", "pods")
+    with pytest.raises(ForbiddenError, match="grant the ClusterRole of this driver the verb"):
+        await asyncio.to_thread(pods.delete, uuid, "uid-1")

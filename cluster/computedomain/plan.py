@@ -141,9 +141,8 @@ def _live(uid: str, domain: Obj, observed: Observed, settings: DaemonSettings) -
     writes += _converge(
         TEMPLATES, objects.daemon_template(domain, settings), daemon_templates, "daemon template"
     )
-    writes += _converge(
-        DAEMON_SETS, objects.daemon_set(domain, settings), observed.daemon_sets, "DaemonSet"
-    )
+    desired_set = objects.daemon_set(domain, settings)
+    writes += _converge(DAEMON_SETS, desired_set, observed.daemon_sets, "DaemonSet")
     stale = {
         c["metadata"]["name"]: status.stale_daemons(c, observed.pods, observed.pods_seen)
         for c in observed.cliques
@@ -156,7 +155,9 @@ def _live(uid: str, domain: Obj, observed: Observed, settings: DaemonSettings) -
         problem = None  # it is there now: the failure was a view behind the server
     # The status before the workload template: a create that keeps failing must not keep
     # the user from seeing why.
-    writes += _status(domain, observed, stale, problem)
+    daemon_set = next((d for d in observed.daemon_sets if _key(d) == _key(desired_set)), None)
+    pods = status.of_daemon_set(observed.pods, daemon_set)
+    writes += _status(domain, observed, pods, stale, problem)
     if objects.workload_template_name(domain):
         writes += _converge(
             TEMPLATES, objects.workload_template(domain), workload_templates, "workload template"
@@ -208,9 +209,13 @@ def _immutable_fits(resource: str, current: Obj, desired: Obj) -> bool:
 
 
 def _status(
-    domain: Obj, observed: Observed, stale: dict[str, set[str]], problem: tuple[str, str] | None
+    domain: Obj,
+    observed: Observed,
+    pods: list[Obj],
+    stale: dict[str, set[str]],
+    problem: tuple[str, str] | None,
 ) -> list[Write]:
-    listed = status.nodes(observed.cliques, observed.pods, stale)
+    listed = status.nodes(observed.cliques, pods, stale)
     overall = names.NOT_READY if problem else status.overall(listed, status.num_nodes(domain))
     conditions = []
     if problem:

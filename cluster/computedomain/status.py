@@ -14,7 +14,9 @@ gate ComputeDomainCliques on, its default since v0.3):
 Two differences, both so that a status once written reads back equal and is not written again:
 a daemon entry without a status is taken as NotReady (the CRD's default, which the API server
 writes into it anyway; NVIDIA counts it Ready), and the nodes are sorted by name (a list-map
-keyed by name; NVIDIA compares them as a map too).
+keyed by name; NVIDIA compares them as a map too). A third: a pod counts only when the domain's
+DaemonSet controls it (:func:`of_daemon_set`), not by its label alone, which anyone who may
+create a pod in the driver's namespace can set (a node's kubelet plugin, for its MPS daemons).
 """
 
 from collections.abc import Iterable, Mapping
@@ -28,6 +30,27 @@ def has_clique_label(pod: Obj) -> bool:
     both as fabric-attached); False only for the explicit empty clique."""
     labels = pod.get("metadata", {}).get("labels") or {}
     return labels.get(names.CLIQUE_LABEL) != ""
+
+
+def of_daemon_set(pods: Iterable[Obj], daemon_set: Obj | None) -> list[Obj]:
+    """The pods ``daemon_set`` controls (their controller owner reference names it, UID
+    included: one of the same name made again is another); none without a DaemonSet."""
+    if daemon_set is None:
+        return []
+    meta = daemon_set["metadata"]
+    uid, namespace = meta.get("uid"), meta.get("namespace")
+    return [
+        pod
+        for pod in pods
+        if pod.get("metadata", {}).get("namespace") == namespace
+        and any(
+            ref.get("controller") is True
+            and ref.get("kind") == "DaemonSet"
+            and str(ref.get("apiVersion") or "").startswith("apps/")
+            and ref.get("uid") == uid
+            for ref in pod.get("metadata", {}).get("ownerReferences") or ()
+        )
+    ]
 
 
 def pod_ready(pod: Obj) -> bool:
@@ -46,8 +69,9 @@ def _entry(daemon: Mapping[str, object]) -> Obj:
 
 
 def nodes(cliques: Iterable[Obj], pods: Iterable[Obj], stale: Mapping[str, set[str]]) -> list[Obj]:
-    """``status.nodes``; ``stale``: clique name -> node names whose entries are about to be
-    removed (:func:`stale_daemons`), left out here already."""
+    """``status.nodes``; ``pods``: the DaemonSet's (:func:`of_daemon_set`); ``stale``: clique
+    name -> node names whose entries are about to be removed (:func:`stale_daemons`), left out
+    here already."""
     found: dict[str, Obj] = {}
     for clique in cliques:
         gone = stale.get(clique["metadata"]["name"], set())

@@ -133,7 +133,8 @@ class UnauthorizedError(ApiError, PermanentError):
 
 
 class ForbiddenError(ApiError, PermanentError):
-    """403: RBAC lacks a permission; the message names the verb and resource."""
+    """403: RBAC lacks a permission, or an admission policy or webhook refused the request;
+    the message says which, and names the verb and resource."""
 
     slow = True
 
@@ -153,8 +154,12 @@ def error_for(
 ) -> ApiError:
     """The one mapping of an HTTP status to an error class."""
     if status == 403:
+        # RBAC let an admission refusal through: granting the verb would change nothing.
+        admission = "denied request" in detail or "denied the request" in detail
         return ForbiddenError(
-            f"forbidden: cannot {verb} {resource}; grant the ClusterRole of this driver "
+            f"refused by admission: cannot {verb} {resource}: {detail}"
+            if admission
+            else f"forbidden: cannot {verb} {resource}; grant the ClusterRole of this driver "
             f"the verb {verb!r} on {resource} ({detail})",
             status=status,
             verb=verb,

@@ -269,7 +269,7 @@ class LocalApiServer:
             injected = self.faults.decide(route.verb, route.log_resource, route.name)
             if injected.delay:
                 await asyncio.sleep(injected.delay)
-            if injected.code == 403:
+            if injected.forbidden_user:  # RBAC's 403; a 403 of fail() is its message's
                 raise status.forbidden(
                     route.rt, route.verb, route.namespace, route.name, injected.forbidden_user
                 )

@@ -7,15 +7,21 @@ every enum value and near misses, numbers in and out of range, wrong types, null
 fields and kinds) and every verdict must agree: the server admits exactly what the decoder
 parses, and refuses the rest with the field's path. No driver pod runs here: the policy needs
 none, which is the point of a policy over a webhook.
+
+Also the MPS daemon pod policy, as the API server applies it to a node's kubelet plugin (the
+chart's service account, with a token bound to a pod on that node): the pod daemon_pod makes
+is admitted, one more label or another command refused, and so is a delete of another node's.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +29,15 @@ import pytest_asyncio
 
 from api.config import API_VERSION, ConfigError, parse_gpu_config
 from cluster.computedomain.objects import daemon_set, daemon_template
+from driver.kube.rest import error_for
 from drivers.computedomain import names as cd_names
+from drivers.gpu.kinds.mps import default_control
+from drivers.gpu.kinds.mpspod import DaemonSpec, MpsPodConfig, daemon_pod
 from tests.chart_render import NAMESPACE, render
 from tests.computedomains import domain
 from tests.e2e import build
 from tests.e2e.cluster import ControlPlane, run_root
-from tests.e2e.kube import chart_objects, service_account_token
+from tests.e2e.kube import chart_objects, node_object, plugin_token, service_account_token
 from tests.test_chart_policy_computedomain_controller import chart_settings, served
 
 MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
@@ -430,3 +439,99 @@ async def test_the_server_and_the_decoder_agree_on_every_generated_config(
     assert all(ok == 0 for f, (ok, _) in coverage.items() if f not in FIELDS), coverage
     assert verdicts["admitted by both"] > CASES // 5
     assert verdicts["refused by both"] > CASES // 5
+
+
+# -- the MPS control daemon pods: what a node's kubelet plugin may make -----------------------
+
+MPS_NODE = "mps-node-a"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def plugin_token_of_a_node(cluster: ControlPlane) -> str:
+    """The chart's ServiceAccount and its pod RBAC, a Node, and a token bound to a pod there:
+    the kubelet plugin of that node, as the API server authenticates it."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    assert cluster.raw("POST", "/api/v1/namespaces", namespace)[0] in (201, 409)
+    for obj in chart_objects(cluster.minor):
+        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
+            cluster.create(obj, NAMESPACE)
+    cluster.create(node_object(MPS_NODE, "p5.48xlarge"))
+    return plugin_token(cluster, MPS_NODE)
+
+
+def _plugins_daemon_pod() -> dict[str, Any]:
+    """What daemon_pod makes, with the flags the chart's DaemonSet gives the plugin."""
+    (plugin,) = [o for o in render((), ()) if o["kind"] == "DaemonSet"]
+    (container,) = plugin["spec"]["template"]["spec"]["containers"]
+    flags = dict(a.removeprefix("--").partition("=")[::2] for a in container["args"][1:])
+    config = MpsPodConfig(namespace=NAMESPACE, image=flags["image"],
+                          pull_policy=flags["image-pull-policy"],
+                          driver_name=flags["driver-name"])  # fmt: skip
+    pipes = Path(flags["kubelet-plugins-directory-path"]) / flags["driver-name"] / "mps"
+    root = Path(flags["container-driver-root"])
+    spec = DaemonSpec(MPS_NODE, "GPU-9b7e2a4c-1111-2222-3333-444455556666",
+                      default_control(root), pipes / "9b7e2a4c1111", pipes / "log",
+                      Path(flags["nvidia-driver-root"]), root)  # fmt: skip
+    return daemon_pod(config, spec)
+
+
+def _create_pod(cp: ControlPlane, pod: dict[str, Any], token: str) -> tuple[int, str]:
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods?dryRun=All"
+    code, body = cp.raw("POST", path, pod, token=token)
+    return code, body.decode(errors="replace")
+
+
+async def test_a_plugin_may_make_its_mps_daemon_pod_and_nothing_more(
+    cluster: ControlPlane, plugin_token_of_a_node: str
+) -> None:
+    """A pod with a ComputeDomain daemon's label would count the node Ready in that domain's
+    status: the chart's policy refuses it, and any pod but the one daemon_pod makes."""
+    token = plugin_token_of_a_node
+    labelled = _plugins_daemon_pod()
+    labelled["metadata"]["labels"][cd_names.COMPUTE_DOMAIN_LABEL] = "0c9f5bb1"
+    labelled["metadata"]["labels"][cd_names.CLIQUE_LABEL] = ""
+    # The policy is active once the API server refuses what it must.
+    await cluster.wait_for(
+        "the MPS pod policy enforced", lambda: _create_pod(cluster, labelled, token)[0] != 201, 60
+    )
+    code, body = _create_pod(cluster, labelled, token)
+    message = json.loads(body)["message"]
+    print(f"\nrefused at {MINOR}: {code} {message}")
+    assert code == 422, message  # a policy's refusal is Invalid unless it says otherwise
+    assert "ValidatingAdmissionPolicy 'gpu-dra-driver-mps-daemon-pods'" in message, message
+    assert "an MPS control daemon pod is the one the kubelet plugin makes" in message, message
+    assert _create_pod(cluster, _plugins_daemon_pod(), token)[0] == 201
+    path = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/"
+    checked = cluster.call("GET", path + "gpu-dra-driver-mps-daemon-pods").get("status", {})
+    assert not checked.get("typeChecking", {}).get("expressionWarnings"), checked
+    command = _plugins_daemon_pod()
+    command["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "id"]
+    extra = _plugins_daemon_pod()
+    extra["spec"]["containers"][0]["env"].append({"name": "LD_PRELOAD", "value": "/x.so"})
+    for pod in (command, extra):
+        code, body = _create_pod(cluster, pod, token)
+        assert code == 422 and "the kubelet plugin makes" in body, body
+
+
+async def test_a_delete_of_another_nodes_pod_is_refused_and_said_to_be_admissions(
+    cluster: ControlPlane, plugin_token_of_a_node: str
+) -> None:
+    """The chart's refusal of a delete of another node's pod, as the real server words it:
+    what the plugin's client makes of it quotes the policy, and does not send the operator
+    to the ClusterRole."""
+    other = copy.deepcopy(_plugins_daemon_pod())
+    other["spec"]["nodeName"] = "mps-node-b"
+    created = cluster.create(other, NAMESPACE)  # as an admin: the policy is the plugin's
+    name = created["metadata"]["name"]
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}?dryRun=All"
+    code, body = cluster.raw("DELETE", path, token=plugin_token_of_a_node)
+    message = json.loads(body)["message"]
+    print(f"\nrefused at {MINOR}: {code} {message}")
+    assert code == 422, message
+    assert f"not pod {name} of node mps-node-b" in message, message
+    assert str(error_for(code, "delete", "pods", message)) == f"delete pods: HTTP 422: {message}"
+    # The same refusal as a 403 (a policy whose validation sets reason: Forbidden, a webhook):
+    # an admission's still, not RBAC's.
+    error = str(error_for(403, "delete", "pods", message))
+    assert error == f"refused by admission: cannot delete pods: {message}"
+    cluster.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")

@@ -58,6 +58,7 @@ from drivers.gpu.kinds.files import PRIVATE, SHARED, exists, open_dir, open_regu
 from drivers.gpu.kinds.mpspod import (
     GPU_ANNOTATION,
     DaemonSpec,
+    ForeignPodError,
     MpsPods,
     failure,
     pipe_of,
@@ -377,7 +378,7 @@ class Mps:
     def _alive(self, uuid: str) -> bool:
         if self._pods is None:
             return self.running_pid(uuid) is not None
-        pod = self._pods.get(uuid)
+        pod = self._pod(uuid, self._pods)
         return pod is not None and not terminating(pod) and failure(pod) is None
 
     def _ensure_running(self, uuid: str, claim: PreparedClaim, new_holder: str | None) -> None:
@@ -506,15 +507,18 @@ class Mps:
         if self._control is None or self._smi is None:
             raise MpsError("MPS used before the claim state attached it")
         gpu_dir = self._gpu_dir(uuid)
-        pod = pods.get(uuid)
+        try:
+            pod = self._pod(uuid, pods)
+        except ForeignPodError as exc:
+            raise ForeignPodError(f"claim {claim}: {exc}") from exc
         if pod is not None and (terminating(pod) or failure(pod) is not None):
             log.warning(
                 "MPS control daemon pod does not serve; replacing it",
                 extra=kv(gpu_uuid=uuid, pod=pod["metadata"]["name"],
                          why=failure(pod) or "deleted", **_claim_kv(claim)),
             )  # fmt: skip
-            pods.delete(uuid)
-            pods.wait_gone(uuid, _POD_GONE_WAIT_S)
+            pods.delete(uuid, pod["metadata"]["uid"])
+            pods.wait_gone(uuid, pod["metadata"]["uid"], _POD_GONE_WAIT_S)
             pod = None
         pipe = self._pod_pipe(uuid, pod) if pod is not None else None
         if pipe is None:
@@ -536,13 +540,13 @@ class Mps:
             created = pod is None
             if pod is None:
                 self._smi.run("-i", uuid, "-c", "EXCLUSIVE_PROCESS")
-                spec = DaemonSpec(
-                    pods.node_name, uuid, self._control, pipe, logs, *self._driver_roots
-                )
                 write_atomic(gpu_dir / "pod", f"{uuid}\n")
-                pod = pods.create(spec)
+                try:
+                    pod = pods.create(self._daemon_spec(uuid, pods, pipe), self._pipes_of(uuid))
+                except ForeignPodError as exc:
+                    raise ForeignPodError(f"claim {claim}: {exc}") from exc
                 crashpoint("after-mps-pod-created")
-            self._await_pod(uuid, claim, pods, pipe_fd, pod["metadata"]["name"])
+            self._await_pod(uuid, claim, pods, pipe_fd, pod)
         if created:
             log.info(
                 "MPS control daemon started",
@@ -550,10 +554,11 @@ class Mps:
             )
 
     def _await_pod(
-        self, uuid: str, claim: PreparedClaim, pods: MpsPods, pipe_fd: int, name: str
+        self, uuid: str, claim: PreparedClaim, pods: MpsPods, pipe_fd: int, pod: Obj
     ) -> None:
         """Until the daemon made its control pipe; a pod that will not serve, or none in
         time, is deleted (the rollback's unprepare sets the compute mode back)."""
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         deadline = time.monotonic() + _POD_START_WAIT_S
         next_look = 0.0
         why = ""
@@ -563,19 +568,39 @@ class Mps:
                 why = f"not serving after {_POD_START_WAIT_S:.0f} s"
             elif now >= next_look:
                 next_look = now + 0.5
-                pod = pods.get(uuid)
-                why = "its pod was deleted" if pod is None else (failure(pod) or "")
+                seen = pods.get(uuid)
+                gone = seen is None or seen["metadata"].get("uid") != uid
+                why = "its pod was deleted" if gone else (failure(seen or {}) or "")
             if why:
-                pods.delete(uuid)
+                pods.delete(uuid, uid)
                 raise MpsDaemonError(
                     f"claim {claim}: the MPS control daemon for GPU {uuid} did not start "
                     f"(pod {name}): {why}"
                 )
             time.sleep(_POLL_S)
 
+    def _pod(self, uuid: str, pods: MpsPods) -> Obj | None:
+        """The GPU's daemon pod, None when there is none; :class:`ForeignPodError` for a pod
+        under its name that is not this daemon (:meth:`MpsPods.ours`)."""
+        pod = pods.get(uuid)
+        if pod is None:
+            return None
+        return pods.ours(pod, self._daemon_spec(uuid, pods), self._pipes_of(uuid))
+
+    def _daemon_spec(self, uuid: str, pods: MpsPods, pipe: Path | None = None) -> DaemonSpec:
+        if self._control is None:
+            raise MpsError("MPS used before the claim state attached it")
+        pipe = pipe or self._new_pipe(uuid)
+        logs = self._gpu_dir(uuid) / "log"
+        return DaemonSpec(pods.node_name, uuid, self._control, pipe, logs, *self._driver_roots)
+
+    def _pipes_of(self, uuid: str) -> tuple[str, str]:
+        """The pipes a daemon of the GPU may serve: this layout's and the last release's."""
+        return str(self._new_pipe(uuid)), str(self._legacy_pipe(uuid))
+
     def _pod_pipe(self, uuid: str, pod: Obj) -> Path | None:
-        """The pipe a daemon pod serves: this layout's, the last release's, or None (a pod
-        not of this GPU's, then replaced)."""
+        """The pipe a daemon pod serves: this layout's or the last release's (what
+        :meth:`MpsPods.ours` lets a pod serve), else None."""
         pipe = pipe_of(pod)
         for ours in (self._new_pipe(uuid), self._legacy_pipe(uuid)):
             if pipe == str(ours):
@@ -586,18 +611,24 @@ class Mps:
         """``quit`` through the pipe, as to a daemon of the plugin's own, then the pod
         deleted and gone; then the compute mode back to DEFAULT."""
         gpu_dir = self._gpu_dir(uuid)
-        pod = pods.get(uuid)
+        try:
+            pod = self._pod(uuid, pods)
+        except ForeignPodError as exc:
+            # Not this daemon: ours is gone already, and the other is not ours to stop.
+            log.warning("MPS control daemon pod replaced by another; left alone",
+                        extra=kv(gpu_uuid=uuid, error=exc))  # fmt: skip
+            pod = None
         if pod is not None:
-            pipe = self._pod_pipe(uuid, pod)
+            pipe, uid = self._pod_pipe(uuid, pod), pod["metadata"]["uid"]
             if not terminating(pod) and failure(pod) is None and pipe is not None:
                 self._quit(pipe)
                 deadline = time.monotonic() + _STOP_WAIT_S
-                while (pod := pods.get(uuid)) is not None and failure(pod) is None:
-                    if time.monotonic() > deadline:
+                while (seen := pods.get(uuid)) is not None and failure(seen) is None:
+                    if time.monotonic() > deadline or seen["metadata"].get("uid") != uid:
                         break  # the deletion's SIGTERM, then the kubelet's SIGKILL
                     time.sleep(_POLL_S * 10)
-            pods.delete(uuid)
-            pods.wait_gone(uuid, _POD_GONE_WAIT_S)
+            pods.delete(uuid, uid)
+            pods.wait_gone(uuid, uid, _POD_GONE_WAIT_S)
             log.info(
                 "MPS control daemon stopped",
                 extra=kv(gpu_uuid=uuid, pod=pod_name_of(pods, uuid),

@@ -11,7 +11,10 @@ this driver runs one bare Pod per GPU, pinned with ``nodeName``, for three reaso
   be down while the node must still prepare;
 - its name is fixed by the node and the GPU, so a plugin that restarted, a second plugin
   pod of a surge upgrade, or a create whose answer was lost finds it by name (a create
-  answers 409) instead of searching a ReplicaSet's generated names;
+  answers 409) instead of searching a ReplicaSet's generated names. A name anyone who may
+  create pods in the namespace can take first: a pod found under it is adopted only when it
+  is what :func:`daemon_pod` makes for this node and GPU (:func:`differences`), and another
+  is neither adopted nor deleted (:class:`ForeignPodError`);
 - a Deployment recreating a lost pod would not save its clients (a new pod is a new
   server); the kubelet restarts a crashed daemon in place (``restartPolicy: OnFailure``)
   and the plugin's watchdog recreates a pod that went.
@@ -30,7 +33,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +48,7 @@ NAME_PREFIX = "mps-control-daemon-"
 # Annotations: a node name can be longer than a label value may be.
 NODE_ANNOTATION = "gpu.nvidia.com/node"
 GPU_ANNOTATION = "gpu.nvidia.com/gpu-uuid"
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 _CALL_S = 35.0  # beyond the client's own 30 s request timeout
 _POLL_S = 0.1
 # A container the kubelet will not run as it is: waiting on a person, not on time.
@@ -59,6 +63,11 @@ T = TypeVar("T")
 
 class MpsPodError(RetryableError):
     """The daemon's pod did not come up or go away in time; a retry may see it through."""
+
+
+class ForeignPodError(PermanentError):
+    """A pod holds the name of this node's daemon of a GPU but is not one this plugin made:
+    every retry finds it again until a person deletes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +124,7 @@ def daemon_pod(config: MpsPodConfig, spec: DaemonSpec) -> Obj:
         "command": [str(spec.control), "-f"],
         "env": [
             {"name": "CUDA_VISIBLE_DEVICES", "value": spec.uuid},
-            {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": str(pipe)},
+            {"name": PIPE_ENV, "value": str(pipe)},
             {"name": "CUDA_MPS_LOG_DIRECTORY", "value": str(logs)},
         ],
         "securityContext": {"privileged": True},
@@ -158,6 +167,48 @@ def daemon_pod(config: MpsPodConfig, spec: DaemonSpec) -> Obj:
     }
 
 
+def differences(pod: Mapping[str, Any], wanted: Obj, pipes: Collection[str] = ()) -> list[str]:
+    """What makes ``pod`` not the daemon ``wanted`` (:func:`daemon_pod` for this node and
+    GPU): its node, node and GPU annotations, labels, image repository, command and
+    environment, each as found and as wanted; [] when it is that daemon. The image's tag may
+    differ (the pod of the last release, adopted by a surge upgrade's new plugin), and the
+    pipe directory may be any of ``pipes`` (the last release's layout)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    want_meta, want_spec = wanted["metadata"], wanted["spec"]
+    found: list[str] = []
+
+    def differ(what: str, have: object, want: object) -> None:
+        if have != want:
+            found.append(f"{what} {have!r}, not {want!r}")
+
+    differ("node", spec.get("nodeName"), want_spec["nodeName"])
+    annotations = meta.get("annotations") or {}
+    for key in (NODE_ANNOTATION, GPU_ANNOTATION):
+        differ(f"annotation {key}", annotations.get(key), want_meta["annotations"][key])
+    differ("labels", meta.get("labels") or {}, want_meta["labels"])
+    containers = spec.get("containers") or []
+    if len(containers) != 1:
+        return [*found, f"{len(containers)} containers, not 1"]
+    (container,), (want,) = containers, want_spec["containers"]
+    differ("image", _repository(container.get("image")), _repository(want["image"]))
+    command = [*(container.get("command") or ()), *(container.get("args") or ())]
+    differ("command", command, want["command"])
+    env = {e.get("name"): e.get("value") for e in container.get("env") or ()}
+    want_env = {e["name"]: e["value"] for e in want["env"]}
+    if env.get(PIPE_ENV) in pipes:
+        want_env[PIPE_ENV] = env[PIPE_ENV]
+    for name in sorted({*env, *want_env}, key=str):
+        differ(f"env {name}", env.get(name), want_env.get(name))
+    return found
+
+
+def _repository(image: object) -> str:
+    """An image reference without its tag or digest."""
+    name = str(image or "").partition("@")[0]
+    repository, colon, tag = name.rpartition(":")
+    return repository if colon and "/" not in tag else name
+
+
 def failure(pod: Mapping[str, Any]) -> str | None:
     """Why ``pod`` will not serve without a change (a phase it never leaves, an image it
     cannot pull, a daemon that keeps exiting); None while it may still come up."""
@@ -188,7 +239,7 @@ def pipe_of(pod: Mapping[str, Any]) -> str | None:
     """The pipe directory a daemon pod serves, as its container's environment names it."""
     for container in (pod.get("spec") or {}).get("containers") or ():
         for env in container.get("env") or ():
-            if env.get("name") == "CUDA_MPS_PIPE_DIRECTORY":
+            if env.get("name") == PIPE_ENV:
                 return str(env.get("value", ""))
     return None
 
@@ -220,15 +271,34 @@ class MpsPods:
         return asyncio.run_coroutine_threadsafe(call, self._loop).result(_CALL_S)
 
     def get(self, uuid: str) -> Obj | None:
+        """The pod under the name of the GPU's daemon, whoever made it (:meth:`ours` tells)."""
         name = pod_name(self.node_name, uuid)
         try:
             return self._run(self._client.get_json(self._path(name), resource="pods"))
         except NotFoundError:
             return None
 
-    def create(self, spec: DaemonSpec) -> Obj:
+    def ours(self, pod: Obj, spec: DaemonSpec, pipes: Collection[str] = ()) -> Obj:
+        """``pod``, when it is the daemon ``spec`` describes (``pipes``: other pipe
+        directories it may serve); else :class:`ForeignPodError`. Such a pod is left alone:
+        deleting another's pod is not this plugin's call (and for a pod of another node, the
+        chart's admission policy refuses it)."""
+        found = differences(pod, daemon_pod(self.config, spec), pipes)
+        if not found:
+            return pod
+        name, namespace = (pod.get("metadata") or {}).get("name"), self.config.namespace
+        raise ForeignPodError(
+            f"pod {namespace}/{name} holds the name of the MPS control daemon of GPU "
+            f"{spec.uuid} on node {spec.node_name}, but it is not that daemon "
+            f"({'; '.join(found)}): someone else made it, so the plugin neither adopts nor "
+            "deletes it, and MPS claims on this GPU fail while it is there; once you know "
+            f"whose it is, delete it (kubectl -n {namespace} delete pod {name})"
+        )
+
+    def create(self, spec: DaemonSpec, pipes: Collection[str] = ()) -> Obj:
         """The pod, created; or the one already there (a create whose answer was lost, a
-        plugin killed after its create): adopted, never a second."""
+        plugin killed after its create) when it is this daemon (:meth:`ours`): adopted,
+        never a second."""
         body = daemon_pod(self.config, spec)
         try:
             return self._run(self._client.request(
@@ -237,17 +307,20 @@ class MpsPods:
             pod = self.get(spec.uuid)
             if pod is None:
                 raise
-            return pod
+            return self.ours(pod, spec, pipes)
 
-    def delete(self, uuid: str) -> None:
+    def delete(self, uuid: str, uid: str) -> None:
+        """The pod of UID ``uid`` under the daemon's name, if it is still there: a pod made
+        under that name since is not the one judged ours."""
         name = pod_name(self.node_name, uuid)
-        with contextlib.suppress(NotFoundError):
+        body = {"preconditions": {"uid": uid}}
+        with contextlib.suppress(NotFoundError, ConflictError):
             self._run(self._client.request(
-                "DELETE", self._path(name), verb="delete", resource="pods"))  # fmt: skip
+                "DELETE", self._path(name), verb="delete", resource="pods", body=body))  # fmt: skip
 
-    def wait_gone(self, uuid: str, timeout: float) -> None:
+    def wait_gone(self, uuid: str, uid: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while (pod := self.get(uuid)) is not None:
+        while (pod := self.get(uuid)) is not None and pod["metadata"].get("uid") == uid:
             if time.monotonic() > deadline:
                 raise MpsPodError(
                     f"the MPS control daemon pod {pod['metadata']['name']} of GPU {uuid} "
