@@ -106,6 +106,15 @@ def _build(module_dir: Path, pkg: str, out: Path, ldflags: str = "", *, cgo: boo
     print(f"built {out.name} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
+# Modules a Kubernetes release requires that the Go module proxy here does not serve (403),
+# each with the stand-in its kubelet builds against. sigs.k8s.io/iptables-wrappers (1.38's
+# kubelet and kube-proxy): the stand-in finds no iptables, so the kubelet makes no hint chains,
+# as on an nftables-only host. kube-proxy needs the whole library: such a release runs the
+# newest pinned minor's kube-proxy that builds (an older kube-proxy is a skew Kubernetes
+# supports).
+UNSERVED = {"sigs.k8s.io/iptables-wrappers": HERE / "iptables_stub"}
+
+
 def build_kubernetes(version: str, wanted: tuple[str, ...] = K8S_BINARIES) -> Path:
     root = cache_root() / f"kubernetes-{version}"
     bindir = root / "bin"
@@ -115,6 +124,15 @@ def build_kubernetes(version: str, wanted: tuple[str, ...] = K8S_BINARIES) -> Pa
     module = root / "module"
     module.mkdir(parents=True, exist_ok=True)
     upstream = _upstream_gomod("k8s.io/kubernetes", version, module)
+    stubbed = {m: path for m, path in UNSERVED.items() if re.search(rf"^\s*{m} v", upstream, re.M)}
+    if stubbed and "kube-proxy" in missing:
+        missing.remove("kube-proxy")
+        older = _older_kube_proxy(version)
+        bindir.mkdir(parents=True, exist_ok=True)
+        (bindir / "kube-proxy").symlink_to(older)
+        print(f"kube-proxy: {older} ({', '.join(stubbed)} is not served)", file=sys.stderr)
+        if not missing:
+            return bindir
     go_line, godebug = _directives(upstream)
     staging = "v0." + version.removeprefix("v1.")
     lines = [
@@ -127,10 +145,13 @@ def build_kubernetes(version: str, wanted: tuple[str, ...] = K8S_BINARIES) -> Pa
         "",
         "replace (",
         *_staging_replaces(upstream, staging),
+        *(f"\t{m} => {path}" for m, path in stubbed.items()),
         ")",
         "",
     ]
-    pkgs = [f"k8s.io/kubernetes/cmd/{b}" for b in K8S_BINARIES]
+    pkgs = [
+        f"k8s.io/kubernetes/cmd/{b}" for b in K8S_BINARIES if not (stubbed and b == "kube-proxy")
+    ]
     _write_module(module, "kubernetes", "\n".join(lines), {})
     (module / "tools.go").write_text(_tools_go(pkgs))
     # go.mod was written anew (tidy's requires gone), and a binary added to the list brings
@@ -159,6 +180,15 @@ def build_kubernetes(version: str, wanted: tuple[str, ...] = K8S_BINARIES) -> Pa
     for b in missing:
         _build(module, f"k8s.io/kubernetes/cmd/{b}", bindir / b, stamp)
     return bindir
+
+
+def _older_kube_proxy(version: str) -> Path:
+    """The kube-proxy of the newest pinned release older than ``version`` (built if need be)."""
+    table: dict[str, str] = VERSIONS["kubernetes"]
+    key = tuple(int(x) for x in version.removeprefix("v").split(".")[:2])
+    older = [v for v in table.values() if tuple(int(x) for x in v[1:].split(".")[:2]) < key]
+    newest = max(older, key=lambda v: tuple(int(x) for x in v[1:].split("-")[0].split(".")))
+    return build_kubernetes(newest, ("kube-proxy",)) / "kube-proxy"
 
 
 def _simple_module(
