@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from kubernetes.aio.client import ApiClient
 
-from api.config import API_GROUP, ConfigError
+from api.config import ConfigError, misaddressed
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import is_uid
 from driver.common.quantity import Quantity
@@ -135,17 +135,6 @@ def _applies(requests: Sequence[str], request: str) -> bool:
     return not requests or request in requests or request.split("/", 1)[0] in requests
 
 
-def _config_kind(parameters: Any, rules: ConfigRules) -> str | None:
-    """The kind of one of the driver's configs ``parameters`` is, or None."""
-    if (
-        isinstance(parameters, Mapping)
-        and str(parameters.get("apiVersion", "")).startswith(API_GROUP + "/")
-        and parameters.get("kind") in rules.kinds
-    ):
-        return str(parameters["kind"])
-    return None
-
-
 def _configs(
     allocation: Mapping[str, Any],
     driver_name: str,
@@ -171,13 +160,11 @@ def _configs(
         scope = f"requests {','.join(requests)}" if requests else "all requests"
         source = f"opaque config #{index} (from {origin}, {scope})"
         if opaque.get("driver") != driver_name:
-            kind = _config_kind(opaque.get("parameters"), rules)
-            if kind is not None and any(_applies(requests, r) for r in our_requests):
-                raise ConfigError(
-                    f'{source}: field "opaque.driver": a {kind} for driver '
-                    f"{opaque.get('driver')!r}, but its requests are allocated from "
-                    f"{driver_name!r}; it would be ignored"
-                )
+            why = misaddressed(
+                opaque.get("parameters"), opaque.get("driver"), driver_name, rules.kinds
+            )
+            if why is not None and any(_applies(requests, r) for r in our_requests):
+                raise ConfigError(f"{source}: {why}")
             continue
         config = rules.decode(opaque.get("parameters"), source)
         out.append(_Config(requests, source, config, origin))
