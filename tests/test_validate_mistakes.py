@@ -726,6 +726,38 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
         ],
     ),
     (
+        "GpuConfig sharing in a class of MIG devices",
+        [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "shared-mig.example.com"},
+                "spec": {
+                    "selectors": [
+                        {
+                            "cel": {
+                                "expression": 'device.driver == "gpu.nvidia.com" && '
+                                f'{GPU}.type == "mig"'
+                            }
+                        }
+                    ],
+                    "config": gpu_config(sharing={"strategy": "TimeSlicing"}),
+                },
+            }
+        ],
+        "1.34",
+        [
+            (
+                "DeviceClass/shared-mig.example.com",
+                "spec.config[0].opaque.parameters",
+                "error",
+                "the plugin would reject it at prepare on every request of this class, whose "
+                "selectors select only MIG devices: field "
+                f"\"sharing.strategy\": 'TimeSlicing': {MIG_SHARING}",
+            ),
+        ],
+    ),
+    (
         "GpuConfig sharing on a request that may get a MIG device",
         [
             ANY_NVIDIA,

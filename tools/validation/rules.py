@@ -299,14 +299,7 @@ def _gpu_configs_on_device_types(
     """Each GpuConfig against the device types its requests select through their class and
     selectors (among every profile's devices): what the plugin refuses on one of them
     (api.config.refused_on) it refuses at prepare."""
-    from api.config import (
-        GPU_CONFIG_KIND,
-        MIG_TYPE,
-        ConfigError,
-        decode_gpu_config,
-        misaddressed,
-        refused_on,
-    )
+    from api.config import GPU_CONFIG_KIND, ConfigError, decode_gpu_config, misaddressed
 
     kinds = (GPU_CONFIG_KIND,)
 
@@ -347,24 +340,66 @@ def _gpu_configs_on_device_types(
             applies = not refs or target in refs or target.partition("/")[0] in refs
             if not applies or class_name not in known:
                 continue
-            types = hardware.device_types(known[class_name], selectors)
-            reason = refused_on(MIG_TYPE, settings) if MIG_TYPE in types else None
-            if reason is None:
-                continue
-            only = types == {MIG_TYPE}
-            yield Finding(
+            finding = _on_types(
                 f"{path}.config[{i}].opaque.parameters",
-                f"the plugin would reject it at prepare on request {target!r}, whose class "
-                f"{class_name} and selectors select "
-                + (
-                    "only MIG devices"
-                    if only
-                    else "MIG devices among others (refused if it gets one)"
-                )
-                + f": {reason}",
-                Severity.ERROR if only else Severity.WARNING,
-                Check.PLUGIN,
+                settings,
+                hardware.device_types(known[class_name], selectors),
+                f"request {target!r}, whose class {class_name} and selectors select",
             )
+            if finding is not None:
+                yield finding
+
+
+def _on_types(
+    path: str, settings: tuple[tuple[str, str], ...], types: frozenset[str], subject: str
+) -> Finding | None:
+    """A config with ``settings`` on devices of ``types``: refused where the plugin refuses
+    it on each of them (an error), or on some of them (a warning)."""
+    from api.config import refused_on
+
+    reasons = {t: why for t in sorted(types) if (why := refused_on(t, settings)) is not None}
+    if not reasons:
+        return None
+    only = set(reasons) == set(types)
+    kinds = ", ".join(t.upper() for t in reasons)
+    return Finding(
+        path,
+        f"the plugin would reject it at prepare on {subject} "
+        + (
+            f"only {kinds} devices"
+            if only
+            else f"{kinds} devices among others (refused if it gets one)"
+        )
+        + f": {next(iter(reasons.values()))}",
+        Severity.ERROR if only else Severity.WARNING,
+        Check.PLUGIN,
+    )
+
+
+def _class_gpu_configs(path: str, spec: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
+    """A class's GpuConfigs against the device types its selectors select: every request of
+    the class gets them."""
+    from api.config import ConfigError, decode_gpu_config
+
+    if ctx.published is None or ctx.class_selectors is None:
+        return
+    types = hardware.device_types(hardware.expressions(spec.get("selectors")), [])
+    for i, raw in enumerate(_list(spec.get("config"))):
+        opaque = _map(_map(raw).get("opaque"))
+        if opaque.get("driver") != ctx.published.driver or opaque.get("parameters") is None:
+            continue
+        try:
+            settings = decode_gpu_config(opaque["parameters"], source="").sharing_settings()
+        except ConfigError:
+            continue  # refused for its shape already
+        finding = _on_types(
+            f"{path}.config[{i}].opaque.parameters",
+            settings,
+            types,
+            "every request of this class, whose selectors select",
+        )
+        if finding is not None:
+            yield finding
 
 
 def _compute_domain_config(path: str, parameters: Any) -> Iterator[Finding]:
@@ -488,6 +523,7 @@ def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Find
     selectors = list(_selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx))
     yield from selectors
     yield from _opaque_configs(f"{path}.config", _list(spec.get("config")), ctx)
+    yield from _class_gpu_configs(path, spec, ctx)
     refused = any(f.severity is Severity.ERROR for f in selectors)
     if ctx.class_selectors is not None and not refused:
         unsatisfiable = hardware.check_class(path, spec.get("selectors"))
