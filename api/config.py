@@ -8,7 +8,8 @@ at every level, and every error names the config it came from and the offending 
 """
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -195,6 +196,44 @@ NVIDIA_KINDS: Mapping[str, str] = {
     CHANNEL_CONFIG_KIND: f"a config of driver {COMPUTE_DOMAIN_DRIVER}: write that driver",
     DAEMON_CONFIG_KIND: f"a config of driver {COMPUTE_DOMAIN_DRIVER}: write that driver",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedConfig:
+    """One decoded opaque config of a claim's allocation, and whom it applies to."""
+
+    requests: tuple[str, ...]  # none: every request
+    source: str  # how messages name it
+    config: Any  # the decoded model
+    origin: str  # "class" (a DeviceClass's, copied into the claim) or "claim"
+
+
+def applies(requests: Sequence[str], request: str) -> bool:
+    """Whether a config for ``requests`` applies to ``request`` (``req`` or ``req/sub``)."""
+    return not requests or request in requests or request.split("/", 1)[0] in requests
+
+
+def choose(request: str, configs: Sequence[AppliedConfig]) -> AppliedConfig | None:
+    """The config that applies to ``request``, of ``configs`` in their order (class configs
+    first): the last matching one wins. A claim config overrides a class config, one naming
+    the request overrides one for all requests; two of the same origin and reach that differ
+    are a conflict, refused (ConfigError) rather than settled by their order. The plugin
+    plans a claim with it, and ``gpu-dra validate`` judges a manifest with it."""
+    chosen: AppliedConfig | None = None
+    for entry in configs:
+        if applies(entry.requests, request):
+            if (
+                chosen is not None
+                and chosen.origin == entry.origin
+                and bool(chosen.requests) == bool(entry.requests)
+                and chosen.config != entry.config
+            ):
+                raise ConfigError(
+                    f"{chosen.source} and {entry.source} both configure request {request} "
+                    "differently: conflicting configs for one device (at most one must apply)"
+                )
+            chosen = entry
+    return chosen
 
 
 def misaddressed(parameters: Any, driver: Any, ours: str, kinds: tuple[str, ...]) -> str | None:

@@ -779,6 +779,26 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
         ],
     ),
     (
+        "two GpuConfigs for one request",
+        [
+            claim(
+                config=gpu_config(sharing={"strategy": "MPS"})
+                + gpu_config(sharing={"strategy": "TimeSlicing"})
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[1]",
+                "error",
+                "the plugin would reject the claim at prepare: config[0] and config[1] both "
+                "configure request gpu differently: conflicting configs for one device (at "
+                "most one must apply)",
+            ),
+        ],
+    ),
+    (
         "NVIDIA's VfioDeviceConfig",
         [
             claim(
@@ -1297,3 +1317,14 @@ async def test_cluster_supplies_the_namespaces_admin_access_needs(
         f"error: true: namespace 'team' has no label {label}, and the API server allows admin "
         f'access only with {label}: "true"\n'
     )
+
+
+def test_the_config_a_request_gets_is_the_one_judged_on_its_devices() -> None:
+    # The plugin's choice (api.config.choose): the last config that applies wins. After the
+    # one for every request, the one naming the MIG request (no sharing) is what it gets.
+    for_all = gpu_config(sharing={"strategy": "TimeSlicing"})
+    for_mig = [{**gpu_config()[0], "requests": ["gpu"]}]
+    assert validate_sources([("m.yaml", yaml.safe_dump(mig_claim(for_all + for_mig)))]) == []
+    (problem,) = validate_sources([("m.yaml", yaml.safe_dump(mig_claim(for_mig + for_all)))])
+    assert problem.path == "spec.devices.config[1].opaque.parameters"
+    assert "select only MIG devices" in problem.message

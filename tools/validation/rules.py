@@ -7,7 +7,7 @@ accessor tolerates a wrong type, because the schema check reports those already.
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,12 +296,21 @@ def _requests_by_name(devices: Mapping[str, Any]) -> dict[str, tuple[str, list[s
 def _gpu_configs_on_device_types(
     path: str, devices: Mapping[str, Any], ctx: Context
 ) -> Iterator[Finding]:
-    """Each GpuConfig against the device types its requests select through their class and
-    selectors (among every profile's devices): what the plugin refuses on one of them
-    (api.config.refused_on) it refuses at prepare."""
-    from api.config import GPU_CONFIG_KIND, ConfigError, decode_gpu_config, misaddressed
+    """The claim's GpuConfigs as the plugin plans them: one for another driver on requests of
+    this one (api.config.misaddressed), two that conflict on a request (api.config.choose),
+    and the one a request gets against the device types its class and selectors select
+    among every profile's devices (api.config.refused_on)."""
+    from api.config import (
+        GPU_CONFIG_KIND,
+        AppliedConfig,
+        ConfigError,
+        choose,
+        decode_gpu_config,
+        misaddressed,
+    )
 
     kinds = (GPU_CONFIG_KIND,)
+    entries: list[AppliedConfig] = []
 
     known = ctx.class_selectors
     if known is None or ctx.published is None:
@@ -333,21 +342,51 @@ def _gpu_configs_on_device_types(
         if opaque.get("driver") != driver or opaque.get("parameters") is None:
             continue
         try:
-            settings = decode_gpu_config(opaque["parameters"], source="").sharing_settings()
+            config = decode_gpu_config(opaque["parameters"], source="")
         except ConfigError:
             continue  # refused for its shape already
-        for target, (class_name, selectors, _) in requests.items():
-            applies = not refs or target in refs or target.partition("/")[0] in refs
-            if not applies or class_name not in known:
-                continue
-            finding = _on_types(
-                f"{path}.config[{i}].opaque.parameters",
-                settings,
-                hardware.device_types(known[class_name], selectors),
-                f"request {target!r}, whose class {class_name} and selectors select",
+        entries.append(AppliedConfig(tuple(refs), f"config[{i}]", config, "claim"))
+    # Per request of this driver, the config the plugin picks (api.config.choose), judged
+    # against the device types the request's class and selectors select.
+    refused: set[str] = set()
+    for target, (class_name, selectors, _) in requests.items():
+        if class_name not in known or not hardware.ours([*known[class_name], *selectors]):
+            continue
+        try:
+            chosen = choose(target, entries)
+        except ConfigError as exc:
+            # The entry that met an earlier one: the shortest prefix of them that is refused.
+            later = next(
+                e.source for k, e in enumerate(entries) if _conflicts(target, entries[: k + 1])
             )
-            if finding is not None:
-                yield finding
+            if later not in refused:
+                refused.add(later)
+                yield Finding(
+                    f"{path}.{later}",
+                    f"the plugin would reject the claim at prepare: {exc}",
+                    check=Check.PLUGIN,
+                )
+            continue
+        if chosen is None:
+            continue
+        finding = _on_types(
+            f"{path}.{chosen.source}.opaque.parameters",
+            chosen.config.sharing_settings(),
+            hardware.device_types(known[class_name], selectors),
+            f"request {target!r}, whose class {class_name} and selectors select",
+        )
+        if finding is not None:
+            yield finding
+
+
+def _conflicts(request: str, configs: Sequence[Any]) -> bool:
+    from api.config import ConfigError, choose
+
+    try:
+        choose(request, configs)
+    except ConfigError:
+        return True
+    return False
 
 
 def _on_types(
