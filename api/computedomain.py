@@ -123,7 +123,7 @@ def decode_compute_domain_config(
     try:
         config = model.model_validate(dict(parameters))
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+        raise ConfigError(f"{source}: {_describe(exc, model)}") from exc
     return config.normalized()
 
 

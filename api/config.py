@@ -8,14 +8,16 @@ at every level, and every error names the config it came from and the offending 
 """
 
 import re
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from api.names import API_GROUP as API_GROUP
 from api.names import API_VERSION as API_VERSION
+from api.names import CHANNEL_CONFIG_KIND, COMPUTE_DOMAIN_DRIVER, DAEMON_CONFIG_KIND
 from api.names import GPU_CONFIG_KIND as GPU_CONFIG_KIND
 
 TIME_SLICING = "TimeSlicing"
@@ -103,7 +105,10 @@ class GpuConfig(_Model):
             return
         strategy = self.sharing.strategy
         if strategy not in (TIME_SLICING, MPS):
-            raise ConfigError(f'field "sharing.strategy": unknown GPU sharing strategy {strategy}')
+            raise ConfigError(
+                f'field "sharing.strategy": unknown GPU sharing strategy {strategy} (must be '
+                f"{TIME_SLICING} or {MPS})"
+            )
         if strategy == TIME_SLICING and self.sharing.mps_config is not None:
             raise ConfigError(f'field "sharing.mpsConfig": not allowed with strategy {strategy}')
         if strategy == MPS and self.sharing.time_slicing_config is not None:
@@ -136,12 +141,134 @@ class GpuConfig(_Model):
         return tuple(sorted(settings))
 
 
-def _describe(exc: ValidationError) -> str:
+def _fields_of(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The wire names the object at ``loc`` of ``model`` takes; [] where no model is there."""
+    for part in loc:
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        if field is None:
+            return []
+        inner = [a for a in (field.annotation, *get_args(field.annotation)) if _is_model(a)]
+        if not inner:
+            return []
+        model = inner[0]
+    return sorted(f.alias or n for n, f in model.model_fields.items())
+
+
+def _is_model(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One part per field, each naming the field and what was written there: pydantic's
+    messages alone show neither the value nor, for an unknown field, what is allowed. Every
+    unknown field is listed, not only the first."""
     parts = []
     for error in exc.errors():
         field = ".".join(str(p) for p in error["loc"]) or "(root)"
-        parts.append(f'field "{field}": {error["msg"]}')
+        if error["type"] == "extra_forbidden":
+            allowed = _fields_of(model, tuple(error["loc"][:-1]))
+            parts.append(
+                f'field "{field}": unknown field, not allowed'
+                + (f" (allowed there: {', '.join(allowed)})" if allowed else "")
+            )
+        elif error["type"] == "missing":
+            parts.append(f'field "{field}": required')
+        else:
+            parts.append(f'field "{field}": {_shown(error["input"])}: {error["msg"]}')
     return "; ".join(parts)
+
+
+# NVIDIA's other opaque config kinds of this API group, and why this driver takes none of
+# them: a manifest written for NVIDIA's driver gets the reason, not only a refusal.
+NVIDIA_KINDS: Mapping[str, str] = {
+    "MigDeviceConfig": (
+        "NVIDIA's config for MIG devices; this driver configures a MIG device with a "
+        "GpuConfig, and shares none (drop the config, or write kind GpuConfig without sharing)"
+    ),
+    "VfioDeviceConfig": (
+        "NVIDIA's VFIO passthrough config; this driver has no passthrough devices"
+    ),
+    CHANNEL_CONFIG_KIND: f"a config of driver {COMPUTE_DOMAIN_DRIVER}: write that driver",
+    DAEMON_CONFIG_KIND: f"a config of driver {COMPUTE_DOMAIN_DRIVER}: write that driver",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedConfig:
+    """One decoded opaque config of a claim's allocation, and whom it applies to."""
+
+    requests: tuple[str, ...]  # none: every request
+    source: str  # how messages name it
+    config: Any  # the decoded model
+    origin: str  # "class" (a DeviceClass's, copied into the claim) or "claim"
+
+
+def applies(requests: Sequence[str], request: str) -> bool:
+    """Whether a config for ``requests`` applies to ``request`` (``req`` or ``req/sub``)."""
+    return not requests or request in requests or request.split("/", 1)[0] in requests
+
+
+def choose(request: str, configs: Sequence[AppliedConfig]) -> AppliedConfig | None:
+    """The config that applies to ``request``, of ``configs`` in their order (class configs
+    first): the last matching one wins. A claim config overrides a class config, one naming
+    the request overrides one for all requests; two of the same origin and reach that differ
+    are a conflict, refused (ConfigError) rather than settled by their order. The plugin
+    plans a claim with it, and ``gpu-dra validate`` judges a manifest with it."""
+    chosen: AppliedConfig | None = None
+    for entry in configs:
+        if applies(entry.requests, request):
+            if (
+                chosen is not None
+                and chosen.origin == entry.origin
+                and bool(chosen.requests) == bool(entry.requests)
+                and chosen.config != entry.config
+            ):
+                raise ConfigError(
+                    f"{chosen.source} and {entry.source} both configure request {request} "
+                    "differently: conflicting configs for one device (at most one must apply)"
+                )
+            chosen = entry
+    return chosen
+
+
+def misaddressed(parameters: Any, driver: Any, ours: str, kinds: tuple[str, ...]) -> str | None:
+    """Why a config addressed to ``driver`` but of one of ``kinds`` (the configs of driver
+    ``ours``) is refused where it applies to requests allocated from ``ours``, or None: a typo
+    of the driver name, and ignoring it would hand out an unshared GPU where sharing was
+    asked for. The plugin refuses a claim with it, and ``gpu-dra validate`` a manifest."""
+    if (
+        driver != ours
+        and isinstance(parameters, Mapping)
+        and str(parameters.get("apiVersion", "")).startswith(API_GROUP + "/")
+        and parameters.get("kind") in kinds
+    ):
+        return (
+            f'field "opaque.driver": a {parameters["kind"]} for driver {driver!r}, but its '
+            f"requests are allocated from {ours!r}; it would be ignored (write {ours!r})"
+        )
+    return None
+
+
+# A device's published ``type`` attribute, for the configs each takes.
+MIG_TYPE = "mig"
+
+
+def refused_on(device_type: str, settings: tuple[tuple[str, str], ...]) -> str | None:
+    """Why a device of ``device_type`` cannot be prepared with a config whose
+    ``sharing_settings()`` are ``settings``, or None. The MIG kinds refuse at prepare with
+    it, and ``gpu-dra validate`` judges a request's config with it."""
+    strategy = dict(settings).get("strategy")
+    if device_type == MIG_TYPE and strategy:
+        return (
+            f'field "sharing.strategy": {strategy!r}: sharing (TimeSlicing, MPS) is not '
+            "supported on MIG devices; write the config without sharing for these requests"
+        )
+    return None
 
 
 def decode_gpu_config(parameters: Mapping[str, Any] | None, *, source: str) -> GpuConfig:
@@ -158,13 +285,15 @@ def decode_gpu_config(parameters: Mapping[str, Any] | None, *, source: str) -> G
         )
     kind = parameters.get("kind")
     if kind not in (None, GPU_CONFIG_KIND):
+        why = NVIDIA_KINDS.get(kind) if isinstance(kind, str) else None
         raise ConfigError(
             f'{source}: field "kind": {kind!r} is not supported (only {GPU_CONFIG_KIND})'
+            + (f": {why}" if why else "")
         )
     try:
         config = GpuConfig.model_validate(dict(parameters))
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+        raise ConfigError(f"{source}: {_describe(exc, GpuConfig)}") from exc
     return config.normalized()
 
 

@@ -16,3 +16,6 @@ DAEMON_CONFIG_KIND: Final = "ComputeDomainDaemonConfig"
 ALLOCATION_ALL: Final = "All"
 ALLOCATION_SINGLE: Final = "Single"
 ALLOCATION_MODES: Final = (ALLOCATION_ALL, ALLOCATION_SINGLE)
+
+# The ComputeDomain driver, whose configs these two kinds are (drivers/computedomain/names.py).
+COMPUTE_DOMAIN_DRIVER: Final = "compute-domain.nvidia.com"

@@ -10,15 +10,27 @@ from cli import flagvalues
 
 _EPILOG = """\
 what is checked:
-  every object: the Kubernetes API schema, unknown fields rejected (kubernetes-validate
-    --strict) for the chosen version.
+  the YAML itself first: a key written twice in one mapping (two documents run together
+    without ---, in particular) is an error at its line, as the API server's decoder has it.
+  every object: the Kubernetes API schema, unknown fields rejected (every one of an object
+    named) (kubernetes-validate --strict) for the chosen version.
+  the objects given are the cluster's state for the check, and --cluster adds the cluster's
+    own: DeviceClasses, ResourceClaims and templates, ComputeDomains, ResourceSlices and
+    Namespaces (adminAccess in a namespace given without the label
+    resource.kubernetes.io/admin-access: "true" is an error).
   DeviceClass, ResourceClaim, ResourceClaimTemplate: the rules the schema lacks (DNS-label
     request names, list limits, exactly one of exactly/firstAvailable, count >= 1, CEL at
     most 10 KiB); every CEL selector compiled with Kubernetes' DRA environment; attribute
     and capacity names against what gpu.nvidia.com publishes (with the closest name);
     comparisons across types (an int attribute against a string); quantity() and semver()
     literals; constraint attributes; capacity requests; request names used by constraints
-    and config; opaque GpuConfig parameters, parsed as the kubelet plugin parses them;
+    and config; opaque GpuConfig parameters, parsed as the kubelet plugin parses them, and
+    judged against the device types (GPU, MIG) each request they apply to selects through
+    its class and selectors (the plugin's rule: MIG devices take no sharing); NVIDIA's other
+    kinds (MigDeviceConfig, VfioDeviceConfig) refused with why; a GpuConfig addressed to
+    another driver on requests of gpu.nvidia.com (the plugin refuses it), and a config for a
+    driver no class or ResourceSlice of the chart, the files or the cluster selects (it
+    applies to nothing);
     deviceClassName against the chart's DeviceClasses and those given (files, --cluster),
     with the closest name. Each request of gpu.nvidia.com, with its class's selectors,
     against the devices every EKS instance type the simulated hardware knows publishes
@@ -78,7 +90,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "--cluster",
         action="store_true",
         help="also read DeviceClasses, ResourceClaims and ResourceClaimTemplates from the "
-        "API server, for the names the files use",
+        "API server, for the names the files use, and the Namespaces, ResourceSlices and "
+        "ComputeDomains it lets this user list",
     )
     parser.add_argument(
         "--kubeconfig",

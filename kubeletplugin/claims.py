@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from kubernetes.aio.client import ApiClient
 
-from api.config import API_GROUP, ConfigError
+from api.config import AppliedConfig, ConfigError, applies, choose, misaddressed
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import is_uid
 from driver.common.quantity import Quantity
@@ -123,35 +123,12 @@ async def claim_is_gone(reader: ClaimReader, ref: ClaimRef) -> bool | None:
     return None if uid is None else bool(uid != ref.uid)
 
 
-@dataclass(frozen=True, slots=True)
-class _Config:
-    requests: tuple[str, ...]
-    source: str
-    config: Any
-    origin: str  # "class" or "claim"
-
-
-def _applies(requests: Sequence[str], request: str) -> bool:
-    return not requests or request in requests or request.split("/", 1)[0] in requests
-
-
-def _config_kind(parameters: Any, rules: ConfigRules) -> str | None:
-    """The kind of one of the driver's configs ``parameters`` is, or None."""
-    if (
-        isinstance(parameters, Mapping)
-        and str(parameters.get("apiVersion", "")).startswith(API_GROUP + "/")
-        and parameters.get("kind") in rules.kinds
-    ):
-        return str(parameters["kind"])
-    return None
-
-
 def _configs(
     allocation: Mapping[str, Any],
     driver_name: str,
     our_requests: Sequence[str],
     rules: ConfigRules,
-) -> list[_Config]:
+) -> list[AppliedConfig]:
     """Our driver's opaque configs, class configs first, each decoded (shape checked).
 
     Every one is decoded, applicable or not: a malformed config is a mistake worth
@@ -171,16 +148,14 @@ def _configs(
         scope = f"requests {','.join(requests)}" if requests else "all requests"
         source = f"opaque config #{index} (from {origin}, {scope})"
         if opaque.get("driver") != driver_name:
-            kind = _config_kind(opaque.get("parameters"), rules)
-            if kind is not None and any(_applies(requests, r) for r in our_requests):
-                raise ConfigError(
-                    f'{source}: field "opaque.driver": a {kind} for driver '
-                    f"{opaque.get('driver')!r}, but its requests are allocated from "
-                    f"{driver_name!r}; it would be ignored"
-                )
+            why = misaddressed(
+                opaque.get("parameters"), opaque.get("driver"), driver_name, rules.kinds
+            )
+            if why is not None and any(applies(requests, r) for r in our_requests):
+                raise ConfigError(f"{source}: {why}")
             continue
         config = rules.decode(opaque.get("parameters"), source)
-        out.append(_Config(requests, source, config, origin))
+        out.append(AppliedConfig(requests, source, config, origin))
     return out
 
 
@@ -190,27 +165,10 @@ def _default_config(rules: ConfigRules) -> Any:
     return rules.default()
 
 
-def _config_for(request: str, configs: Sequence[_Config], rules: ConfigRules) -> Any:
-    """The last matching config wins; it is validated, the ones it overrides are not.
-
-    A claim config overrides a class config, one naming the request overrides one for
-    all requests; two of the same origin and reach that differ are a conflict, refused
-    rather than settled by their order.
-    """
-    chosen: _Config | None = None
-    for entry in configs:
-        if _applies(entry.requests, request):
-            if (
-                chosen is not None
-                and chosen.origin == entry.origin
-                and bool(chosen.requests) == bool(entry.requests)
-                and chosen.config != entry.config
-            ):
-                raise ConfigError(
-                    f"{chosen.source} and {entry.source} both configure request {request} "
-                    "differently: conflicting configs for one device"
-                )
-            chosen = entry
+def _config_for(request: str, configs: Sequence[AppliedConfig], rules: ConfigRules) -> Any:
+    """The config that applies (api.config.choose: the last matching one, conflicts refused),
+    validated; the ones it overrides are not."""
+    chosen = choose(request, configs)
     if chosen is None:
         return rules.validate(_default_config(rules), f"the default config of request {request}")
     return rules.validate(chosen.config, chosen.source)

@@ -83,18 +83,22 @@ def test_decode_checks_the_shape_only() -> None:
         (channel(domainID=UID.upper()), "is not a ComputeDomain UID"),
         (daemon(domainID=f"../{UID}"), "is not a ComputeDomain UID"),
         (daemon(domainID=f"{UID}\n"), "is not a ComputeDomain UID"),
-        (channel(domainID=7), 'field "domainID": Input should be a valid string'),
-        (channel(domainID=None), 'field "domainID": Input should be a valid string'),
+        (channel(domainID=7), 'field "domainID": 7: Input should be a valid string'),
+        (channel(domainID=None), 'field "domainID": None: Input should be a valid string'),
         # NVIDIA's JSON field is domainID: the camelCase a generator would make is unknown.
-        (channel(domainId=UID), 'field "domainId": Extra inputs are not permitted'),
-        (channel(domain_id=UID), 'field "domain_id": Extra inputs are not permitted'),
-        (channel(domainID=UID, unexpectedField=1), '"unexpectedField": Extra inputs'),
+        (channel(domainId=UID), 'field "domainId": unknown field, not allowed'),
+        (channel(domain_id=UID), 'field "domain_id": unknown field, not allowed'),
+        (channel(domainID=UID, unexpectedField=1), '"unexpectedField": unknown field'),
         (channel(domainID=UID, allocationMode="all"), "Input should be 'All' or 'Single'"),
         (channel(domainID=UID, allocationMode=""), "Input should be 'All' or 'Single'"),
         (channel(domainID=UID, allocationMode="ExactCount"), "'All' or 'Single'"),
         (channel(domainID=UID, allocationMode=1), 'field "allocationMode"'),
         # allocationMode belongs to the channel only.
-        (daemon(domainID=UID, allocationMode="Single"), '"allocationMode": Extra inputs'),
+        (
+            daemon(domainID=UID, allocationMode="Single"),
+            '"allocationMode": unknown field, not allowed (allowed there: apiVersion, domainID, '
+            "kind)",
+        ),
         (channel(domainID=UID, apiVersion="resource.nvidia.com/v1"), 'field "apiVersion"'),
         ({"kind": "ComputeDomainDaemonConfig", "domainID": UID}, 'field "apiVersion"'),
         (

@@ -56,11 +56,11 @@ def test_snake_case_spelling_is_an_unknown_field() -> None:
         ),
         (
             {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": 2}},
-            '"sharing.timeSlicingConfig.interval": Input should be',
+            '"sharing.timeSlicingConfig.interval": 2: Input should be',
         ),
         (
             {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Tiny"}},
-            '"sharing.timeSlicingConfig.interval": Input should be',
+            "\"sharing.timeSlicingConfig.interval\": 'Tiny': Input should be",
         ),
         ({"strategy": "Fabric"}, "unknown GPU sharing strategy Fabric"),
         (

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from api.config import API_VERSION
 from driver.nvml import SIM_ROOT_ENV
 from driver.nvml.faults import write_state_file
 from sandbox.kubeletsim import KubeletSim
@@ -113,6 +114,30 @@ async def test_prepare_creates_the_allocated_placement_and_unprepare_destroys_it
     assert _instances(dirs) == []
     assert not (_sim_root(dirs) / "proc/driver/nvidia/capabilities/gpu0/mig" / f"gi{gi}").exists()
     _no_records(dirs)
+    assert await plugin.terminate() == 0
+
+
+async def test_a_config_that_shares_the_instance_is_refused_before_anything_is_made(
+    kube: tuple[Any, Path], dirs: NodeDirs, processes: list[PluginProcess]
+) -> None:
+    # The rule of static MIG devices and of ``gpu-dra validate`` (api.config.refused_on):
+    # before it, the sharing was dropped without a word.
+    api, kubeconfig = kube
+    plugin = _starter(dirs, kubeconfig, processes)()
+    await plugin.wait_ready()
+    sharing = {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    config = [
+        {"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": sharing}}
+    ]
+    claim = await create_claim(api, "mig-mps", node=NODE, devices=[DEVICE], config=config)
+    async with await KubeletSim.register(plugin.paths.registration) as kubelet:
+        error = (await kubelet.prepare([claim])).claims[claim.uid].error
+    assert (
+        "field \"sharing.strategy\": 'MPS': sharing (TimeSlicing, MPS) is not supported on MIG"
+        in error
+    )
+    assert DEVICE in error
+    assert _instances(dirs) == []
     assert await plugin.terminate() == 0
 
 

@@ -204,8 +204,11 @@ def test_the_templates_nvidias_controller_writes_pass() -> None:
     [
         ({**CHANNEL, "domainID": ""}, 'ComputeDomainChannelConfig: field "domainID": cannot be'),
         ({**CHANNEL, "domainID": "cd-1"}, "'cd-1' is not a ComputeDomain UID"),
-        ({**CHANNEL, "allocationMode": "all"}, "field \"allocationMode\": Input should be 'All'"),
-        ({**CHANNEL, "unexpectedField": 1}, 'field "unexpectedField": Extra inputs'),
+        ({**CHANNEL, "allocationMode": "all"}, "\"allocationMode\": 'all': Input should be 'All'"),
+        (
+            {**CHANNEL, "unexpectedField": 1},
+            'field "unexpectedField": unknown field, not allowed (allowed there: allocationMode',
+        ),
         ({**CHANNEL, "kind": "GpuConfig"}, "parameters: field \"kind\": 'GpuConfig' is not"),
         ({**CHANNEL, "apiVersion": "resource.nvidia.com/v1"}, 'field "apiVersion"'),
     ],

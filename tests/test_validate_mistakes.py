@@ -81,6 +81,32 @@ def gpu_config(**parameters: Any) -> list[dict[str, Any]]:
     return [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {**GPU_CONFIG, **parameters}}}]
 
 
+def mig_claim(config: list[dict[str, Any]]) -> dict[str, Any]:
+    return claim(
+        config=config,
+        requests=[{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}],
+    )
+
+
+def opaque(driver: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"opaque": {"driver": driver, "parameters": parameters}}]
+
+
+# A class of the files that selects every device of the driver: GPUs and MIG devices alike.
+ANY_NVIDIA = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "any.nvidia.com"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]},
+}
+UID = "bb55e2a1-7c3d-4f0e-9a8b-0123456789ea"
+ONLY_GPU_CONFIG = 'the plugin would reject it: GpuConfig: field "kind": '
+MIG_SHARING = (
+    "sharing (TimeSlicing, MPS) is not supported on MIG devices; write the config without "
+    "sharing for these requests"
+)
+
+
 def pod_spec(
     uses: str = "gpu", entries: list[dict[str, Any]] | None = None, request: str | None = None
 ) -> dict[str, Any]:
@@ -575,8 +601,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.config[0].opaque.parameters",
                 "error",
-                'the plugin would reject it: GpuConfig: field "sharng": Extra inputs are not '
-                "permitted; did you mean sharing?",
+                'the plugin would reject it: GpuConfig: field "sharng": unknown field, not '
+                "allowed (allowed there: apiVersion, kind, sharing); did you mean sharing?",
             ),
         ],
     ),
@@ -595,7 +621,7 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "ResourceClaim/c",
                 "spec.devices.config[0].opaque.parameters",
                 "error",
-                'the plugin would reject it: GpuConfig: field "apiVersion": Field required',
+                'the plugin would reject it: GpuConfig: field "apiVersion": required',
             ),
         ],
     ),
@@ -620,7 +646,9 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.devices.config[0].opaque.parameters",
                 "error",
                 "the plugin would reject it: GpuConfig: field \"kind\": 'MigDeviceConfig' is "
-                "not supported (only GpuConfig)",
+                "not supported (only GpuConfig): NVIDIA's config for MIG devices; this driver "
+                "configures a MIG device with a GpuConfig, and shares none (drop the config, or "
+                "write kind GpuConfig without sharing)",
             ),
         ],
     ),
@@ -640,8 +668,10 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.devices.config[0].opaque.parameters",
                 "error",
                 "the plugin would reject it: GpuConfig: field "
-                '"sharing.mpsConfig.defaultActiveThreadPercent": Extra inputs are not '
-                "permitted; did you mean defaultActiveThreadPercentage?",
+                '"sharing.mpsConfig.defaultActiveThreadPercent": unknown field, not allowed '
+                "(allowed there: defaultActiveThreadPercentage, "
+                "defaultPerDevicePinnedMemoryLimit, defaultPinnedDeviceMemoryLimit); did you "
+                "mean defaultActiveThreadPercentage?",
             ),
         ],
     ),
@@ -661,8 +691,8 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.devices.config[0].opaque.parameters",
                 "error",
                 "the plugin would reject it: GpuConfig: field "
-                '"sharing.mpsConfig.defaultActiveThreadPercentage": Input should be less than '
-                "or equal to 100",
+                '"sharing.mpsConfig.defaultActiveThreadPercentage": 150: Input should be less '
+                "than or equal to 100",
             ),
         ],
     ),
@@ -676,7 +706,221 @@ MISTAKES: list[tuple[str, list[dict[str, Any]], str, list[tuple[str, str, str, s
                 "spec.devices.config[0].opaque.parameters",
                 "error",
                 'the plugin would reject it: GpuConfig: field "sharing.strategy": unknown GPU '
-                "sharing strategy TimeSlice",
+                "sharing strategy TimeSlice (must be TimeSlicing or MPS)",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig sharing on a MIG request",
+        [mig_claim(gpu_config(sharing={"strategy": "TimeSlicing"}))],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                OPAQUE_PATH,
+                "error",
+                "the plugin would reject it at prepare on request 'gpu', whose class "
+                "mig.nvidia.com and selectors select only MIG devices: field "
+                f"\"sharing.strategy\": 'TimeSlicing': {MIG_SHARING}",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig sharing in a class of MIG devices",
+        [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "shared-mig.example.com"},
+                "spec": {
+                    "selectors": [
+                        {
+                            "cel": {
+                                "expression": 'device.driver == "gpu.nvidia.com" && '
+                                f'{GPU}.type == "mig"'
+                            }
+                        }
+                    ],
+                    "config": gpu_config(sharing={"strategy": "TimeSlicing"}),
+                },
+            }
+        ],
+        "1.34",
+        [
+            (
+                "DeviceClass/shared-mig.example.com",
+                "spec.config[0].opaque.parameters",
+                "error",
+                "the plugin would reject it at prepare on every request of this class, whose "
+                "selectors select only MIG devices: field "
+                f"\"sharing.strategy\": 'TimeSlicing': {MIG_SHARING}",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig sharing on a request that may get a MIG device",
+        [
+            ANY_NVIDIA,
+            claim(
+                config=gpu_config(sharing={"strategy": "MPS"}),
+                requests=[{"name": "gpu", "exactly": {"deviceClassName": "any.nvidia.com"}}],
+            ),
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                OPAQUE_PATH,
+                "warning",
+                "the plugin would reject it at prepare on request 'gpu', whose class "
+                "any.nvidia.com and selectors select MIG devices among others (refused if it "
+                f"gets one): field \"sharing.strategy\": 'MPS': {MIG_SHARING}",
+            ),
+        ],
+    ),
+    (
+        "two GpuConfigs for one request",
+        [
+            claim(
+                config=gpu_config(sharing={"strategy": "MPS"})
+                + gpu_config(sharing={"strategy": "TimeSlicing"})
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[1]",
+                "error",
+                "the plugin would reject the claim at prepare: config[0] and config[1] both "
+                "configure request gpu differently: conflicting configs for one device (at "
+                "most one must apply)",
+            ),
+        ],
+    ),
+    (
+        "NVIDIA's VfioDeviceConfig",
+        [
+            claim(
+                config=opaque(
+                    "gpu.nvidia.com",
+                    {**GPU_CONFIG, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "x"}},
+                )
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                OPAQUE_PATH,
+                "error",
+                ONLY_GPU_CONFIG + "'VfioDeviceConfig' is not supported (only GpuConfig): "
+                "NVIDIA's VFIO passthrough config; this driver has no passthrough devices",
+            ),
+        ],
+    ),
+    (
+        "a ComputeDomain config under the GPU driver",
+        [
+            claim(
+                config=opaque(
+                    "gpu.nvidia.com",
+                    {**GPU_CONFIG, "kind": "ComputeDomainChannelConfig", "domainID": UID},
+                )
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                OPAQUE_PATH,
+                "error",
+                ONLY_GPU_CONFIG + "'ComputeDomainChannelConfig' is not supported (only "
+                "GpuConfig): a config of driver compute-domain.nvidia.com: write that driver",
+            ),
+        ],
+    ),
+    (
+        "GpuConfig for a misspelled driver",
+        [claim(config=opaque("gpu.nvidia.co", {**GPU_CONFIG, "sharing": {"strategy": "MPS"}}))],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.driver",
+                "error",
+                "the plugin would reject it at prepare on request 'gpu': field "
+                "\"opaque.driver\": a GpuConfig for driver 'gpu.nvidia.co', but its requests "
+                "are allocated from 'gpu.nvidia.com'; it would be ignored (write "
+                "'gpu.nvidia.com')",
+            ),
+        ],
+    ),
+    (
+        "a config for a driver nobody publishes",
+        [claim(config=opaque("efa.example.com", {"mode": "fast"}))],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.config[0].opaque.driver",
+                "error",
+                "'efa.example.com': no DeviceClass of the chart, the files given or the "
+                "cluster selects devices of this driver (known: compute-domain.nvidia.com, "
+                "gpu.nvidia.com), so the config applies to nothing (--defined-elsewhere if it "
+                "is)",
+            ),
+        ],
+    ),
+    (
+        "every unknown field of an object",
+        [
+            claim(
+                requests=[
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "cuont": 2,
+                            "selector": [],
+                        },
+                    }
+                ]
+            )
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/c",
+                "spec.devices.requests[0].exactly.cuont",
+                "error",
+                "unknown field 'cuont'; did you mean count?; unknown field 'selector' too (did "
+                "you mean selectors?)",
+            ),
+        ],
+    ),
+    (
+        "adminAccess in a namespace without the label",
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": "team", "labels": {"tier": "ml"}},
+            },
+            {
+                **claim(adminAccess=True),
+                "metadata": {"name": "c", "namespace": "team"},
+            },
+        ],
+        "1.34",
+        [
+            (
+                "ResourceClaim/team/c",
+                "spec.devices.requests[0].exactly.adminAccess",
+                "error",
+                "true: namespace 'team' has no label resource.kubernetes.io/admin-access, and "
+                "the API server allows admin access only with "
+                'resource.kubernetes.io/admin-access: "true"',
             ),
         ],
     ),
@@ -933,3 +1177,154 @@ def test_exit_status_is_documented_and_kept(
     with pytest.raises(SystemExit) as usage:
         main(["validate"])
     assert usage.value.code == 2
+
+
+NVIDIA = ROOT / "tests" / "data" / "nvidia"
+# NVIDIA's examples this driver does not take, and every line validate prints for them.
+NVIDIA_REFUSED = {
+    ("bats-gpu-simple-mig-ts.yaml", "spec.spec.devices.config[0].opaque.parameters"): (
+        "'MigDeviceConfig' is not supported (only GpuConfig): NVIDIA's config for MIG devices"
+    ),
+    ("gpu-test-vfio-config.yaml", "spec.spec.devices.config[0].opaque.parameters"): (
+        "'VfioDeviceConfig' is not supported (only GpuConfig): NVIDIA's VFIO passthrough config"
+    ),
+    # NVIDIA's VFIO class, which this chart does not install.
+    ("gpu-test-vfio-config.yaml", "spec.spec.devices.requests[0].exactly.deviceClassName"): (
+        "no DeviceClass 'vfio.gpu.nvidia.com'"
+    ),
+    # A mistake in NVIDIA's example: the pod's namespace is not the template's.
+    ("gpu-test-vfio-config.yaml", "spec.resourceClaims[0].resourceClaimTemplateName"): (
+        "no ResourceClaimTemplate 'single-gpu-full-vfioconfig' in namespace 'gpu-test-vfiopci'"
+    ),
+}
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.37"])
+def test_nvidia_examples_pass_where_this_driver_takes_them(version: str) -> None:
+    files = _files(NVIDIA)
+    assert len(files) == 16
+    sources = [(str(f), f.read_text()) for f in files]
+    problems = validate_sources(sources, version=parse_version(version))
+    got = {(Path(p.file).name, p.path): p.message for p in problems}
+    assert set(got) == set(NVIDIA_REFUSED)
+    for key, fragment in NVIDIA_REFUSED.items():
+        assert fragment in got[key]
+    assert all(p.severity is Severity.ERROR for p in problems)
+    # Their configs are NVIDIA's GpuConfig sharing and ComputeDomain channels: all read.
+    configs = [f for f in files if "kind: GpuConfig" in f.read_text()]
+    assert len(configs) >= 5
+
+
+RUN_TOGETHER = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: t
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+apiVersion: v1
+kind: Pod
+metadata:
+  name: p
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "fragment"),
+    [
+        # Two documents without "---": read leniently, the template would vanish into the pod.
+        (RUN_TOGETHER, "line 12, column 1", "duplicate key 'apiVersion' (first at line 1)"),
+        (
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: a\n  labels: {x: '1', x: '2'}\n",
+            "line 5, column 20",
+            "duplicate key 'x' (first at line 5)",
+        ),
+    ],
+)
+def test_a_key_written_twice_is_an_error_at_its_line(text: str, where: str, fragment: str) -> None:
+    (problem,) = validate_sources([("m.yaml", text)])
+    assert (problem.obj, problem.path, problem.severity) == ("yaml", where, Severity.ERROR)
+    assert fragment in problem.message
+    assert "'---'" in problem.message
+    # The same documents apart are fine, and a merge key may repeat a key.
+    fixed = RUN_TOGETHER.replace("apiVersion: v1\n", "---\napiVersion: v1\n")
+    assert all("duplicate" not in p.message for p in validate_sources([("m.yaml", fixed)]))
+    merged = "a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n"
+    assert all("duplicate" not in p.message for p in validate_sources([("m.yaml", merged)]))
+
+
+def test_admin_access_is_judged_by_the_namespace_given() -> None:
+    def namespace(labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": "ops", "labels": labels},
+        }
+
+    admin = {**claim(adminAccess=True), "metadata": {"name": "c", "namespace": "ops"}}
+    label = "resource.kubernetes.io/admin-access"
+
+    def found(*docs: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            (p.severity.value, p.message)
+            for p in validate_sources([("m.yaml", yaml.safe_dump_all(docs))])
+        ]
+
+    assert found(namespace({label: "true"}), admin) == []
+    ((severity, message),) = found(namespace({label: "false"}), admin)
+    assert severity == "error" and f"namespace 'ops' has {label}: 'false'" in message
+    ((severity, message),) = found(admin)  # no Namespace given: the server may still refuse
+    assert severity == "warning" and "namespace 'ops' is not in the files given" in message
+
+
+async def test_cluster_supplies_the_namespaces_admin_access_needs(
+    apiserver: LocalApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    from cli import main
+
+    label = "resource.kubernetes.io/admin-access"
+    apiserver.seed(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": "ops", "labels": {label: "true"}},
+        },
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}},
+    )
+    kubeconfig = str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
+    files = {}
+    for namespace in ("ops", "team"):
+        files[namespace] = tmp_path / f"{namespace}.yaml"
+        files[namespace].write_text(
+            yaml.safe_dump(
+                {**claim(adminAccess=True), "metadata": {"name": "c", "namespace": namespace}}
+            )
+        )
+    argv = ["validate", "--cluster", "--kubeconfig", kubeconfig]
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, [*argv, str(files["ops"])]) == 0
+    assert capsys.readouterr().out == "1 object, no problems\n"
+    assert await asyncio.to_thread(main, [*argv, str(files["team"])]) == 1
+    assert capsys.readouterr().out == (
+        f"{files['team']}: ResourceClaim/team/c: spec.devices.requests[0].exactly.adminAccess: "
+        f"error: true: namespace 'team' has no label {label}, and the API server allows admin "
+        f'access only with {label}: "true"\n'
+    )
+
+
+def test_the_config_a_request_gets_is_the_one_judged_on_its_devices() -> None:
+    # The plugin's choice (api.config.choose): the last config that applies wins. After the
+    # one for every request, the one naming the MIG request (no sharing) is what it gets.
+    for_all = gpu_config(sharing={"strategy": "TimeSlicing"})
+    for_mig = [{**gpu_config()[0], "requests": ["gpu"]}]
+    assert validate_sources([("m.yaml", yaml.safe_dump(mig_claim(for_all + for_mig)))]) == []
+    (problem,) = validate_sources([("m.yaml", yaml.safe_dump(mig_claim(for_mig + for_all)))])
+    assert problem.path == "spec.devices.config[1].opaque.parameters"
+    assert "select only MIG devices" in problem.message

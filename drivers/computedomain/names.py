@@ -13,13 +13,13 @@ from typing import Final
 from api.names import ALLOCATION_ALL as ALLOCATION_ALL
 from api.names import ALLOCATION_MODES as ALLOCATION_MODES
 from api.names import ALLOCATION_SINGLE as ALLOCATION_SINGLE
-from api.names import API_GROUP
+from api.names import API_GROUP, COMPUTE_DOMAIN_DRIVER
 from api.names import API_VERSION as API_VERSION
 from api.names import CHANNEL_CONFIG_KIND as CHANNEL_CONFIG_KIND
 from api.names import DAEMON_CONFIG_KIND as DAEMON_CONFIG_KIND
 
 # The DRA driver: the driver of its ResourceSlices and opaque configs, and its plugin's name.
-DRIVER_NAME: Final = "compute-domain.nvidia.com"
+DRIVER_NAME: Final = COMPUTE_DOMAIN_DRIVER
 
 # The custom resources (resource.nvidia.com/v1beta1, charts/gpu-dra-driver/crds/).
 GROUP: Final = API_GROUP

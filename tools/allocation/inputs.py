@@ -57,31 +57,8 @@ class Inputs:
     taint_rules_unread: str | None = None
 
 
-class _DuplicateKey(yaml.constructor.ConstructorError):
-    pass
-
-
-# libyaml's parser when present: the pure-Python one takes over a minute on 5,000 slices.
-# Both loaders share SafeConstructor, whose methods are all _StrictLoader uses, so the
-# type checker sees the pure-Python one as the base.
-if TYPE_CHECKING:
-    _SafeLoader = yaml.SafeLoader
-else:
-    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _StrictLoader(_SafeLoader):
-    """A safe loader that refuses a mapping with a repeated key instead of keeping the last."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise _DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-        return mapping
+_StrictLoader = userfiles.StrictLoader
+_DuplicateKey = userfiles.DuplicateKeyError
 
 
 _DOC_START = re.compile(r"^apiVersion:", re.MULTILINE)
@@ -262,7 +239,9 @@ _HINTS = {
 
 
 async def read_references(api_client: Any) -> list[dict[str, Any]]:
-    """DeviceClasses, ResourceClaims and ResourceClaimTemplates: what manifests name.
+    """DeviceClasses, ResourceClaims and ResourceClaimTemplates: what manifests name; and,
+    where the API server lets them be listed, Namespaces (their labels allow admin access),
+    ResourceSlices (the drivers that publish) and ComputeDomains (their channel templates).
 
     For ``gpu-dra validate --cluster``: a pod in a file may name a template that is
     already in the cluster.
@@ -279,6 +258,22 @@ async def read_references(api_client: Any) -> list[dict[str, Any]]:
     ):
         for item in await _list_all(api, f"{group}/{name}", name):
             item.setdefault("kind", kind)
+            found.append(item)
+    # What validate reads besides: a user who may not list them loses only those checks,
+    # and a cluster without the ComputeDomain CRD has none.
+    for kind, path, name in (
+        ("Namespace", "/api/v1/namespaces", "namespaces"),
+        (SLICE, f"{group}/resourceslices", "resourceslices"),
+        ("ComputeDomain", "/apis/resource.nvidia.com/v1beta1/computedomains", "computedomains"),
+    ):
+        try:
+            items = await _list_all(api, path, name)
+        except ClusterAccessError:
+            continue
+        for item in items:
+            item.setdefault("kind", kind)
+            if kind == "ComputeDomain":  # the items of a list carry no apiVersion
+                item.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
             found.append(item)
     return found
 

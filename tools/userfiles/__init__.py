@@ -12,7 +12,9 @@ import os
 import re
 import stat
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from driver.common.errors import PermanentError
 
@@ -120,3 +122,41 @@ def document_error(doc: Any) -> str | None:
         stack.append((value, depth, True))
         stack.extend((c, depth + 1, False) for c in children if isinstance(c, (dict, list)))
     return None
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key written twice in one mapping."""
+
+
+# libyaml's parser when present: the pure-Python one is ten times slower. Both share
+# SafeConstructor, whose methods are all StrictLoader uses, so the type checker sees the
+# pure-Python one as the base.
+if TYPE_CHECKING:
+    _SafeLoader = yaml.SafeLoader
+else:
+    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class StrictLoader(_SafeLoader):
+    """The safe loader, refusing a key written twice in one mapping, as YAML 1.2 and the
+    API server's decoder do (PyYAML keeps the last silently). Two documents run together
+    without ``---`` make such a mapping: read as one object, the first would vanish."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[tuple[str, str], yaml.Node] = {}
+        for key_node, _ in node.value:
+            # Keys as written (a merge key "<<" may repeat): no alias is expanded here.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            first = seen.setdefault((key_node.tag, key_node.value), key_node)
+            if first is not key_node:
+                raise DuplicateKeyError(
+                    None,
+                    None,
+                    f"duplicate key {key_node.value!r} (first at line "
+                    f"{first.start_mark.line + 1}): a key must be unique in its mapping; two "
+                    "documents run together need '---' between them",
+                    key_node.start_mark,
+                )
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping

@@ -470,3 +470,22 @@ def check_request(
         severity,
         Check.HARDWARE,
     )
+
+
+def device_types(
+    class_selectors: Sequence[str], request_selectors: Sequence[str]
+) -> frozenset[str]:
+    """The ``type`` attributes (gpu, mig) of the devices of every profile that pass a class's
+    selectors and a request's: what a config on that request meets at prepare. Empty when the
+    selectors are not this driver's, or no device passes (reported elsewhere)."""
+    if not ours([*class_selectors, *request_selectors]):
+        return frozenset()
+    table = _table()
+    passing = _passing(clauses([("class", class_selectors), ("the request", request_selectors)]))
+    found = set()
+    for i in _bits(passing):
+        try:
+            found.add(str(table.devices[i].attribute(table.driver, "type")))
+        except KeyError:
+            continue
+    return frozenset(found)

@@ -4,6 +4,7 @@ Pure: it takes file names with their text and never touches the file system, so 
 reads the files and everything here is a function of data.
 """
 
+import dataclasses
 import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -195,10 +196,17 @@ def _schema_finding(error: jsonschema.ValidationError, kind: str) -> Finding | N
         extra = sorted(k for k in error.instance if k not in allowed)
         if extra:
             near = suggest(str(extra[0]), set(allowed))
+            # Every unknown field of the object: fixing one at a time would take as many runs.
+            others = "".join(
+                f"; unknown field {k!r} too"
+                + (f" (did you mean {n}?)" if (n := suggest(str(k), set(allowed))) else "")
+                for k in extra[1:]
+            )
             return Finding(
                 _field_path([*path, extra[0]]),
                 f"unknown field {extra[0]!r}"
-                + (f"; did you mean {near}?" if near else f" (allowed: {_listed(allowed)})"),
+                + (f"; did you mean {near}?" if near else f" (allowed: {_listed(allowed)})")
+                + others,
             )
     instance = error.instance
     if error.validator == "required" and isinstance(error.validator_value, list):
@@ -247,9 +255,7 @@ def _map_keys(schema: Any) -> list[str]:
 
 def _documents(file: str, text: str) -> Iterator[tuple[int, Any] | Problem]:
     try:
-        # libyaml's loader where it is built in: the pure-Python one is ten times slower.
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        for index, doc in enumerate(yaml.load_all(text, Loader=loader)):
+        for index, doc in enumerate(yaml.load_all(text, Loader=userfiles.StrictLoader)):
             if doc is None:
                 continue
             # Before any check walks it: an alias bomb expands to a billion values there.
@@ -291,9 +297,60 @@ def _class_selectors(docs: Sequence[Any]) -> dict[str, tuple[str, ...]]:
     return known
 
 
+def _drivers(docs: Sequence[Any]) -> frozenset[str] | None:
+    """The drivers whose devices the chart's classes, the files' and the cluster's select (a
+    driver a selector compares ``device.driver`` with, or whose attributes it reads), or whose
+    ResourceSlices they hold. None when a class selects devices of any driver: then no
+    driver is unknown."""
+    from tools.cel import CelError
+
+    found = {PUBLISHED.driver, computedomain.DRIVER_NAME}
+    for doc in docs:
+        if not isinstance(doc, Mapping):
+            continue
+        spec = doc.get("spec")
+        spec = spec if isinstance(spec, Mapping) else {}
+        if doc.get("kind") == "ResourceSlice" and isinstance(spec.get("driver"), str):
+            found.add(spec["driver"])
+        if doc.get("kind") != "DeviceClass":
+            continue
+        named: set[str] = set()
+        for expression in hardware.expressions(spec.get("selectors")):
+            try:
+                what = hardware.reads(expression)
+            except CelError:
+                continue
+            named |= what.drivers | {domain for domain, _, _ in what.names}
+        if not named:
+            return None
+        found |= named
+    return frozenset(found)
+
+
+def _namespaces(docs: Sequence[Any]) -> dict[str, Mapping[str, str]]:
+    """Each Namespace of the files and the cluster with its labels."""
+    found: dict[str, Mapping[str, str]] = {}
+    for doc in docs:
+        if not isinstance(doc, Mapping) or doc.get("kind") != "Namespace":
+            continue
+        meta = doc.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        labels = meta.get("labels")
+        if isinstance(meta.get("name"), str):
+            found[meta["name"]] = labels if isinstance(labels, Mapping) else {}
+    return found
+
+
+def _namespace_of(doc: Mapping[str, Any]) -> str:
+    meta = doc.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
+
+
 def _object_findings(
     doc: Mapping[str, Any], ctx: rules.Context, claims: workloads.Claims
 ) -> Iterator[Finding]:
+    ctx = dataclasses.replace(ctx, namespace=_namespace_of(doc))
     if computedomains.is_ours(doc):
         yield from _compute_domain_findings(doc)
         return
@@ -426,6 +483,8 @@ def validate_report(
         lint_selector=linter(published) if published is not None else rules.no_lint,
         published=published,
         class_selectors=_class_selectors(every) if hardware_check else None,
+        drivers=_drivers([*chart_device_classes(), *every]),
+        namespaces=_namespaces(every),
     )
     claims = workloads.collect_claims(every)
     problems: list[Problem] = []

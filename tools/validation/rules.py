@@ -7,7 +7,7 @@ accessor tolerates a wrong type, because the schema check reports those already.
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,13 @@ class Context:
     # DeviceClass name -> its selectors, for the check against every instance profile's
     # devices; None: not checked.
     class_selectors: Mapping[str, tuple[str, ...]] | None = None
+    # Drivers whose devices some class of the chart, the files or the cluster selects (or
+    # whose ResourceSlices they hold); None: not checked (a class selects any driver's).
+    drivers: frozenset[str] | None = None
+    # Namespace name -> its labels, of the Namespaces in the files and the cluster.
+    namespaces: Mapping[str, Mapping[str, str]] | None = None
+    # The namespace of the object being checked ("default" when none is written).
+    namespace: str = "default"
 
 
 def _list(value: Any) -> list[Any]:
@@ -174,23 +181,24 @@ def _gpu_config(path: str, parameters: Any) -> Iterator[Finding]:
         )
 
 
-_EXTRA_FIELD = re.compile(r'field "(?:[^"]*\.)?([^".]+)": Extra inputs are not permitted')
+_EXTRA_FIELD = re.compile(r'field "(?:[^"]*\.)?([^".]+)": unknown field')
 
 
 def _field_hint(message: str) -> str:
-    """``did you mean sharing?`` for the first unknown field of a GpuConfig."""
+    """``did you mean sharing?`` for each unknown field of a GpuConfig that is close to one."""
     from pydantic import BaseModel
 
     from api import config
     from tools.cel import suggest
 
-    match = _EXTRA_FIELD.search(message)
-    if match is None:
-        return ""
     models = [m for m in vars(config).values() if isinstance(m, type) and issubclass(m, BaseModel)]
     names = {f.alias or n for m in models for n, f in m.model_fields.items()}
-    near = suggest(match[1], names)
-    return f"; did you mean {near}?" if near else ""
+    hints = []
+    for match in _EXTRA_FIELD.finditer(message):
+        near = suggest(match[1], names)
+        if near:
+            hints.append(f"; did you mean {near}?")
+    return "".join(hints)
 
 
 def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Finding]:
@@ -211,6 +219,13 @@ def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Fin
                 f"{driver!r} must be a DNS subdomain of at most {MAX_DRIVER_NAME} characters"
                 + (f", is {len(driver)}" if len(driver) > MAX_DRIVER_NAME else ""),
             )
+        elif (
+            ctx.drivers is not None
+            and driver not in ctx.drivers
+            # A GpuConfig for another driver: judged with its requests (the plugin's rule).
+            and not _looks_ours(opaque.get("parameters"), driver, ctx)
+        ):
+            yield _unknown_driver(f"{path}[{i}].opaque.driver", driver, ctx.drivers)
         if opaque.get("parameters") is None:
             yield Finding(f"{path}[{i}].opaque.parameters", "required: the driver's config")
         else:
@@ -227,6 +242,203 @@ def _opaque_configs(path: str, configs: list[Any], ctx: Context) -> Iterator[Fin
             yield from _compute_domain_config(
                 f"{path}[{i}].opaque.parameters", opaque["parameters"]
             )
+
+
+def _looks_ours(parameters: Any, driver: str, ctx: Context) -> bool:
+    from api.config import GPU_CONFIG_KIND, misaddressed
+
+    published = ctx.published
+    return (
+        published is not None
+        and ctx.class_selectors is not None
+        and misaddressed(parameters, driver, published.driver, (GPU_CONFIG_KIND,)) is not None
+    )
+
+
+def _unknown_driver(path: str, driver: str, known: frozenset[str]) -> Finding:
+    from tools.cel import suggest
+
+    near = suggest(driver, set(known))
+    return Finding(
+        path,
+        f"{driver!r}: no DeviceClass of the chart, the files given or the cluster selects "
+        f"devices of this driver (known: {', '.join(sorted(known))}), so the config applies "
+        "to nothing" + (f"; did you mean {near}?" if near else "") + " (--defined-elsewhere "
+        "if it is)",
+        check=Check.REFERENCE,
+    )
+
+
+def _requests_by_name(devices: Mapping[str, Any]) -> dict[str, tuple[str, list[str], str]]:
+    """Each request and ``request/subrequest``: (its class, its selectors, the path of its
+    deviceClassName)."""
+    out: dict[str, tuple[str, list[str], str]] = {}
+    for i, raw in enumerate(_list(devices.get("requests"))):
+        request = _map(raw)
+        name = _str(request.get("name"))
+        if name is None:
+            continue
+        alternatives = [(name, _map(request.get("exactly")), f"requests[{i}].exactly")]
+        for j, sub in enumerate(_list(request.get("firstAvailable"))):
+            subname = _str(_map(sub).get("name"))
+            if subname is not None:
+                alternatives.append(
+                    (f"{name}/{subname}", _map(sub), f"requests[{i}].firstAvailable[{j}]")
+                )
+        for target, fields, where in alternatives:
+            class_name = _str(fields.get("deviceClassName"))
+            if class_name is not None:
+                selectors = hardware.expressions(fields.get("selectors"))
+                out[target] = (class_name, selectors, where)
+    return out
+
+
+def _gpu_configs_on_device_types(
+    path: str, devices: Mapping[str, Any], ctx: Context
+) -> Iterator[Finding]:
+    """The claim's GpuConfigs as the plugin plans them: one for another driver on requests of
+    this one (api.config.misaddressed), two that conflict on a request (api.config.choose),
+    and the one a request gets against the device types its class and selectors select
+    among every profile's devices (api.config.refused_on)."""
+    from api.config import (
+        GPU_CONFIG_KIND,
+        AppliedConfig,
+        ConfigError,
+        choose,
+        decode_gpu_config,
+        misaddressed,
+    )
+
+    kinds = (GPU_CONFIG_KIND,)
+    entries: list[AppliedConfig] = []
+
+    known = ctx.class_selectors
+    if known is None or ctx.published is None:
+        return
+    requests = _requests_by_name(devices)
+    driver = ctx.published.driver
+    for i, raw in enumerate(_list(devices.get("config"))):
+        opaque = _map(_map(raw).get("opaque"))
+        refs = [r for r in _list(_map(raw).get("requests")) if isinstance(r, str)]
+        why = misaddressed(opaque.get("parameters"), opaque.get("driver"), driver, kinds)
+        if why is not None:
+            ours = [
+                t
+                for t, (class_name, selectors, _) in requests.items()
+                if (not refs or t in refs or t.partition("/")[0] in refs)
+                and hardware.ours([*known.get(class_name, ()), *selectors])
+            ]
+            if ours:
+                yield Finding(
+                    f"{path}.config[{i}].opaque.driver",
+                    f"the plugin would reject it at prepare on request {ours[0]!r}: {why}",
+                    check=Check.PLUGIN,
+                )
+            elif ctx.drivers is not None and _str(opaque.get("driver")) not in ctx.drivers:
+                yield _unknown_driver(
+                    f"{path}.config[{i}].opaque.driver", str(opaque.get("driver")), ctx.drivers
+                )
+            continue
+        if opaque.get("driver") != driver or opaque.get("parameters") is None:
+            continue
+        try:
+            config = decode_gpu_config(opaque["parameters"], source="")
+        except ConfigError:
+            continue  # refused for its shape already
+        entries.append(AppliedConfig(tuple(refs), f"config[{i}]", config, "claim"))
+    # Per request of this driver, the config the plugin picks (api.config.choose), judged
+    # against the device types the request's class and selectors select.
+    refused: set[str] = set()
+    for target, (class_name, selectors, _) in requests.items():
+        if class_name not in known or not hardware.ours([*known[class_name], *selectors]):
+            continue
+        try:
+            chosen = choose(target, entries)
+        except ConfigError as exc:
+            # The entry that met an earlier one: the shortest prefix of them that is refused.
+            later = next(
+                e.source for k, e in enumerate(entries) if _conflicts(target, entries[: k + 1])
+            )
+            if later not in refused:
+                refused.add(later)
+                yield Finding(
+                    f"{path}.{later}",
+                    f"the plugin would reject the claim at prepare: {exc}",
+                    check=Check.PLUGIN,
+                )
+            continue
+        if chosen is None:
+            continue
+        finding = _on_types(
+            f"{path}.{chosen.source}.opaque.parameters",
+            chosen.config.sharing_settings(),
+            hardware.device_types(known[class_name], selectors),
+            f"request {target!r}, whose class {class_name} and selectors select",
+        )
+        if finding is not None:
+            yield finding
+
+
+def _conflicts(request: str, configs: Sequence[Any]) -> bool:
+    from api.config import ConfigError, choose
+
+    try:
+        choose(request, configs)
+    except ConfigError:
+        return True
+    return False
+
+
+def _on_types(
+    path: str, settings: tuple[tuple[str, str], ...], types: frozenset[str], subject: str
+) -> Finding | None:
+    """A config with ``settings`` on devices of ``types``: refused where the plugin refuses
+    it on each of them (an error), or on some of them (a warning)."""
+    from api.config import refused_on
+
+    reasons = {t: why for t in sorted(types) if (why := refused_on(t, settings)) is not None}
+    if not reasons:
+        return None
+    only = set(reasons) == set(types)
+    kinds = ", ".join(t.upper() for t in reasons)
+    return Finding(
+        path,
+        f"the plugin would reject it at prepare on {subject} "
+        + (
+            f"only {kinds} devices"
+            if only
+            else f"{kinds} devices among others (refused if it gets one)"
+        )
+        + f": {next(iter(reasons.values()))}",
+        Severity.ERROR if only else Severity.WARNING,
+        Check.PLUGIN,
+    )
+
+
+def _class_gpu_configs(path: str, spec: Mapping[str, Any], ctx: Context) -> Iterator[Finding]:
+    """A class's GpuConfigs against the device types its selectors select: every request of
+    the class gets them."""
+    from api.config import ConfigError, decode_gpu_config
+
+    if ctx.published is None or ctx.class_selectors is None:
+        return
+    types = hardware.device_types(hardware.expressions(spec.get("selectors")), [])
+    for i, raw in enumerate(_list(spec.get("config"))):
+        opaque = _map(_map(raw).get("opaque"))
+        if opaque.get("driver") != ctx.published.driver or opaque.get("parameters") is None:
+            continue
+        try:
+            settings = decode_gpu_config(opaque["parameters"], source="").sharing_settings()
+        except ConfigError:
+            continue  # refused for its shape already
+        finding = _on_types(
+            f"{path}.config[{i}].opaque.parameters",
+            settings,
+            types,
+            "every request of this class, whose selectors select",
+        )
+        if finding is not None:
+            yield finding
 
 
 def _compute_domain_config(path: str, parameters: Any) -> Iterator[Finding]:
@@ -350,6 +562,7 @@ def check_device_class_spec(spec: Any, path: str, ctx: Context) -> Iterator[Find
     selectors = list(_selectors(f"{path}.selectors", _list(spec.get("selectors")), ctx))
     yield from selectors
     yield from _opaque_configs(f"{path}.config", _list(spec.get("config")), ctx)
+    yield from _class_gpu_configs(path, spec, ctx)
     refused = any(f.severity is Severity.ERROR for f in selectors)
     if ctx.class_selectors is not None and not refused:
         unsatisfiable = hardware.check_class(path, spec.get("selectors"))
@@ -420,12 +633,7 @@ def _request_fields(
     elif mode == "ExactCount" and isinstance(count, int) and count < 0:
         yield Finding(f"{path}.count", f"{count} is out of range: must be at least 1")
     if request.get("adminAccess") is True:
-        yield Finding(
-            f"{path}.adminAccess",
-            "true: allowed only in a namespace with the label "
-            'resource.kubernetes.io/admin-access: "true" (the API server refuses it elsewhere)',
-            Severity.WARNING,
-        )
+        yield from _admin_access(f"{path}.adminAccess", ctx)
     tolerations = _list(request.get("tolerations"))
     if tolerations:
         yield from _gated(
@@ -441,6 +649,34 @@ def _request_fields(
         )
         yield from _capacity_requests(
             f"{path}.capacity.requests", _map(capacity.get("requests")), class_name, ctx
+        )
+
+
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def _admin_access(path: str, ctx: Context) -> Iterator[Finding]:
+    """adminAccess against the claim's Namespace where the files or the cluster have it."""
+    labels = (ctx.namespaces or {}).get(ctx.namespace)
+    if labels is None:
+        yield Finding(
+            path,
+            f"true: allowed only in a namespace with the label {ADMIN_ACCESS_LABEL}: "
+            f'"true" (the API server refuses it elsewhere; namespace {ctx.namespace!r} is not '
+            "in the files given or the cluster)",
+            Severity.WARNING,
+        )
+    elif labels.get(ADMIN_ACCESS_LABEL) != "true":
+        value = labels.get(ADMIN_ACCESS_LABEL)
+        yield Finding(
+            path,
+            f"true: namespace {ctx.namespace!r} has "
+            + (
+                f"{ADMIN_ACCESS_LABEL}: {value!r}"
+                if value is not None
+                else f"no label {ADMIN_ACCESS_LABEL}"
+            )
+            + f', and the API server allows admin access only with {ADMIN_ACCESS_LABEL}: "true"',
         )
 
 
@@ -721,6 +957,7 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
             )
     configs = _list(devices.get("config"))
     yield from _opaque_configs(f"{dpath}.config", configs, ctx)
+    yield from _gpu_configs_on_device_types(dpath, devices, ctx)
     yield from _compute_domain_requests(dpath, devices)
     for i, raw in enumerate(configs):
         refs = _list(_map(raw).get("requests"))

@@ -45,7 +45,7 @@ from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from drivers.gpu.kinds.base import GpuKindContext, GpuNode, HealthTarget, MigMaker
 from drivers.gpu.kinds.files import PRIVATE
 from drivers.gpu.kinds.gpu import CONTROL_NODES, physical_attributes
-from drivers.gpu.kinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV
+from drivers.gpu.kinds.mig import CAPS_DIR, VISIBLE_UUIDS_ENV, refuse_sharing
 from drivers.gpu.model.inventory import Gpu, Inventory, MigDevice, MigPartition
 
 log = logging.getLogger(__name__)
@@ -343,6 +343,8 @@ class DynamicMigKind:
         return any(d.kind == NAME for d in claim.devices)
 
     def prepare(self, claim: PreparedClaim) -> None:
+        # Before anything is made: its MIG devices take no sharing, as static ones.
+        refuse_sharing(claim, NAME)
         maker = self._ready()
         placements = [_placement(d) for d in _mine(claim)]
         # What an earlier prepare of the claim made stays recorded until it is made again

@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from api.config import MIG_TYPE, refused_on
 from driver.common.errors import PermanentError
 from driver.devicekind import NodeDevice, PreparedClaim
 from drivers.gpu.kinds.base import GpuKindContext, GpuNode, HealthTarget
@@ -83,8 +84,24 @@ def node_device(gpu: Gpu, mig: MigDevice, inventory: Inventory) -> NodeDevice:
     )
 
 
-def _shared(claim: PreparedClaim) -> list[str]:
-    return [d.device_name for d in claim.devices if d.kind == NAME and d.sharing]
+def _shared(claim: PreparedClaim, kind: str = NAME) -> list[str]:
+    """The claim's devices of ``kind`` (a MIG kind) whose config the MIG type refuses."""
+    return [
+        d.device_name
+        for d in claim.devices
+        if d.kind == kind and refused_on(MIG_TYPE, d.sharing) is not None
+    ]
+
+
+def refuse_sharing(claim: PreparedClaim, kind: str = NAME) -> None:
+    """Refuse a claim whose config asks to share a MIG device (api.config.refused_on, the
+    rule ``gpu-dra validate`` judges a request's config with)."""
+    shared = _shared(claim, kind)
+    if shared:
+        device = next(d for d in claim.devices if d.device_name == shared[0])
+        raise MigSharingError(
+            f"claim {claim}: {refused_on(MIG_TYPE, device.sharing)} ({', '.join(shared)})"
+        )
 
 
 class MigKind:
@@ -131,12 +148,7 @@ class MigKind:
         return bool(_shared(claim))
 
     def prepare(self, claim: PreparedClaim) -> None:
-        shared = _shared(claim)
-        if shared:
-            raise MigSharingError(
-                f"claim {claim}: sharing (TimeSlicing, MPS) is not supported on MIG devices "
-                f"({', '.join(shared)}); drop the GpuConfig sharing for these requests"
-            )
+        refuse_sharing(claim)
 
     def unprepare(self, claim: PreparedClaim) -> None:
         pass
