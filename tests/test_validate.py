@@ -683,3 +683,44 @@ def test_a_constraints_domain_case_as_each_api_server_judges_it(
         [path] if refused else []
     )
     assert bool(errors) == refused, errors
+
+
+@pytest.mark.parametrize("version", [(1, 37), (1, 38)])
+def test_two_slashes_and_a_negative_request_as_each_api_server_judges_them(
+    version: tuple[int, int],
+) -> None:
+    """1.38.0-beta.0's API server refuses 'a/b/c' as a constraint's attribute or a capacity
+    name, and a capacity request of -1Gi, which 1.37 took: seen by the validate oracle."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "team"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "a",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "capacity": {"requests": {"a/b/c": "1Gi", "memory": "-1Gi"}},
+                        },
+                    }
+                ],
+                "constraints": [{"matchAttribute": "a/b/c"}],
+            }
+        },
+    }
+    found = validate_sources([("c.yaml", yaml.safe_dump(claim))], version=version)
+    refused = sorted(
+        p.path
+        for p in found
+        if p.severity is Severity.ERROR
+        and ("more than one slash" in p.message or "greater than or equal to 0" in p.message)
+    )
+    capacity = "spec.devices.requests[0].exactly.capacity.requests"
+    expected = [
+        f"{capacity}.a/b/c",
+        f"{capacity}.memory",
+        "spec.devices.constraints[0].matchAttribute",
+    ]
+    assert refused == (sorted(expected) if version >= (1, 38) else [])

@@ -102,9 +102,14 @@ def is_driver_name(name: str) -> bool:
 
 # From this version the API server takes a distinctAttribute's domain as written, lowercase only.
 STRICT_DISTINCT_DOMAIN = (1, 37)
+# From this version (seen on 1.38.0-beta.0) the API server refuses a qualified name with two
+# slashes (constraints, capacity requests) and a negative capacity request, which 1.37 took.
+STRICT_QUALIFIED_NAMES = (1, 38)
 
 
-def _fully_qualified_name(name: str, *, any_case: bool = True) -> str | None:
+def _fully_qualified_name(
+    name: str, *, any_case: bool = True, one_slash: bool = False
+) -> str | None:
     """Why ``name`` is no fully qualified attribute name (``<domain>/<id>``), or None.
 
     As validateFullyQualifiedName, which lets a name with two slashes pass (the API server
@@ -115,7 +120,7 @@ def _fully_qualified_name(name: str, *, any_case: bool = True) -> str | None:
     if len(parts) == 1:
         return "must be a fully qualified name: <domain>/<name>, e.g. gpu.nvidia.com/nvlinkDomain"
     if len(parts) > 2:
-        return None
+        return "must not contain more than one slash" if one_slash else None
     domain, ident = parts
     if not domain:
         return "the domain before '/' must not be empty"
@@ -741,15 +746,21 @@ def _capacity_requests(
     from tools.cel import suggest
 
     published = ctx.published
+    strict = ctx.version >= STRICT_QUALIFIED_NAMES
     for name, value in requests.items():
+        if strict and str(name).count("/") > 1:
+            yield Finding(f"{path}.{name}", f"{name!r}: must not contain more than one slash")
         if isinstance(value, str):
+            negative = False
             try:
-                Quantity.parse(value)
+                negative = Quantity.parse(value).value < 0
             except ValueError:
                 yield Finding(
                     f"{path}.{name}",
                     f"{value!r} is not a quantity (e.g. 40Gi, 512Mi); the API server rejects it",
                 )
+            if strict and negative:
+                yield Finding(f"{path}.{name}", f"{value!r}: must be greater than or equal to 0")
         if published is None:
             continue
         domain, slash, ident = str(name).rpartition("/")
@@ -947,7 +958,9 @@ def check_claim_spec(spec: Any, path: str, ctx: Context) -> Iterator[Finding]:
         )
         for key, value in (checked,):
             any_case = key == "matchAttribute" or ctx.version < STRICT_DISTINCT_DOMAIN
-            if value is not None and (why := _fully_qualified_name(value, any_case=any_case)):
+            strict = ctx.version >= STRICT_QUALIFIED_NAMES
+            why = value and _fully_qualified_name(value, any_case=any_case, one_slash=strict)
+            if value is not None and why:
                 yield Finding(f"{cpath}.{key}", f"{value!r}: {why}")
             elif value is not None:
                 yield from _published_attribute(f"{cpath}.{key}", value, ctx)
