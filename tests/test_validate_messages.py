@@ -349,6 +349,12 @@ def run() -> tuple[list[tuple[Problem, list[Any]]], Counter[tuple[str, int]]]:
             text = case if isinstance(case, str) else yaml.safe_dump_all(case)
             docs = [] if isinstance(case, str) else case
             found += [(p, docs) for p in validate_sources([(FILE, text)])]
+        # What only a newer API server refuses, at that version.
+        newer = [_claim({"requests": [{"name": "a", "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "capacity": {"requests": {"a/b/c": "1Gi", "memory": "-1Gi"}}}}]})]  # fmt: skip
+        text = yaml.safe_dump_all(newer)
+        found += [(p, newer) for p in validate_sources([(FILE, text)], version=(1, 38))]
     finally:
         for module, f, p in saved:
             if f is not None:

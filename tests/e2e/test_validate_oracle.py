@@ -127,7 +127,9 @@ class Sender:
 
 def _parts(path: str) -> list[str]:
     # Go's decoder names an embedded struct by its type (config.DeviceConfiguration.opaque):
-    # JSON fields start lowercase, types do not.
+    # JSON fields start lowercase, types do not. A map's key is a subscript to the server
+    # (``requests[memory]``), a field to validate (``requests.memory``).
+    path = re.sub(r"\[([^\]\d][^\]]*)\]", r".\1", path)
     return [p for p in re.sub(r"\[\d+\]", "", path).split(".") if p and not p[0].isupper()]
 
 
