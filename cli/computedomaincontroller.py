@@ -2,8 +2,12 @@
 Deployment (two replicas, one leading by a Lease)."""
 
 import argparse
+from typing import TYPE_CHECKING
 
 from cli import flags, flagtable
+
+if TYPE_CHECKING:
+    from cluster.computedomain.objects import DaemonSettings
 
 COMMAND = "compute-domain-controller"
 FLAG_NAMES = (
@@ -60,7 +64,6 @@ async def _main(args: argparse.Namespace) -> int:
     from cli._running import until_stopped
     from cluster.computedomain.controller import ComputeDomainController
     from cluster.computedomain.metrics import ControllerMetrics
-    from cluster.computedomain.objects import DaemonSettings
     from driver.common.errors import PermanentError
     from driver.common.metricsserver import MetricsServer
     from driver.kube import client as kubeclient
@@ -74,15 +77,7 @@ async def _main(args: argparse.Namespace) -> int:
         raise PermanentError("--leader-elect-retry-period must be less than the renew deadline")
     if not args.leader_elect_renew_deadline < args.leader_elect_lease_duration:
         raise PermanentError("--leader-elect-renew-deadline must be less than the lease duration")
-    settings = DaemonSettings(
-        namespace=args.driver_namespace,
-        image=args.image,
-        image_pull_policy=args.image_pull_policy,
-        image_pull_secrets=args.image_pull_secrets,
-        max_nodes=args.max_nodes_per_imex_domain,
-        log_level=args.daemon_log_level,
-        log_format=args.log_format,
-    )
+    settings = daemon_settings(args, args.driver_namespace)
     # NVIDIA's identity: the pod's name and a UUID, unique across restarts of one pod.
     identity = f"{args.pod_name or socket.gethostname()}-{uuid.uuid4()}"
     api_client = await kubeclient.api_client(
@@ -117,3 +112,18 @@ async def _main(args: argparse.Namespace) -> int:
     finally:
         await kubeclient.close(api_client)
     return 0
+
+
+def daemon_settings(args: argparse.Namespace, namespace: str) -> "DaemonSettings":
+    """What the IMEX daemons' DaemonSets are made with, from the controller's command line."""
+    from cluster.computedomain.objects import DaemonSettings
+
+    return DaemonSettings(
+        namespace=namespace,
+        image=args.image,
+        image_pull_policy=args.image_pull_policy,
+        image_pull_secrets=args.image_pull_secrets,
+        max_nodes=args.max_nodes_per_imex_domain,
+        log_level=args.daemon_log_level,
+        log_format=args.log_format,
+    )

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from cli import build_parser
+from cli.computedomaincontroller import daemon_settings
 from cluster.computedomain import plan as planning
 from cluster.computedomain.controller import ComputeDomainController
 from cluster.computedomain.objects import (
@@ -52,16 +53,7 @@ def chart_settings(*sets: str, namespace: str = NAMESPACE) -> DaemonSettings:
     (deployment,) = [o for o in found if o["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = [re.sub(r"\$\((\w+)\)", "10.0.0.5", a) for a in container["args"]]
-    parsed = build_parser().parse_args(args)
-    return DaemonSettings(
-        namespace=namespace,
-        image=parsed.image,
-        image_pull_policy=parsed.image_pull_policy,
-        image_pull_secrets=parsed.image_pull_secrets,
-        max_nodes=parsed.max_nodes_per_imex_domain,
-        log_level=parsed.daemon_log_level,
-        log_format=parsed.log_format,
-    )
+    return daemon_settings(build_parser().parse_args(args), namespace)
 
 
 SETTINGS = [
