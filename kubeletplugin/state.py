@@ -119,12 +119,9 @@ class HostEdits(Protocol):
     async def base_edits(self) -> Mapping[str, Any]:
         """Raises containertoolkit.ToolkitError when no usable edits can be had."""
 
-    def dev_root(self) -> str:
-        """Blocking (it may stat): the host directory the device nodes are under."""
-
     def check_nodes(self, paths: Sequence[str]) -> NodeCheck:
         """Blocking (stats): which of the device nodes ``paths`` (host paths) the host
-        lacks, where its nodes are now, and what of them there is."""
+        lacks, the host directory its device nodes are under now, and what of them there is."""
 
     async def create_nodes(self, paths: Sequence[str]) -> list[str]:
         """Make the missing nodes ``paths`` as the driver's tools do; what failed."""
