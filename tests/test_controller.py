@@ -866,3 +866,49 @@ async def test_stopping_the_holder_releases_the_lease_for_the_standby(
     await resync(old)
     assert not old.standby
     assert device_names(apiserver) == sorted(GPUS)
+
+
+async def test_a_slice_no_write_made_seen_by_the_watch_is_a_rivals(
+    apiserver: LocalApiServer,
+    running: Running,
+    hardware: Hardware,
+    api_client: Any,
+    pool: PoolWatch,
+) -> None:
+    """The surge defect's evidence: a slice of this node that no write of ours made, seen
+    as a watch event after the list (nothing fails, so no list shows it), is another
+    instance's; the repair that follows goes through the publisher lease, which it creates.
+    Were only a list's slices evidence, the repair would read no lease and write none."""
+    controller = running.start(hardware.discover, identity="old")
+    await published(controller)
+    [ours] = apiserver.objects(SLICES)
+    rival = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"rival-{NODE}",
+            "ownerReferences": ours["metadata"]["ownerReferences"],
+        },
+        "spec": {
+            **ours["spec"],
+            "pool": {"name": "rival-pool", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{**ours["spec"]["devices"][0], "name": "rival-0"}],
+        },
+    }
+    apiserver.requests.clear()
+    await Client(api_client).request(
+        "POST",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        verb="create",
+        resource=SLICES,
+        body=rival,
+    )
+    await pool.until(
+        lambda: (
+            [s["metadata"]["name"] for s in apiserver.objects(SLICES)] == [ours["metadata"]["name"]]
+        ),
+        "the rival's slice deleted",
+    )
+    assert relists(apiserver) == 0  # it came by the watch
+    assert [lease["spec"]["holderIdentity"] for lease in apiserver.objects("leases")] == ["old"]
+    assert device_names(apiserver) == sorted(GPUS)

@@ -6,8 +6,9 @@ Three loops share one event loop and a little state:
   :meth:`SliceController.trigger`; a success replaces the desired slices, a failure
   backs off and keeps the old ones (published slices are never removed because NVML
   hiccuped);
-* **watch** keeps ``observed`` (this node's slices of this driver) current from a
-  list + watch with the field selector upstream uses; it reconnects from the last
+* **watch** keeps ``observed`` (this node's slices of this driver) current: a
+  :class:`~driver.kube.informer.Informer` with the field selector upstream uses, listing
+  by a watch list where the server streams one; it reconnects from the last
   resourceVersion and asks for a relist on 410 Gone;
 * **reconcile** plans and sends the writes whenever either side changed.
 
@@ -18,11 +19,11 @@ created only once an instance sees slices it did not write: see
 Correctness rests on one rule: *after any failure or doubt, relist before planning
 again.* A create whose response got lost may have committed; a fresh list (a
 quorum read, issued after the failure) shows it, so the controller never creates a
-second slice for the same index. Successful writes go into ``observed`` at once (a
-mutation cache, as upstream's), and watch events older than what is cached are
-ignored, so an echo never looks like a missing slice. A delete leaves a tombstone
-(the deleted object's resourceVersion) that the next event for the name removes:
-slice names are fixed, so a deleted name is re-used, and its later events count.
+second slice for the same index. Successful writes go into ``observed`` at once (the
+informer's mutation cache, as upstream's), and watch events older than what is cached
+are ignored, so an echo never looks like a missing slice; a delete's tombstone lasts
+until the next event for the name (five minutes at most): slice names are fixed, so a
+deleted name is re-used, and its later events count.
 
 Every error class of :mod:`driver.kube.rest` is retried with a backoff; those that wait
 on a person (``ApiError.slow``: 401, 403, 400/422) with a ten times longer cap.
@@ -37,10 +38,9 @@ import collections
 import contextlib
 import logging
 import os
-import random
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -51,15 +51,13 @@ from driver.common.errors import DriverError, PermanentError, RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj as _Obj
 from driver.kube.backoff import Backoff
+from driver.kube.informer import Informer
 from driver.kube.lease import LEASE_DURATION, Candidate, PublisherLease, lease_name
 from driver.kube.rest import (
-    WATCH_TIMEOUT_SECONDS,
     ApiError,
     Client,
     ForbiddenError,
-    GoneError,
     NotFoundError,
-    RejectedError,
     ServerError,
     UnavailableError,
 )
@@ -72,8 +70,6 @@ log = logging.getLogger(__name__)
 _GROUP = "resource.k8s.io"
 _SLICES = f"/apis/{_GROUP}/v1/resourceslices"
 _RESOURCE = f"resourceslices.{_GROUP}"
-# The bookmark that ends a watch list's initial events (KEP-3157, client-go's reflector).
-_INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 class ApiVersionMissingError(PermanentError):
@@ -152,7 +148,18 @@ class SliceController:
         self._guard = CapabilityGuard(self._client, driver_name=driver_name, node_name=node_name)
         self._resync_period = resync_period
         self._backoff_cap = backoff_cap
-        self._selector = f"spec.driver={driver_name},spec.nodeName={node_name}"
+        self._slices = Informer(
+            self._client,
+            _SLICES,
+            resource=_RESOURCE,
+            field_selector=f"spec.driver={driver_name},spec.nodeName={node_name}",
+            backoff_cap=backoff_cap,
+            watch_list=True,
+            on_change=self._changed,
+            on_reconnect=self._reconnected,
+            on_error=lambda exc: self._report(exc, what="watch slices"),
+            on_expired=self._expired,
+        )
         self._lease = PublisherLease(
             self._client,
             namespace=namespace or os.environ.get("POD_NAMESPACE") or "default",
@@ -168,12 +175,9 @@ class SliceController:
         self._node_uid = node_uid
         self._node_gone = False
         self._desired: list[_Obj] | None = None
-        self._observed: dict[str, _Obj] = {}
-        # name -> resourceVersion of the slice deleted under that name; see _apply_event.
-        self._tombstones: dict[str, int] = {}
         self._stale = True  # observed must be (re)listed before planning
-        self._watch_list = True  # list by a watch's initial events, until refused
-        self._watcher: asyncio.Task[None] | None = None
+        # While we write or relist: what changes observed then is no news to reconcile.
+        self._quiet = False
         self._node_waiter: asyncio.Task[None] | None = None
         self._dirty = asyncio.Event()
         self._wake_discovery = asyncio.Event()
@@ -232,7 +236,7 @@ class SliceController:
                 tasks.create_task(self._reconcile_loop(), name="slice-reconcile")
                 tasks.create_task(self._lease.maintain(self._lease_freed), name="slice-lease")
         finally:
-            await self._stop_watch()
+            await self._slices.stop()
             await _stopped(self._node_waiter)
             await self._release_lease()
 
@@ -389,7 +393,7 @@ class SliceController:
             return
         todo = plan(
             self._desired,
-            list(self._observed.values()),
+            list(self._slices.items.values()),
             driver_name=self._driver,
             node_name=self._node,
             node_uid=self._node_uid,
@@ -451,7 +455,7 @@ class SliceController:
         assert self._desired is not None
         return plan(
             self._desired,
-            list(self._observed.values()),
+            list(self._slices.items.values()),
             driver_name=self._driver,
             node_name=self._node,
             node_uid=uid,
@@ -502,7 +506,8 @@ class SliceController:
                 )
             self.stats.writes["delete"] += 1
             # The answer is the object as deleted; its version is that of the delete.
-            self._forget(meta["name"], max(_version(obj), _version(deleted)))
+            with self._quietly():
+                self._slices.forget(deleted if deleted.get("metadata", {}).get("name") else obj)
         for body in todo.updates:
             stored = await self._client.request(
                 "PUT",
@@ -554,191 +559,54 @@ class SliceController:
     # -- observed state -----------------------------------------------------------
 
     async def _relist(self) -> None:
-        await self._stop_watch()
-        if self._watch_list:
-            synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._start_watch("", synced)
-            try:
-                await synced
-                return
-            except (ApiError, RetryableError, ValueError) as exc:
-                # Any failure of the watch list falls back to a list, as client-go's
-                # reflector does: a server whose watches fail may still answer lists.
-                if isinstance(exc, RejectedError) and exc.status == 422:
-                    # The WatchList gate is off (1.33's default; on from 1.34): the
-                    # server calls sendInitialEvents invalid. From now on list and watch.
-                    log.info(
-                        "the API server does not stream lists; listing instead",
-                        extra=kv(node=self._node, error=str(exc)),
-                    )
-                    self._watch_list = False
-            finally:
-                if not synced.done() or synced.cancelled() or synced.exception() is not None:
-                    await self._stop_watch()
-        listed = await self._client.request(
-            "GET",
-            _SLICES,
-            verb="list",
-            resource=_RESOURCE,
-            query=[("fieldSelector", self._selector)],
-        )
-        self._synced({obj["metadata"]["name"]: obj for obj in listed.get("items") or ()})
-        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-        self._start_watch(version)
+        self._stale = False  # first: a watch that ends while we list marks it again
+        try:
+            with self._quietly():
+                await self._slices.relist()
+        except BaseException:
+            self._stale = True
+            raise
+        if not {name for _, name in self._slices.items} <= self._written:
+            self._rival_seen = True  # a listed slice no write of ours made
 
-    def _start_watch(self, version: str, synced: "asyncio.Future[None] | None" = None) -> None:
-        self._watcher = asyncio.create_task(self._watch(version, synced), name="slice-watch")
-        self._watcher.add_done_callback(self._watch_ended)
-        if synced is not None:
-            self._watcher.add_done_callback(lambda task: _settle(synced, task))
-
-    def _synced(self, listed: dict[str, _Obj]) -> None:
-        """``observed`` is ``listed``, as fresh as a list (a list, or a watch's initial events)."""
-        self._observed = listed
-        self._tombstones.clear()  # the list is newer than every delete before it
-        if not self._observed.keys() <= self._written:
+    def _changed(self, old: _Obj | None, new: _Obj | None) -> None:
+        if self._quiet:
+            return
+        name = (new or {}).get("metadata", {}).get("name", "")
+        if new is not None and name not in self._written and name not in self._creating:
+            # A slice of this node that no write of ours made, seen after the list: another
+            # instance's (a surge). The same evidence a list gives (_relist), or a create's
+            # 409 would have given had its slice come a moment later.
             self._rival_seen = True
-        self._stale = False
+        self._dirty.set()
 
-    def _watch_ended(self, watcher: "asyncio.Task[None]") -> None:
-        """A watcher that stops by itself (410, or a bug) leaves observed unknown: relist."""
-        if watcher.cancelled() or watcher is not self._watcher:
-            return  # stopped by us, on purpose
-        exc = watcher.exception()
-        if exc is not None:
+    async def _reconnected(self) -> None:
+        # What the slices may use depends on the server's version, which an upgrade
+        # changes; the upgrade ends the watch.
+        if await self._guard.recheck():
+            self.trigger()
+
+    def _expired(self, exc: BaseException | None) -> None:
+        """A watch that stops by itself (410, or a bug) leaves observed unknown: relist."""
+        if exc is None:
+            log.info("watch expired; relisting", extra=kv(node=self._node))
+        else:
             log.error("slice watch failed; relisting", extra=kv(node=self._node, error=repr(exc)))
         self._stale = True
         self._dirty.set()
 
-    async def _stop_watch(self) -> None:
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None and not watcher.done():
-            watcher.cancel()
-            # wait() rather than await: the watcher's cancellation is not ours to raise.
-            await asyncio.wait([watcher])
-
-    async def _watch(self, version: str, synced: "asyncio.Future[None] | None" = None) -> None:
-        """Keep ``observed`` current from ``version`` on; with ``synced``, first stream the
-        current slices (a watch list: one request instead of a list and a watch), then
-        resolve ``synced`` (or fail it with what broke the stream before that)."""
-        backoff = Backoff(cap=self._backoff_cap)
-        reconnect = False
-        while True:
-            # Like client-go: a random 5-10 minutes, so a fleet doesn't reconnect in step.
-            seconds = random.randint(WATCH_TIMEOUT_SECONDS, 2 * WATCH_TIMEOUT_SECONDS)
-            query = [
-                ("fieldSelector", self._selector),
-                ("resourceVersion", version),
-                ("timeoutSeconds", str(seconds)),
-            ]
-            if synced is not None and not synced.done():
-                reconnect = True
-                try:
-                    version = await self._initial_events(query, seconds, synced)
-                    continue
-                except (ApiError, RetryableError, ValueError) as exc:
-                    if not synced.done():
-                        synced.set_exception(exc)
-                        return
-                    if isinstance(exc, GoneError):
-                        log.info("watch expired; relisting", extra=kv(node=self._node))
-                        return
-                    self._report(exc, what="watch slices")
-                    await asyncio.sleep(backoff.next_delay())
-                    continue
-            try:
-                # What the slices may use depends on the server's version, which an
-                # upgrade changes; the upgrade ends this watch.
-                if reconnect and await self._guard.recheck():
-                    self.trigger()
-                reconnect = True
-                async for event in self._client.watch(
-                    _SLICES,
-                    resource=_RESOURCE,
-                    query=query,
-                    read_timeout=seconds + 30,
-                ):
-                    backoff.reset()
-                    obj = event.get("object") or {}
-                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                    if event.get("type") != "BOOKMARK" and self._apply_event(event["type"], obj):
-                        self._dirty.set()
-            except GoneError:
-                log.info("watch expired; relisting", extra=kv(node=self._node))
-                return
-            except (ApiError, RetryableError, ValueError) as exc:  # ValueError: bad JSON
-                self._report(exc, what="watch slices")
-                await asyncio.sleep(backoff.next_delay())
-
-    async def _initial_events(
-        self, query: list[tuple[str, str]], seconds: int, synced: "asyncio.Future[None]"
-    ) -> str:
-        """One watch list: the current slices, synced at the initial-events-end bookmark,
-        then live events until the stream ends; the last resourceVersion seen."""
-        # A consistent read, as a list without resourceVersion is (the API's rule for
-        # sendInitialEvents with NotOlderThan and no resourceVersion).
-        query = [(k, v) for k, v in query if k != "resourceVersion"]
-        query += [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
-        initial: dict[str, _Obj] = {}
-        version = ""
-        async for event in self._client.watch(
-            _SLICES, resource=_RESOURCE, query=query, read_timeout=seconds + 30
-        ):
-            obj = event.get("object") or {}
-            meta = obj.get("metadata") or {}
-            version = str(meta.get("resourceVersion") or version)
-            if synced.done():  # (cancelled only with this task, by _relist's stop)
-                if event.get("type") != "BOOKMARK" and self._apply_event(event["type"], obj):
-                    self._dirty.set()
-            elif event.get("type") == "BOOKMARK":
-                if (meta.get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
-                    self._synced(initial)
-                    synced.set_result(None)
-            elif event.get("type") == "ADDED":
-                initial[meta.get("name", "")] = obj
-        if not synced.done():
-            raise UnavailableError(
-                f"watch {_RESOURCE}: the stream ended before its initial events did",
-                status=0,
-                verb="watch",
-                resource=_RESOURCE,
-            )
-        return version
-
-    def _apply_event(self, kind: str, obj: _Obj) -> bool:
-        """Fold a watch event into ``observed``; True when it changed anything.
-
-        A tombstone lives until the next event for its name: that event is the echo of
-        the delete (or older news), dropped, or something newer (the name re-used),
-        applied. Either way the tombstone is gone, so no name is ignored for longer.
-        """
-        name = obj.get("metadata", {}).get("name", "")
-        deleted = self._tombstones.pop(name, None)
-        if deleted is not None and 0 <= _version(obj) <= deleted:
-            return False  # an echo of what we deleted
-        if kind == "DELETED":
-            self._observed.pop(name, None)
-            return True
-        cached = self._observed.get(name)
-        if cached is not None and _version(cached) >= _version(obj):
-            return False  # our own write, already cached, or older news
-        if name not in self._written and name not in self._creating:
-            # A slice of this node that no write of ours made, seen after the list: another
-            # instance's (a surge). The same evidence a list gives (_synced), or a create's
-            # 409 would have given had its slice come a moment later.
-            self._rival_seen = True
-        self._observed[name] = obj
-        return True
-
     def _remember(self, obj: _Obj) -> None:
-        name = obj["metadata"]["name"]
-        self._observed[name] = obj
-        self._written.add(name)
-        self._tombstones.pop(name, None)
+        self._written.add(obj["metadata"]["name"])
+        with self._quietly():
+            self._slices.remember(obj)
 
-    def _forget(self, name: str, version: int) -> None:
-        self._observed.pop(name, None)
-        self._tombstones[name] = version
+    @contextlib.contextmanager
+    def _quietly(self) -> Iterator[None]:
+        self._quiet = True
+        try:
+            yield
+        finally:
+            self._quiet = False
 
     def _lease_freed(self) -> None:
         self._lease_recheck = True
@@ -769,25 +637,7 @@ async def _both(first: Awaitable[str], second: Awaitable[object]) -> str:
         await asyncio.wait(tasks)
 
 
-def _settle(synced: "asyncio.Future[None]", watcher: "asyncio.Task[None]") -> None:
-    """A watcher that ended before its initial events did (a bug, a cancel) fails
-    ``synced`` too, so whoever waits on it is not left waiting."""
-    if synced.done():
-        return
-    if watcher.cancelled():
-        synced.cancel()
-    else:
-        synced.set_exception(watcher.exception() or RuntimeError("the watch list ended early"))
-
-
 async def _stopped(task: "asyncio.Task[None] | None") -> None:
     if task is not None and not task.done():
         task.cancel()
         await asyncio.wait([task])
-
-
-def _version(obj: _Obj) -> int:
-    text = str(obj.get("metadata", {}).get("resourceVersion") or "")
-    # resourceVersions are opaque to clients, but etcd-backed ones are integers; upstream's
-    # mutation cache compares them the same way.
-    return int(text) if text.isdigit() else -1
