@@ -4,8 +4,9 @@ Started after the host driver serves (``kubeletplugin.cohost``): its NVML, inven
 client are the host's. It refuses to start, in one line, on a driver older than 570.158.01
 (NVIDIA's check) or on GPUs that disagree on their clique; the GPU driver serves on (and
 retries the start, but for the driver floor). Then, as
-the GPU driver: claim state (records and recovery under its own plugin directory and CDI
-vendor), the DRA socket, the registration socket, the slice publisher, the reconciler.
+the GPU driver, served by :func:`kubeletplugin.serve.serve`: claim state (records and
+recovery under its own plugin directory and CDI vendor), the DRA socket, the registration
+socket, the slice publisher, the reconciler.
 
 The clique ID is read at start and again every ``clique_period`` (NVIDIA: 10 minutes; fabric
 partitioning may change it). A new value is used by the next prepares: a channel or daemon
@@ -26,31 +27,25 @@ make workloads' affinity unschedulable meanwhile.
 """
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from prometheus_client import CollectorRegistry
 
-from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver.common.driverversion import require_floor
 from driver.common.errors import PermanentError
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.kube.rest import Client
-from driver.slices import SliceController
 from drivers.computedomain import kinds, names
 from drivers.computedomain.domains import Domains
-from kubeletplugin import draservice
-from kubeletplugin.claimstatus import ClaimStatusWriter
 from kubeletplugin.cohost import Host, NodeFacts
 from kubeletplugin.devices import NodeDevices
 from kubeletplugin.metrics import ClaimMetrics, Forward
-from kubeletplugin.registration import RegistrationServicer
-from kubeletplugin.sockets import SocketServer, socket_paths
-from kubeletplugin.state import DeviceState, StateConfig
+from kubeletplugin.serve import NodeDriver, Served, serve
+from kubeletplugin.sockets import socket_paths
+from kubeletplugin.state import StateConfig
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +75,8 @@ class ComputeDomainDriver:
         self._config = config
         self._clique = ""
         self._labelled: str | None = None  # the node's clique label as last written or found
-        self._servers: list[SocketServer] = []
+        self._served: Served[ClaimMetrics] | None = None
         self._forward: tuple[CollectorRegistry, Forward] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def clique_id(self) -> str:
@@ -131,57 +125,32 @@ class ComputeDomainDriver:
             same, node_name=cfg.node_name, kinds=(channel, daemon)
         )
         await devices.refresh()
-        state = await DeviceState.open(
-            StateConfig(
-                plugin_dir=plugin_dir,
-                cdi_root=cfg.cdi_root,
-                driver_name=self.name,
-                node_name=cfg.node_name,
-                host=host.host_edits,
-                pod_uid=cfg.pod_uid,
-                flavor=kinds.flavor(channel, daemon),
+
+        async def started(served: Served[ClaimMetrics]) -> None:
+            served.spawn(self._follow_clique(host, domains), "cd-clique")
+
+        self._served = await serve(
+            NodeDriver(
+                state=StateConfig(
+                    plugin_dir=plugin_dir,
+                    cdi_root=cfg.cdi_root,
+                    driver_name=self.name,
+                    node_name=cfg.node_name,
+                    host=host.host_edits,
+                    pod_uid=cfg.pod_uid,
+                    flavor=kinds.flavor(channel, daemon),
+                ),
+                paths=paths,
+                devices=devices,
+                metrics=lambda _: ClaimMetrics(COMPUTE_DOMAIN_PREFIX, what=COMPUTE_DOMAIN_WHAT),
+                slice_resync_period=cfg.slice_resync_period,
+                reconcile_period=cfg.reconcile_period,
+                started=started,
             ),
             host.api_client,
-            devices,
         )
-        metrics = ClaimMetrics(COMPUTE_DOMAIN_PREFIX, what=COMPUTE_DOMAIN_WHAT)
-        status = ClaimStatusWriter(
-            Client(host.api_client),
-            driver=self.name,
-            pool=cfg.node_name,
-            devices=lambda: devices.current,
-        )
-        await state.observe(metrics, status)
-        dra = grpc.aio.server()
-        draservice.add_to_server(dra, state, metrics)
-        registration = grpc.aio.server()
-        reg_grpc.add_RegistrationServicer_to_server(
-            RegistrationServicer(
-                driver_name=self.name,
-                endpoint=str(paths.dra),
-                versions=draservice.SUPPORTED_VERSIONS,
-            ),
-            registration,
-        )
-        for path, server in ((paths.dra, dra), (paths.registration, registration)):
-            socket_server = SocketServer(path, server, stale=paths.others(path))
-            await socket_server.start()
-            self._servers.append(socket_server)
-        controller = SliceController(
-            host.api_client,
-            node_name=cfg.node_name,
-            driver_name=self.name,
-            devices=devices.published,
-            resync_period=cfg.slice_resync_period,
-        )
-        self._tasks += [
-            asyncio.create_task(controller.run(), name="cd-slice-controller"),
-            asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="cd-reconciler"),
-            asyncio.create_task(self._follow_clique(host, domains), name="cd-clique"),
-            *status.start(),
-        ]
         if host.registry is not None:  # last: a failed start registers nothing
-            self._forward = (host.registry, Forward(metrics.registry))
+            self._forward = (host.registry, Forward(self._served.metrics.registry))
             host.registry.register(self._forward[1])
         log.info(
             "ComputeDomain driver ready",
@@ -226,11 +195,6 @@ class ComputeDomainDriver:
             registry, forward = self._forward
             registry.unregister(forward)
             self._forward = None
-        for server in reversed(self._servers):
-            await server.stop()
-        self._servers.clear()
-        for task in self._tasks:
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        if self._served is not None:
+            await self._served.stop()
+            self._served = None

@@ -147,7 +147,9 @@ class HealthMonitor:
         self._pool = pool
         self._ignored = ignored
         self._window = window
-        self._on_change = on_change
+        # Told after each change of the taints (the node tells its publisher); set before
+        # run() by whoever builds the publisher from this monitor's taints.
+        self.on_change = on_change
         self._lock = threading.Lock()
         self._pending: list[Event] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -295,7 +297,7 @@ class HealthMonitor:
             # GPU schedulable. The next round writes it again.
             self.changes += 1
             self._publish_board()
-            self._on_change()
+            self.on_change()
 
     async def run_recovery(self) -> None:
         """Probes the recoverable devices every ``period``; returns at once without one."""

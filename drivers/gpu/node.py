@@ -1,12 +1,11 @@
 """The node process: kubelet plugin, slice controller and probe service in one event loop.
 
 Order matters. The probe service comes up first (NOT_SERVING), so probes get
-an answer while setup runs. Setup (device-plugin guard, NVML, discovery, claim
-state) retries instead of exiting: a crash-looping pod helps no one, a
-NOT_SERVING one with a clear log line does. Then the DRA socket, then the
-registration socket (the kubelet may call the DRA socket as soon as it sees
-the registration one), then the controller and the reconciler. SIGTERM undoes
-it in reverse, removing only this process's sockets; slices stay for the next
+an answer while setup runs. Setup (device-plugin guard, NVML, discovery, then the
+driver served by the framework, :func:`kubeletplugin.serve.serve`: claim state, the DRA
+socket, the registration socket, the publisher and the loops) retries instead of exiting:
+a crash-looping pod helps no one, a NOT_SERVING one with a clear log line does. SIGTERM
+undoes it in reverse, removing only this process's sockets; slices stay for the next
 instance.
 """
 
@@ -19,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import grpc
 from prometheus_client import CollectorRegistry
 
-from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver import DEFAULT_DRIVER_NAME
 from driver.common import gcpause
 from driver.common.driverversion import DriverTooOld
@@ -42,17 +39,15 @@ from drivers.gpu.model.devicehealth import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER
 from drivers.gpu.model.discovery import discover
 from drivers.gpu.model.inventory import Inventory
 from drivers.gpu.model.migmake import Maker
-from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
-from kubeletplugin.claimstatus import ClaimStatusWriter
 from kubeletplugin.cohost import Guest, Host, NodeFacts
 from kubeletplugin.containertoolkit import Toolkit
 from kubeletplugin.devices import NodeDevices
 from kubeletplugin.metrics import MetricsServer
 from kubeletplugin.probes import ProbeServer
-from kubeletplugin.registration import RegistrationServicer
-from kubeletplugin.sockets import SocketPaths, SocketServer, socket_paths
-from kubeletplugin.state import DeviceState, StateConfig
+from kubeletplugin.serve import NodeDriver, Published, Served, serve
+from kubeletplugin.sockets import SocketPaths, socket_paths
+from kubeletplugin.state import StateConfig
 
 if TYPE_CHECKING:
     import ctypes
@@ -204,14 +199,14 @@ class _Node:
         self._config = config
         self._guests = list(guests)
         self._serving: list[Guest] = []
-        # Starts of guests that failed, retried apart from self._tasks: they end by succeeding.
+        # Starts of guests that failed, retried apart from the served driver's loops: they end by
+        # succeeding.
         self._guest_tasks: list[asyncio.Task[None]] = []
         self._hup = hup
         self._paths = paths
         self._probes = probes
         self._api = api_client
-        self._servers: list[SocketServer] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._served: Served[Metrics] | None = None
         # Owns the NVML backend (a simulated node's sysfs tree) for the process's life.
         self._exit_stack = contextlib.ExitStack()
         self._backend: tuple[Nvml, Path] | None = None
@@ -228,26 +223,30 @@ class _Node:
 
     async def run(self, stop: asyncio.Event) -> int:
         try:
-            state = await self._setup(stop)
-            if state is None:
+            served = await self._setup(stop)
+            if served is None:
                 return 0
-            published = await self._serve(state)
+            self._served = served
+            self._registry = served.metrics.registry  # guests' families join it
             await self._start_guests(stop)
             self._probes.set_ready()
             log.info(
                 "kubelet plugin ready",
                 extra=kv(node=self._config.node_name, driver=self._config.driver_name),
             )
-            settling = asyncio.create_task(_settle(published), name="start-up-settle")
+            settling = asyncio.create_task(
+                _settle(served.publisher.published), name="start-up-settle"
+            )
             try:
-                return await self._wait_for_stop(stop)
+                return await self._wait_for_stop(stop, served)
             finally:
                 settling.cancel()
         finally:
             await self._shutdown()
 
-    async def _setup(self, stop: asyncio.Event) -> DeviceState | None:
-        """Guard, discovery and claim state, retried until they succeed or we are stopped."""
+    async def _setup(self, stop: asyncio.Event) -> "Served[Metrics] | None":
+        """Guard, discovery, then the driver served (claim state first), retried until they
+        succeed or we are stopped."""
         last = ""
         while not stop.is_set():
             try:
@@ -261,7 +260,7 @@ class _Node:
                         raise outcome
                 reason = cast("str | None", guard)
                 if reason is None:
-                    return await self._open_state()
+                    return await serve(self._driver(), self._api)
             except (DriverError, OSError) as exc:
                 reason = f"setup failed, retrying in {self._config.retry_period:g}s: {exc}"
             except Exception as exc:  # API errors of the kubernetes client, NVML errors
@@ -338,25 +337,64 @@ class _Node:
             consumable_capacity=cfg.consumable_capacity,
         )
 
-    async def _open_state(self) -> DeviceState:
+    def _driver(self) -> NodeDriver[Inventory, Metrics]:
+        """The GPU driver as the framework serves it, with a health monitor of its own."""
         cfg = self._config
         assert self._devices is not None and self._kinds is not None, "_discover first"
         kinds_node, table = self._kinds
-        state_config = StateConfig(
-            plugin_dir=cfg.plugins_dir / cfg.driver_name,
-            cdi_root=cfg.cdi_root,
-            driver_name=cfg.driver_name,
-            node_name=cfg.node_name,
-            host=self._toolkit(),
-            pod_uid=cfg.pod_uid,
-            flavor=flavor.gpu(kinds_node, table),
+        devices = self._devices
+        # Health first: the first slice already carries what the last instance persisted.
+        monitor = HealthMonitor(
+            cfg.plugins_dir / cfg.driver_name,
+            self._health,
+            pool=cfg.node_name,
+            ignored=cfg.ignored_xids,
+            recovery=self._recovery(),
+            taints=self._taints,
         )
-        state = await DeviceState.open(state_config, self._api, self._devices)
-        if cfg.dynamic_mig:
+        watched = self._watched()
+        monitor.set_devices(watched.devices, watched.migs)
+
+        def metrics(publisher: SliceController) -> Metrics:
+            return Metrics(
+                kinds=table,
+                board=self._health,
+                events_by_xid=lambda: monitor.events_by_xid,
+                slice_writes=lambda: publisher.stats.writes,
+                slice_write_failures=lambda: publisher.stats.failures,
+                api_errors=lambda: errors_of(self._api),
+            )
+
+        async def opened() -> None:
             # Recovery may have destroyed the instances a crash left, which the first
             # discovery took for out of band: their placements are free again.
-            await self._devices.refresh()
-        return state
+            await devices.refresh()
+
+        async def started(served: Served[Metrics]) -> None:
+            await self._started(served, monitor)
+
+        return NodeDriver(
+            state=StateConfig(
+                plugin_dir=cfg.plugins_dir / cfg.driver_name,
+                cdi_root=cfg.cdi_root,
+                driver_name=cfg.driver_name,
+                node_name=cfg.node_name,
+                host=self._toolkit(),
+                pod_uid=cfg.pod_uid,
+                flavor=flavor.gpu(kinds_node, table),
+            ),
+            paths=self._paths,
+            devices=devices,
+            metrics=metrics,
+            publish=monitor.tainted(self._published(monitor, watched)),
+            board=self._health,
+            node_uid=self._node_uid,
+            slice_resync_period=cfg.slice_resync_period,
+            reconcile_period=cfg.reconcile_period,
+            watch_period=cfg.watch_period,
+            opened=opened if cfg.dynamic_mig else None,
+            started=started,
+        )
 
     def _toolkit(self) -> Toolkit:
         cfg = self._config
@@ -386,47 +424,15 @@ class _Node:
                 log.info("NVML library loaded", extra=kv(node=cfg.node_name, path=str(path)))
         return self._backend
 
-    async def _serve(self, state: DeviceState) -> asyncio.Event:
-        """Serve ``state`` and publish the node's slices; the event is set once published."""
+    def _published(self, monitor: HealthMonitor, watched: Watched) -> Published:
+        """What the publisher writes: the devices, each resync rediscovered but the first
+        (setup discovered a moment ago); devices that came or went change what is watched."""
         cfg = self._config
-        assert self._devices is not None, "_open_state runs first"
-        # Health first: the first slice already carries what the last instance persisted.
-        monitor = HealthMonitor(
-            cfg.plugins_dir / cfg.driver_name,
-            self._health,
-            pool=cfg.node_name,
-            ignored=cfg.ignored_xids,
-            on_change=lambda: controller.trigger(),
-            recovery=self._recovery(),
-            taints=self._taints,
-        )
-        watched = self._watched()
-        monitor.set_devices(watched.devices, watched.migs)
-        assert self._kinds is not None
-        metrics = Metrics(
-            kinds=self._kinds[1],
-            board=self._health,
-            events_by_xid=lambda: monitor.events_by_xid,
-            slice_writes=lambda: controller.stats.writes,
-            slice_write_failures=lambda: controller.stats.failures,
-            api_errors=lambda: errors_of(self._api),
-        )
         assert self._devices is not None
         devices_of = self._devices
-        status = ClaimStatusWriter(
-            Client(self._api),
-            driver=cfg.driver_name,
-            pool=cfg.node_name,
-            devices=lambda: devices_of.current,
-            board=self._health,
-        )
-        await state.observe(metrics, status)  # what is prepared, recovered claims first
-        self._registry = metrics.registry  # guests' families join it
         first = True
 
         async def published() -> list[dict[str, Any]]:
-            # Each resync rediscovers, but the first: setup discovered a moment ago.
-            # Devices that came or went change what is watched.
             nonlocal watched, first
             devices = devices_of.discovered() if first else await devices_of.published()
             first = False
@@ -446,51 +452,23 @@ class _Node:
                 monitor.set_devices(now.devices, now.migs)
             return devices
 
-        dra = grpc.aio.server()
-        draservice.add_to_server(dra, state, metrics)
-        health.add_to_server(dra, self._health)
-        registration = grpc.aio.server()
-        reg_grpc.add_RegistrationServicer_to_server(
-            RegistrationServicer(
-                driver_name=cfg.driver_name,
-                endpoint=str(self._paths.dra),
-                versions=draservice.SUPPORTED_VERSIONS + health.SERVICE_NAMES,
-            ),
-            registration,
-        )
-        # The DRA socket first: the kubelet calls it as soon as registration succeeds.
-        for path, server in ((self._paths.dra, dra), (self._paths.registration, registration)):
-            socket_server = SocketServer(path, server, stale=self._paths.others(path))
-            await socket_server.start()
-            self._servers.append(socket_server)
-        controller = SliceController(
-            self._api,
-            node_name=cfg.node_name,
-            driver_name=cfg.driver_name,
-            devices=monitor.tainted(published),
-            counter_sets=self._devices.counter_sets,
-            resync_period=cfg.slice_resync_period,
-            node_uid=self._node_uid,
-        )
-        # First of the tasks: a joining node's pool waits on it, nothing else does.
-        self._tasks.append(asyncio.create_task(controller.run(), name="slice-controller"))
-        if cfg.metrics_port is not None:  # after the controller: its counts are scraped
-            self._metrics = MetricsServer(metrics, port=cfg.metrics_port, host=cfg.metrics_address)
+        return published
+
+    async def _started(self, served: "Served[Metrics]", monitor: HealthMonitor) -> None:
+        """The GPU driver's own parts, once it serves: metrics, health, SIGHUP."""
+        cfg = self._config
+        monitor.on_change = served.publisher.trigger
+        if cfg.metrics_port is not None:  # after the publisher: its counts are scraped
+            self._metrics = MetricsServer(
+                served.metrics, port=cfg.metrics_port, host=cfg.metrics_address
+            )
             await self._metrics.start()
-        self._tasks.append(asyncio.create_task(monitor.run(), name="health-monitor"))
+        served.spawn(monitor.run(), "health-monitor")
         if cfg.recovery_probes > 0:
-            self._tasks.append(asyncio.create_task(monitor.run_recovery(), name="health-recovery"))
+            served.spawn(monitor.run_recovery(), "health-recovery")
         if self._hup is not None:
-            self._tasks.append(asyncio.create_task(_on_hup(self._hup, controller), name="sighup"))
+            served.spawn(_on_hup(self._hup, served.publisher), "sighup")
         self._start_watcher(monitor)
-        self._tasks.append(
-            asyncio.create_task(state.run_reconciler(cfg.reconcile_period), name="reconciler")
-        )
-        self._tasks += status.start()
-        self._tasks.append(
-            asyncio.create_task(state.run_watchdog(cfg.watch_period), name="watchdog")
-        )
-        return controller.published
 
     async def _start_guests(self, stop: asyncio.Event) -> None:
         """Each other driver of this process, on this one's NVML and inventory; one that
@@ -588,9 +566,9 @@ class _Node:
         thread.start()
         self._watcher = (thread, watcher)
 
-    async def _wait_for_stop(self, stop: asyncio.Event) -> int:
+    async def _wait_for_stop(self, stop: asyncio.Event, served: "Served[Metrics]") -> int:
         stopping = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([stopping, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([stopping, *served.tasks], return_when=asyncio.FIRST_COMPLETED)
         if stopping in done:
             log.info("stopping on signal")
             return 0
@@ -610,14 +588,9 @@ class _Node:
         for guest in reversed(self._serving):
             await guest.stop()
         self._serving.clear()
-        # Registration first, so the kubelet stops choosing this instance.
-        for server in reversed(self._servers):
-            await server.stop()
-        self._servers.clear()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        if self._served is not None:  # registration first, then its loops
+            await self._served.stop()
+            self._served = None
         if self._metrics is not None:
             await self._metrics.stop()
             self._metrics = None
