@@ -12,6 +12,8 @@ on it and never fails by it. It writes in the background, once per change and ne
 (the desired entries are compared with what the claim holds; an unchanged condition keeps
 its transition time), retrying a failed write with backoff; each failure is logged and
 counted. Entries of other drivers, and of this driver's other pools, are left as they are.
+A write refused for that claim alone (422, or 403 from an admission policy) is not retried
+until the claim changes; a 403 from RBAC (the grant missing) turns the writer off.
 
 Where the API server keeps no ``status.devices`` (the DRAResourceClaimDeviceStatus gate off,
 before 1.37), the first write that reads back without its entries turns the writer off with
@@ -30,6 +32,7 @@ from driver.common.logs import kv
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
 from driver.kube.rest import (
+    AdmissionRefusedError,
     ApiError,
     Client,
     ConflictError,
@@ -212,6 +215,17 @@ class ClaimStatusWriter:
                     continue
                 try:
                     await self._write(known)
+                except AdmissionRefusedError as error:
+                    # A policy refused this claim's write, and the verb is granted: that says
+                    # nothing of the other claims, which go on being written; this one waits
+                    # for its next change, as a 422 does.
+                    self.stats.failures += 1
+                    log.warning(
+                        "claim status refused by admission; written again at the claim's "
+                        "next change",
+                        extra=known.fields(error=error),
+                    )
+                    continue
                 except ForbiddenError as error:  # no retry helps: the grant is missing
                     self._turn_off(known, error)
                     continue
