@@ -13,7 +13,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
-from driver.kube.rest import Client
+from driver.kube.rest import Client, ServerError
 from kubeletplugin.claimstatus import ClaimStatusWriter, desired_entries, merged, running
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.state import ClaimRef
@@ -237,6 +237,30 @@ async def test_a_refused_claim_waits_for_its_next_change(
     w.prepared(_prepared(claim, sharing=(("strategy", "TimeSlicing"),)))
     (entry,) = await _until(api_client, claim, lambda d: len(d) == 1)
     assert entry["data"]["sharing"] == {"strategy": "TimeSlicing"}
+    assert (w.stats.writes, w.stats.failures) == (1, 1)
+
+
+async def test_what_the_driver_adds_is_written_and_its_failure_retried(
+    api_client: k8s.ApiClient, claim: ClaimRef
+) -> None:
+    """A driver's own data (the ComputeDomain channel's domain and clique) joins the entry;
+    a lookup the API server fails is retried as a failed write."""
+    asked: list[tuple[str, str]] = []
+
+    async def describe(prepared: PreparedClaim, device: PreparedDevice) -> dict[str, Any]:
+        asked.append((prepared.uid, device.reservation))
+        if len(asked) == 1:
+            raise ServerError("list: HTTP 503", status=503, verb="list", resource="things")
+        return {"cliqueID": "c.0"}
+
+    w = ClaimStatusWriter(
+        Client(api_client), DRIVER, NODE, devices=lambda: {"gpu-0": GPU0}, describe=describe
+    )
+    async with running(w):
+        w.prepared(_prepared(claim))
+        (entry,) = await _until(api_client, claim, lambda d: len(d) == 1)
+    assert entry["data"]["cliqueID"] == "c.0" and entry["data"]["kind"] == "gpu"
+    assert asked == [(claim.uid, "gpu-0")] * 2
     assert (w.stats.writes, w.stats.failures) == (1, 1)
 
 

@@ -150,6 +150,8 @@ class ComputeDomainDriver:
             driver=self.name,
             pool=cfg.node_name,
             devices=lambda: devices.current,
+            # A channel's entry names its domain and the clique it gives channels of.
+            describe=lambda claim, device: kinds.status_data(domains, self._clique, claim, device),
         )
         await state.observe(metrics, status)
         dra = grpc.aio.server()
