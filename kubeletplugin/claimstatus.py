@@ -12,6 +12,8 @@ on it and never fails by it. It writes in the background, once per change and ne
 (the desired entries are compared with what the claim holds; an unchanged condition keeps
 its transition time), retrying a failed write with backoff; each failure is logged and
 counted. Entries of other drivers, and of this driver's other pools, are left as they are.
+A write refused for that claim alone (422, or 403 from an admission policy) is not retried
+until the claim changes; a 403 from RBAC (the grant missing) turns the writer off.
 
 Where the API server keeps no ``status.devices`` (the DRAResourceClaimDeviceStatus gate off,
 before 1.37), the first write that reads back without its entries turns the writer off with
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,7 @@ from driver.common.logs import kv
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
 from driver.kube.rest import (
+    AdmissionRefusedError,
     ApiError,
     Client,
     ConflictError,
@@ -52,8 +55,11 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def device_data(device: PreparedDevice, node_device: NodeDevice | None) -> Obj:
-    """Pure: what the entry's ``data`` says of one prepared device."""
+def device_data(
+    device: PreparedDevice, node_device: NodeDevice | None, more: Mapping[str, Any] | None = None
+) -> Obj:
+    """Pure: what the entry's ``data`` says of one prepared device (``more``: what its driver
+    adds, such as a ComputeDomain channel's domain and clique)."""
     data: Obj = {"kind": device.kind}
     if node_device is not None:
         attributes = node_device.published.get("attributes", {})
@@ -69,6 +75,7 @@ def device_data(device: PreparedDevice, node_device: NodeDevice | None) -> Obj:
     ):
         if pairs:
             data[key] = dict(pairs)
+    data.update(more or {})
     return data
 
 
@@ -94,8 +101,10 @@ def desired_entries(
     health: Mapping[tuple[str, str], DeviceHealth],
     existing: Iterable[Mapping[str, Any]],
     now: str,
+    more: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Obj]:
-    """Pure: this driver's entries for ``claim``, keeping unchanged conditions' times."""
+    """Pure: this driver's entries for ``claim``, keeping unchanged conditions' times;
+    ``more``: data the driver adds, by device reservation (``PreparedDevice.reservation``)."""
     old = {_key(e): e for e in existing}
     entries = []
     for device in claim.devices:
@@ -106,7 +115,9 @@ def desired_entries(
         old_ready = next((c for c in before.get("conditions", []) if c.get("type") == READY), None)
         state = health.get((device.pool_name, device.device_name))
         entry["conditions"] = [_condition(state, old_ready, now)]
-        entry["data"] = device_data(device, devices.get(device.device_name))
+        entry["data"] = device_data(
+            device, devices.get(device.device_name), (more or {}).get(device.reservation)
+        )
         entries.append(entry)
     return entries
 
@@ -119,6 +130,9 @@ def merged(existing: list[Obj], ours: list[Obj], driver: str, pool: str) -> list
 
 def _same(a: list[Obj], b: list[Obj]) -> bool:
     return sorted(a, key=_key) == sorted(b, key=_key)
+
+
+Describe = Callable[[PreparedClaim, PreparedDevice], Awaitable[Mapping[str, Any]]]
 
 
 @dataclass
@@ -149,6 +163,9 @@ class ClaimStatusWriter:
     pool: str
     devices: Callable[[], Mapping[str, NodeDevice]]
     board: HealthBoard | None = None  # the node's device health, which conditions follow
+    # What the driver adds to a device's data, looked up when its entry is written; raises
+    # only ApiError (retried as a failed write).
+    describe: Describe | None = None
     stats: WriterStats = field(default_factory=WriterStats)
     _claims: dict[str, _Claim] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
@@ -212,6 +229,17 @@ class ClaimStatusWriter:
                     continue
                 try:
                     await self._write(known)
+                except AdmissionRefusedError as error:
+                    # A policy refused this claim's write, and the verb is granted: that says
+                    # nothing of the other claims, which go on being written; this one waits
+                    # for its next change, as a 422 does.
+                    self.stats.failures += 1
+                    log.warning(
+                        "claim status refused by admission; written again at the claim's "
+                        "next change",
+                        extra=known.fields(error=error),
+                    )
+                    continue
                 except ForbiddenError as error:  # no retry helps: the grant is missing
                     self._turn_off(known, error)
                     continue
@@ -240,6 +268,10 @@ class ClaimStatusWriter:
 
     async def _write(self, known: _Claim) -> None:
         path = _PATH.format(namespace=known.namespace, name=known.name)
+        more: dict[str, Mapping[str, Any]] = {}
+        if known.prepared is not None and self.describe is not None:
+            for device in known.prepared.devices:
+                more[device.reservation] = await self.describe(known.prepared, device)
         for _ in range(5):  # a conflict is another writer's change: read again and redo
             try:
                 claim = await self.client.get_json(path, resource="resourceclaims")
@@ -257,7 +289,7 @@ class ClaimStatusWriter:
                     if (e.get("driver"), e.get("pool")) == (self.driver, self.pool)
                 ]
                 ours = desired_entries(
-                    known.prepared, self.driver, self.devices(), boards, mine, _now()
+                    known.prepared, self.driver, self.devices(), boards, mine, _now(), more
                 )
             new = merged(existing, ours, self.driver, self.pool)
             if _same(new, existing):

@@ -29,7 +29,7 @@ from driver.kube.rest import Client
 from driver.slices import SliceController
 from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
-from kubeletplugin.claimstatus import ClaimStatusWriter
+from kubeletplugin.claimstatus import ClaimStatusWriter, Describe
 from kubeletplugin.devices import NodeDevices
 from kubeletplugin.metrics import ClaimMetrics
 from kubeletplugin.registration import RegistrationServicer
@@ -63,6 +63,7 @@ class NodeDriver(Generic[I, M]):
     metrics: Callable[[SliceController], M]
     publish: Published | None = None
     board: health.HealthBoard | None = None
+    describe: Describe | None = None  # more of a device's claim status entry (its domain)
     node_uid: str = ""  # the Node's, for the slices' owner reference; "": none
     slice_resync_period: float = 600.0
     reconcile_period: float = 600.0
@@ -145,6 +146,7 @@ async def _serve(driver: NodeDriver[I, M], served: Served[M], api_client: ApiCli
         pool=cfg.pool_name or cfg.node_name,
         devices=lambda: devices.current,
         board=driver.board,
+        describe=driver.describe,
     )
     await served.state.observe(served.metrics, status)  # recovered claims first
     dra = grpc.aio.server()

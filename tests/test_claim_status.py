@@ -13,7 +13,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
-from driver.kube.rest import Client
+from driver.kube.rest import Client, ServerError
 from kubeletplugin.claimstatus import ClaimStatusWriter, desired_entries, merged, running
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.state import ClaimRef
@@ -184,6 +184,46 @@ async def test_a_refused_grant_turns_the_writer_off_with_one_line(
     assert caplog.text.count("claim device status not written again") == 1
 
 
+async def test_an_admission_refusal_stops_that_claim_only(
+    api_client: k8s.ApiClient,
+    apiserver: LocalApiServer,
+    claim: ClaimRef,
+    writer: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """403 from an admission policy (its own words, as kube-apiserver sends them) refuses one
+    claim's write, with the verb granted: the writer stays on, keeps writing other claims,
+    and tries that claim again at its next change, not in a loop."""
+    denial = (
+        f'resourceclaims.resource.k8s.io "{claim.name}" is forbidden: ValidatingAdmissionPolicy '
+        "'gpu-dra-driver-claim-status' with binding 'gpu-dra-driver-claim-status' denied "
+        "request: only this node's devices"
+    )
+    apiserver.faults.fail(
+        "update", "resourceclaims/status", claim.name, code=403, times=-1, message=denial
+    )
+    other = await create_claim(api_client, "d", node=NODE, devices=["gpu-0"])
+    w, _ = writer
+    w.prepared(_prepared(claim))
+    w.prepared(_prepared(other))
+    await _until(api_client, other, lambda d: len(d) == 1)
+    await wait_for(lambda: w.stats.failures == 1 and not w.pending, "the refusal")
+    assert w.enabled and w.stats.writes == 1 and await _status(api_client, claim) == []
+    (line,) = [vars(r) for r in caplog.records if "refused by admission" in r.getMessage()]
+    assert (line["claim_uid"], line["claim_namespace"], line["claim_name"]) == (
+        claim.uid, claim.namespace, claim.name,
+    )  # fmt: skip
+    assert "denied request: only this node's devices" in str(line["error"])
+    # The claim changes and the policy admits it now: written; the other's news still flows.
+    apiserver.faults.clear()
+    w.prepared(_prepared(claim, sharing=(("strategy", "TimeSlicing"),)))
+    (entry,) = await _until(api_client, claim, lambda d: len(d) == 1)
+    assert entry["data"]["sharing"] == {"strategy": "TimeSlicing"}
+    w.unprepared(other.uid)
+    await _until(api_client, other, lambda d: d == [])
+    assert (w.stats.writes, w.stats.failures) == (3, 1)
+
+
 async def test_a_refused_claim_waits_for_its_next_change(
     api_client: k8s.ApiClient, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
 ) -> None:
@@ -197,6 +237,30 @@ async def test_a_refused_claim_waits_for_its_next_change(
     w.prepared(_prepared(claim, sharing=(("strategy", "TimeSlicing"),)))
     (entry,) = await _until(api_client, claim, lambda d: len(d) == 1)
     assert entry["data"]["sharing"] == {"strategy": "TimeSlicing"}
+    assert (w.stats.writes, w.stats.failures) == (1, 1)
+
+
+async def test_what_the_driver_adds_is_written_and_its_failure_retried(
+    api_client: k8s.ApiClient, claim: ClaimRef
+) -> None:
+    """A driver's own data (the ComputeDomain channel's domain and clique) joins the entry;
+    a lookup the API server fails is retried as a failed write."""
+    asked: list[tuple[str, str]] = []
+
+    async def describe(prepared: PreparedClaim, device: PreparedDevice) -> dict[str, Any]:
+        asked.append((prepared.uid, device.reservation))
+        if len(asked) == 1:
+            raise ServerError("list: HTTP 503", status=503, verb="list", resource="things")
+        return {"cliqueID": "c.0"}
+
+    w = ClaimStatusWriter(
+        Client(api_client), DRIVER, NODE, devices=lambda: {"gpu-0": GPU0}, describe=describe
+    )
+    async with running(w):
+        w.prepared(_prepared(claim))
+        (entry,) = await _until(api_client, claim, lambda d: len(d) == 1)
+    assert entry["data"]["cliqueID"] == "c.0" and entry["data"]["kind"] == "gpu"
+    assert asked == [(claim.uid, "gpu-0")] * 2
     assert (w.stats.writes, w.stats.failures) == (1, 1)
 
 

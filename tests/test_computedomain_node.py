@@ -44,6 +44,22 @@ def plugin_dir(dirs: NodeDirs) -> Path:
     return dirs.plugins / names.DRIVER_NAME
 
 
+async def status_entry(apiserver: LocalApiServer, claim: Any) -> dict[str, Any]:
+    """The claim's one ``status.devices`` entry, once the plugin's writer has written it."""
+    found: list[dict[str, Any]] = []
+
+    def written() -> bool:
+        (stored,) = [
+            c for c in apiserver.objects("resourceclaims", claim.namespace)
+            if c["metadata"]["name"] == claim.name
+        ]  # fmt: skip
+        found[:] = (stored.get("status") or {}).get("devices") or []
+        return len(found) == 1
+
+    await wait_for(written, f"the status entry of claim {claim}")
+    return found[0]
+
+
 @pytest.fixture
 async def served(
     apiserver: LocalApiServer, kube: tuple[Any, Path], dirs: NodeDirs, processes: list[Any]
@@ -117,7 +133,19 @@ async def test_channel_waits_for_the_daemon_then_gets_channel_0(
     assert edits["env"] == ["GPU_DRA_IMEX_CHANNELS=0"]
     assert set(edits) == {"env", "deviceNodes"}  # no driver libraries: a channel is a node
     assert (plugin_dir(dirs) / "devices" / "channel-0").is_symlink()
-    # The domain is looked for in the claim's namespace, not across the cluster.
+    # The claim says which domain and clique its channel is of.
+    entry = await status_entry(apiserver, claim)
+    assert (entry["driver"], entry["pool"], entry["device"]) == (
+        names.DRIVER_NAME,
+        NODE,
+        "channel-0",
+    )
+    assert entry["data"]["computeDomain"] == {"namespace": "default", "name": "cd1", "uid": CD_UID}
+    assert entry["data"]["cliqueID"] == cdnode.clique_id("rack-a")
+    assert entry["data"]["sharing"]["domainID"] == CD_UID
+    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+    # The domain is looked for in the claim's namespace, not across the cluster (the status
+    # entry's name comes from the prepare's lookup).
     lists = [r for r in apiserver.requests.snapshot() if r.verb == "list"]
     domain_lists = [r.namespace for r in lists if r.resource.endswith(names.COMPUTE_DOMAINS)]
     assert domain_lists and set(domain_lists) == {claim.namespace}, domain_lists
@@ -222,6 +250,10 @@ async def test_daemon_claim_and_a_domain_deleted_before_its_daemon(
             "fileMode": 256,
         }
     ]
+    # The daemon's claim, in the driver's namespace, names the domain of the team's.
+    entry = await status_entry(apiserver, claim)
+    assert entry["data"]["computeDomain"] == {"namespace": "default", "name": "cd1", "uid": CD_UID}
+    assert entry["data"]["cliqueID"] == cdnode.clique_id("rack-a")
     apiserver.delete(names.COMPUTE_DOMAINS, "cd1", "default")
     assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
     assert not domain_dir.exists()

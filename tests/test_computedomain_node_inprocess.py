@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from driver.common.driverversion import DriverTooOld
+from driver.devicekind import PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
 from driver.kube.rest import Client
 from driver.nvml import backend
-from drivers.computedomain import names, nvcaps
+from drivers.computedomain import kinds, names, nvcaps
 from drivers.computedomain.domains import Domain, Domains, NotReadyError
 from drivers.computedomain.node import ComputeDomainDriver, DomainConfig
 from drivers.gpu import node
@@ -133,6 +134,35 @@ async def test_the_wait_for_the_daemon_is_bounded(
     cdnode.ready(apiserver, rack=NODE)
     assert await domains.node_ready(domain, cdnode.clique_id(NODE))
     assert not await domains.node_ready(domain, "")  # status.nodes does not list it yet
+
+
+async def test_a_status_entry_names_the_domain_once_found_and_its_uid_once_gone(
+    apiserver: LocalApiServer, kube: tuple[Any, Path]
+) -> None:
+    """What a channel's status entry adds: found once (the prepare's lookup serves the
+    writer's), its UID alone for a domain deleted before it was found, and the clique."""
+    cdnode.seed(apiserver)
+    api, _ = kube
+    domains = Domains(Client(api), node_name=NODE, namespace=DRIVER_NAMESPACE)
+    channel = PreparedDevice(
+        ("channel",), NODE, "channel-0", (), kind=names.CHANNEL_TYPE,
+        sharing=((kinds.DOMAIN_ID, CD_UID),),
+    )  # fmt: skip
+    claim = PreparedClaim("u", "default", "work", (channel,))
+    await domains.check_namespace(CD_UID, "default")
+    lists = apiserver.requests.count("list", names.COMPUTE_DOMAINS)
+    assert lists == 1  # the prepare's, in the claim's namespace
+    data = await kinds.status_data(domains, "c.0", claim, channel)
+    assert data == {
+        "computeDomain": {"namespace": "default", "name": "cd1", "uid": CD_UID},
+        "cliqueID": "c.0",
+    }
+    assert apiserver.requests.count("list", names.COMPUTE_DOMAINS) == lists
+    gone = dataclasses.replace(channel, sharing=((kinds.DOMAIN_ID, cdnode.OTHER_UID),))
+    assert await kinds.status_data(domains, "", claim, gone) == {
+        "computeDomain": {"uid": cdnode.OTHER_UID},
+        "cliqueID": "",
+    }
 
 
 async def test_a_prepare_that_waits_too_long_keeps_the_label_and_finishes_on_retry(

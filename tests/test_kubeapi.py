@@ -9,6 +9,8 @@ from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError, RetryableError
 from driver.kube.rest import (
+    ERROR_CLASSES,
+    AdmissionRefusedError,
     ApiError,
     Client,
     ConflictError,
@@ -59,6 +61,32 @@ async def test_every_status_has_one_class(
     assert err.value.slow is slow
     assert err.value.status == code
     assert err.value.status_object["code"] == code  # the server's Status, for callers to read
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "resourceclaims.resource.k8s.io \"c\" is forbidden: ValidatingAdmissionPolicy 'p' with "
+        "binding 'b' denied request: only this node's devices",
+        'admission webhook "check.example.com" denied the request: no',
+    ],
+)
+async def test_an_admission_refusal_is_its_own_forbidden_class(
+    api_client: Any, apiserver: LocalApiServer, message: str
+) -> None:
+    """RBAC and admission both answer 403; only the message tells them apart, and a caller
+    that writes many objects must: a grant missing stops them all, a refusal only this one."""
+    apiserver.faults.fail("list", "resourceslices", code=403, message=message)
+    with pytest.raises(AdmissionRefusedError) as err:
+        await Client(api_client).get_json(SLICES, resource="resourceslices")
+    assert isinstance(err.value, ForbiddenError) and err.value.slow
+    assert str(err.value) == f"refused by admission: cannot get resourceslices: {message}"
+    apiserver.faults.fail("list", "resourceslices", code=403, message="no RBAC rule")
+    with pytest.raises(ForbiddenError) as rbac:
+        await Client(api_client).get_json(SLICES, resource="resourceslices")
+    assert type(rbac.value) is ForbiddenError
+    assert "grant the ClusterRole of this driver the verb 'get'" in str(rbac.value)
+    assert {"AdmissionRefusedError", "ForbiddenError"} <= set(ERROR_CLASSES)
 
 
 async def test_no_answer_is_unavailable_and_chained(apiserver: LocalApiServer) -> None:

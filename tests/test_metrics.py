@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.gen import dra_v1_pb2 as v1
 from driver.devicekind import PreparedClaim
 from driver.kube import client as kubeclient
-from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError, errors_of
+from driver.kube.rest import ERROR_CLASSES, Client, ConflictError, NotFoundError, errors_of
 from drivers.gpu import node as gpunode
 from drivers.gpu.metrics import Metrics
 from kubeletplugin.draservice import DraService
@@ -140,8 +140,10 @@ async def test_every_family_over_http() -> None:
             ({"verb": "update"}, 4.0),
             ({"verb": "delete"}, 0.0),
         ]
-        # Every error class of driver.kube.rest, and nothing else: a bounded label set.
-        classes = sorted(c.__name__ for c in ApiError.__subclasses__())
+        # Every error class of driver.kube.rest (an admission refusal apart from RBAC's 403),
+        # and nothing else: a bounded label set.
+        classes = sorted(ERROR_CLASSES)
+        assert {"AdmissionRefusedError", "ForbiddenError", "ConflictError"} <= set(classes)
         failures = dict((labels["error"], v) for labels, v in got["gpu_dra_slice_write_failures"])
         assert failures == {c: (2.0 if c == "ConflictError" else 0.0) for c in classes}
         errors = dict((labels["error"], v) for labels, v in got["gpu_dra_api_errors"])

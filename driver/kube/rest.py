@@ -8,19 +8,20 @@ verb and resource, so a 403 can say exactly which permission is missing.
 
 The classes, and the retry each gets from the callers:
 
-==================  ===========================  =====================================
-HTTP                class                        retry
-==================  ===========================  =====================================
-no answer, reset    :class:`UnavailableError`    backoff (a write's outcome is unknown)
-429, 5xx            :class:`ServerError`         backoff
-409                 :class:`ConflictError`       re-read, then retry (backoff)
-410                 :class:`GoneError`           list again
-200, not JSON       :class:`BadResponseError`    backoff
-401                 :class:`UnauthorizedError`   slow backoff (credentials rotate)
-403                 :class:`ForbiddenError`      slow backoff (RBAC may be fixed)
-404                 :class:`NotFoundError`       the caller decides (often: "gone")
-400, 422, other     :class:`RejectedError`       slow backoff (the server may change)
-==================  ===========================  =====================================
+==================  ==============================  ======================================
+HTTP                class                           retry
+==================  ==============================  ======================================
+no answer, reset    :class:`UnavailableError`       backoff (a write's outcome is unknown)
+429, 5xx            :class:`ServerError`            backoff
+409                 :class:`ConflictError`          re-read, then retry (backoff)
+410                 :class:`GoneError`              list again
+200, not JSON       :class:`BadResponseError`       backoff
+401                 :class:`UnauthorizedError`      slow backoff (credentials rotate)
+403                 :class:`ForbiddenError`         slow backoff (RBAC may be fixed)
+403, admission      :class:`AdmissionRefusedError`  slow backoff; this object was refused
+404                 :class:`NotFoundError`          the caller decides (often: "gone")
+400, 422, other     :class:`RejectedError`          slow backoff (the server may change)
+==================  ==============================  ======================================
 
 ``ApiError.slow`` marks the classes whose cause waits on a person: callers that
 retry them use a longer cap, so a stuck node does not hammer the API server.
@@ -139,14 +140,25 @@ class ForbiddenError(ApiError, PermanentError):
     slow = True
 
 
+class AdmissionRefusedError(ForbiddenError):
+    """403 from an admission policy or webhook, not from RBAC: the verb is granted, and this
+    request (this object, these values) was refused. Another object, or this one changed,
+    may be admitted, so a caller that writes many objects goes on with the others."""
+
+
 class RejectedError(ApiError, PermanentError):
     """400/422 and other 4xx: the request itself is wrong (or the server cannot take it)."""
 
     slow = True
 
 
-# The classes above by name: a fixed set, for metrics that report each (0 until it happens).
-ERROR_CLASSES = tuple(sorted(c.__name__ for c in ApiError.__subclasses__()))
+def _all_subclasses(cls: type[ApiError]) -> list[type[ApiError]]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_all_subclasses(sub))]
+
+
+# The classes above by name (AdmissionRefusedError too, though a ForbiddenError): a fixed set,
+# for metrics that report each (0 until it happens).
+ERROR_CLASSES = tuple(sorted(c.__name__ for c in _all_subclasses(ApiError)))
 
 
 def error_for(
@@ -154,12 +166,20 @@ def error_for(
 ) -> ApiError:
     """The one mapping of an HTTP status to an error class."""
     if status == 403:
-        # RBAC let an admission refusal through: granting the verb would change nothing.
-        admission = "denied request" in detail or "denied the request" in detail
+        # RBAC let an admission refusal through: granting the verb would change nothing. The
+        # API server's own words tell them apart (a ValidatingAdmissionPolicy: "... denied
+        # request: ...", a webhook: "admission webhook ... denied the request: ..."); both
+        # answer 403 with reason Forbidden, as RBAC does.
+        if "denied request" in detail or "denied the request" in detail:
+            return AdmissionRefusedError(
+                f"refused by admission: cannot {verb} {resource}: {detail}",
+                status=status,
+                verb=verb,
+                resource=resource,
+                status_object=status_object,
+            )
         return ForbiddenError(
-            f"refused by admission: cannot {verb} {resource}: {detail}"
-            if admission
-            else f"forbidden: cannot {verb} {resource}; grant the ClusterRole of this driver "
+            f"forbidden: cannot {verb} {resource}; grant the ClusterRole of this driver "
             f"the verb {verb!r} on {resource} ({detail})",
             status=status,
             verb=verb,

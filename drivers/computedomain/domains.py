@@ -23,6 +23,7 @@ from driver.kube.rest import MERGE_PATCH, Client, ConflictError, NotFoundError
 from drivers.computedomain import names
 
 _GROUP = f"/apis/{names.GROUP}/{names.VERSION}"
+_FOUND_MAX = 256
 
 
 class DomainNotFoundError(RetryableError):
@@ -67,6 +68,9 @@ class Domains:
         self._client = client
         self._node = node_name
         self._namespace = namespace
+        # Domains found, by UID (a UID's name and namespace never change): what a claim's
+        # status entry names without a list per write.
+        self._found: dict[str, Domain] = {}
 
     @property
     def namespace(self) -> str:
@@ -83,8 +87,20 @@ class Domains:
         for item in items:
             meta = item.get("metadata") or {}
             if meta.get("uid") == uid:
-                return Domain(uid, str(meta.get("namespace", "")), str(meta.get("name", "")))
+                domain = Domain(uid, str(meta.get("namespace", "")), str(meta.get("name", "")))
+                if len(self._found) >= _FOUND_MAX:  # a node sees few domains at a time
+                    self._found.clear()
+                self._found[uid] = domain
+                return domain
         raise DomainNotFoundError(f"ComputeDomain not found: {uid}")
+
+    async def named(self, uid: str, namespace: str = "") -> Domain:
+        """The domain of ``uid`` (in ``namespace``, or any for ""), as found before if it was:
+        the prepare found it, and its status entry names it."""
+        known = self._found.get(uid)
+        if known is not None and namespace in ("", known.namespace):
+            return known
+        return await self.find(uid, namespace)
 
     async def check_namespace(self, uid: str, claim_namespace: str) -> Domain:
         """The claim's domain, which must be in the claim's namespace: listed there (a few

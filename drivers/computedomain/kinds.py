@@ -21,6 +21,9 @@ with the last daemon claim of the domain on the node (NVIDIA leaves it to a 10-m
 its unprepare asks nothing of the API server, so a domain deleted before its daemon pods end
 is no obstacle.
 
+A prepared claim's ``status.devices`` entry (``status_data``) names, for either kind, the
+domain (namespace, name, UID) and the node's clique ID.
+
 Both kinds have side effects (the label, the directory), so the framework writes the claim's
 record before them and recovery undoes them after a crash. Their API calls are coroutines of
 the node's event loop; a kind's methods run in a worker thread and wait on them there.
@@ -54,7 +57,12 @@ from driver.common.limits import is_uid
 from driver.devicekind import DeviceKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
 from drivers.computedomain import names, nvcaps
-from drivers.computedomain.domains import Domains, ForeignDaemonClaimError, NotReadyError
+from drivers.computedomain.domains import (
+    DomainNotFoundError,
+    Domains,
+    ForeignDaemonClaimError,
+    NotReadyError,
+)
 from kubeletplugin.flavor import ConfigRules, Flavor
 from kubeletplugin.state import PreparePendingError
 
@@ -339,6 +347,27 @@ class DaemonKind(_Kind):
 
     def recover(self, claim: PreparedClaim) -> None:
         self.unprepare(claim)
+
+
+async def status_data(
+    domains: Domains, clique_id: str, claim: PreparedClaim, device: PreparedDevice
+) -> dict[str, Any]:
+    """What a claim's ``status.devices`` entry says of a channel or daemon device beyond its
+    attributes and config: its domain (namespace, name, UID) and the node's clique, whose
+    IMEX channels the device gives ("": a node without one, no channel given). A domain
+    deleted meanwhile keeps its UID alone; other failures are the API's, which the status
+    writer retries."""
+    uid = dict(device.sharing).get(DOMAIN_ID)
+    if not uid:
+        return {}
+    domain = {"uid": uid}
+    # A channel's domain is of the claim's namespace (its prepare checked it); a daemon claim,
+    # in the driver's namespace, serves a domain of any.
+    where = claim.namespace if device.kind == names.CHANNEL_TYPE else ""
+    with contextlib.suppress(DomainNotFoundError):
+        found = await domains.named(uid, where)
+        domain.update(namespace=found.namespace, name=found.name)
+    return {"computeDomain": domain, "cliqueID": clique_id}
 
 
 def flavor(channel: ChannelKind, daemon: DaemonKind) -> Flavor:

@@ -145,6 +145,10 @@ class ComputeDomainDriver:
                 metrics=lambda _: ClaimMetrics(COMPUTE_DOMAIN_PREFIX, what=COMPUTE_DOMAIN_WHAT),
                 slice_resync_period=cfg.slice_resync_period,
                 reconcile_period=cfg.reconcile_period,
+                # A channel's entry names its domain and the clique it gives channels of.
+                describe=lambda claim, device: kinds.status_data(
+                    domains, self._clique, claim, device
+                ),
                 started=started,
             ),
             host.api_client,

@@ -428,8 +428,9 @@ async def test_a_plugin_writes_device_status_of_its_own_nodes_claims_only(
     cluster: ControlPlane, plugins: dict[str, PluginProcess], installed: dict[str, str]
 ) -> None:
     """The claim status writer's grant, on the real API server: g6's plugin may write the
-    status.devices entry of a claim allocated on g6; p5's, holding the same grants, may not
-    (from 1.36: the token's node is not the claim's)."""
+    status.devices entry of a claim allocated on g6; p5's, holding the same grants, may not:
+    from 1.36 the API server refuses it (the token's node is not the claim's), before 1.36 the
+    chart's admission policy (its entries are not of its own pool)."""
     cp, ns = cluster, "device-status"
     (template, pod) = dict(_examples())["single-gpu"]
     cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -466,7 +467,16 @@ async def test_a_plugin_writes_device_status_of_its_own_nodes_claims_only(
             causes = {(c.get("field"), c.get("reason")) for c in body["details"]["causes"]}
             assert causes == {("status.devices", "FieldValueForbidden")}, out
         else:
-            assert code == 200, out
+            # No per-node check in the API server: the chart's ValidatingAdmissionPolicy
+            # refuses it (422, its default reason Invalid), on every version.
+            body = json.loads(out)
+            assert (code, body["reason"]) == (422, "Invalid"), out
+            assert (
+                "denied request: the kubelet plugin on node p5 may write only status.devices "
+                "entries of "
+                in body["message"]
+                and body["message"].endswith(" in pool p5")
+            ), out
     finally:
         await _clean(cp, ns)
 

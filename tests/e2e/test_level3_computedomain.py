@@ -168,7 +168,7 @@ async def test_the_daemon_pod_runs_from_the_image_and_the_worker_gets_channel_0(
     gpus = sorted(p.name for p in (worker / "root" / "dev").glob("nvidia[0-9]*"))
     assert len(gpus) == 4, gpus
 
-    # The worker's claims say what each device is: the channel names its domain.
+    # The worker's claims say what each device is: the channel names its domain and clique.
     def entries() -> dict[str, list[dict[str, Any]]] | None:
         claims = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{TEAM}/resourceclaims")
         found: dict[str, list[dict[str, Any]]] = {}
@@ -179,7 +179,13 @@ async def test_the_daemon_pod_runs_from_the_image_and_the_worker_gets_channel_0(
 
     written = await await_until("the channel's status.devices entry", entries, 60)
     (channel,) = written[names.DRIVER_NAME]
-    assert channel["data"]["sharing"]["domainID"] == _domain(cp)["metadata"]["uid"], channel
+    meta = _domain(cp)["metadata"]
+    assert channel["data"]["sharing"]["domainID"] == meta["uid"], channel
+    assert channel["data"]["computeDomain"] == {
+        "namespace": TEAM, "name": meta["name"], "uid": meta["uid"],
+    }, channel  # fmt: skip
+    # The clique the node is in: its label, which the worker's affinity matched.
+    assert channel["data"]["cliqueID"] == clique(), channel
     assert [(c["type"], c["status"]) for c in channel["conditions"]] == [("Ready", "True")]
     print(f"the channel's status.devices entry: {json.dumps(channel)}")
     print(f"worker Running {took:.1f} s after its creation (the domain's daemon started and "
