@@ -317,8 +317,8 @@ def test_call_trace_lists_each_call_with_its_answer(tmp_path: Path) -> None:
         "lib.nvmlDeviceGetCount_v2(ctypes.byref(n))"
     )
     library = str(root / "usr/lib64" / SONAME)
-    done = subprocess.run([sys.executable, "-c", code, library],
-                          env={**env, "GPU_DRA_SIM_NVML_TRACE": str(trace)}, check=False)  # fmt: skip
+    env["GPU_DRA_SIM_NVML_TRACE"] = str(trace)
+    done = subprocess.run([sys.executable, "-c", code, library], env=env, check=False)
     assert done.returncode == 0
     assert trace.read_text().splitlines() == [
         "nvmlInit_v2 0",

@@ -136,7 +136,7 @@ async def run_plugin(
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name,
         "labels": {"kubernetes.io/hostname": node_name}},
     }, ok=(201, 409))  # fmt: skip
-    root, hardware = sim_node(work / "root", profile, node_name)
+    root, _ = sim_node(work / "root", profile, node_name)
     trace = work / "nvml-trace"
     trace.unlink(missing_ok=True)
     plugins, registry, cdi = work / "plugins", work / "registry", work / "cdi"
