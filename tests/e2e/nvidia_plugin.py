@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +127,21 @@ def sim_node(root: Path, profile: str, node_name: str) -> tuple[Path, Path]:
     return root, node.nvml.render()
 
 
+During = Callable[[Path, str], Awaitable[None]]
+
+
 async def run_plugin(
-    plane: cluster.ControlPlane, profile: str, work: Path, wait_s: float = 120
+    plane: cluster.ControlPlane,
+    profile: str,
+    work: Path,
+    wait_s: float = 120,
+    *,
+    gates: str = "",
+    during: During | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], str]:
     """NVIDIA's plugin on ``profile`` until its pool is complete: its slices (normalized),
-    the NVML call trace, and its log."""
+    the NVML call trace, and its log. ``gates``: its --feature-gates; ``during(work,
+    node_name)`` runs once the pool is complete, before the plugin is stopped."""
     node_name = f"sim-{profile}"
     plane.call("POST", "/api/v1/nodes", {
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name,
@@ -154,6 +165,8 @@ async def run_plugin(
         f"--kubeconfig={plane.admin_kubeconfig}", f"--image-name={IMAGE}",
         "--service-account-name=nvidia-dra-driver-gpu-service-account-kubeletplugin", "-v=6",
     ]  # fmt: skip
+    if gates:
+        argv.append(f"--feature-gates={gates}")
     shell = 'mount --bind "$0/sys" /sys && exec "$@"'
     proc = await plane.spawn(
         f"nvidia-plugin-{profile}",
@@ -179,6 +192,8 @@ async def run_plugin(
 
     try:
         await plane.wait_for(f"NVIDIA's plugin's pool on {profile}", ready, wait_s)
+        if during is not None:
+            await during(work, node_name)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.proc.pid, signal.SIGTERM)
@@ -188,6 +203,88 @@ async def run_plugin(
     calls = trace.read_text().splitlines() if trace.exists() else []
     slices.sort(key=lambda s: (s["spec"]["pool"]["name"], s["metadata"]["name"]))
     return [normalize_slice(s) for s in slices], calls, log
+
+
+def _gpu_config(sharing: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "source": "FromClaim",
+        "requests": ["gpu"],
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "GpuConfig",
+                "sharing": sharing,
+            },
+        },
+    }
+
+
+# The container view's claims on the p5e node: name -> (devices, allocation config). A claim
+# shared by two pods, or one GPU shared by two containers, is one prepare of one claim (the
+# kubelet prepares a claim once per node): "one-gpu". MPS is left out: NVIDIA's prepare
+# starts its control daemon as a Deployment and waits for its pod, which needs a kubelet.
+CLAIMS: dict[str, tuple[list[str], list[dict[str, Any]]]] = {
+    "one-gpu": (["gpu-0"], []),
+    "four-gpus": (["gpu-0", "gpu-1", "gpu-2", "gpu-3"], []),
+    "time-slicing": (
+        ["gpu-5"],
+        [_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+    ),
+}
+CONTAINER_GATES = "TimeSlicingSettings=true"  # NVIDIA's alpha gate for time-slicing configs
+
+
+def normalize_text(text: str, subs: dict[str, str]) -> str:
+    """``text`` with each key of ``subs`` (longest first) replaced by its placeholder."""
+    for old in sorted(subs, key=len, reverse=True):
+        text = text.replace(old, subs[old])
+    return text
+
+
+def container_view(plane: cluster.ControlPlane, out: dict[str, Any]) -> During:
+    """What NVIDIA's plugin prepares for each of :data:`CLAIMS`, into ``out``: the CDI device
+    IDs it answers, the CDI spec files it writes (paths and claim UIDs normalized), and the
+    files left after unprepare."""
+
+    async def run(work: Path, node_name: str) -> None:
+        import yaml
+        from google.protobuf.json_format import MessageToDict
+
+        from sandbox.kubeletsim import KubeletSim
+        from tests.pluginharness import api_client, create_claim
+
+        cdi, root, plugins = work / "cdi", work / "root", work / "plugins"
+        api = await api_client(plane.admin_kubeconfig)
+        kubelet = await KubeletSim.register(work / "registry" / f"{DRIVER}-reg.sock")
+        try:
+            for name, (devices, config) in CLAIMS.items():
+                before = {p.name for p in cdi.iterdir()}
+                ref = await create_claim(api, name, node=node_name, devices=devices, config=config)
+                subs = {ref.uid: "<claim-uid>", str(root): "<driver-root>", str(cdi): "<cdi-root>",
+                        str(plugins): "<plugins>"}  # fmt: skip
+                answer = MessageToDict(await kubelet.prepare([ref]))
+                written = {
+                    normalize_text(p.name, subs): yaml.safe_load(normalize_text(p.read_text(), subs))
+                    for p in sorted(cdi.iterdir())
+                    if p.name not in before
+                }
+                undone = MessageToDict(await kubelet.unprepare([ref]))
+                out[name] = {
+                    "devices": devices,
+                    "config": config,
+                    "prepare": json.loads(normalize_text(json.dumps(answer), subs)),
+                    "specs": written,
+                    "unprepare": json.loads(normalize_text(json.dumps(undone), subs)),
+                    "left": sorted(
+                        normalize_text(p.name, subs) for p in cdi.iterdir() if p.name not in before
+                    ),
+                }
+        finally:
+            await kubelet.close()
+            await api.close()
+
+    return run
 
 
 def _source(profile: str | None = None) -> dict[str, Any]:
@@ -203,35 +300,65 @@ def _source(profile: str | None = None) -> dict[str, Any]:
     }
 
 
-async def record(profiles: tuple[str, ...]) -> None:
+def _counted(calls: list[str]) -> list[list[Any]]:
+    """The trace's lines as [call, nvmlReturn_t, how often], sorted."""
+    counted = collections.Counter(tuple(line.rsplit(" ", 1)) for line in calls)
+    return [[name, int(code), n] for (name, code), n in sorted(counted.items())]
+
+
+def _fresh(work: Path) -> None:
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+
+
+async def _one_run(
+    plane: cluster.ControlPlane, profile: str, work: Path, **kwargs: Any
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`run_plugin` in a fresh ``work`` directory, its simulated hardware and trace
+    named in the environment the plugin inherits; its log kept in ``work``."""
+    await asyncio.to_thread(_fresh, work)
+    names = ("GPU_DRA_SIM_NVML", "GPU_DRA_SIM_NVML_TRACE")
+    old = {k: os.environ.get(k) for k in names}
+    os.environ["GPU_DRA_SIM_NVML"] = str(work / "root" / "run/gpu-dra-sim/nvml-hardware")
+    os.environ["GPU_DRA_SIM_NVML_TRACE"] = str(work / "nvml-trace")
+    try:
+        slices, calls, log = await run_plugin(plane, profile, work, **kwargs)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    (work / "plugin.log").write_text(log)
+    return slices, calls
+
+
+async def record(profiles: tuple[str, ...], *, containers: bool = True) -> None:
     run = cluster.run_root() / "nvidia-plugin"
     calls_by_profile: dict[str, list[list[Any]]] = {}
+    DATA.mkdir(parents=True, exist_ok=True)
     async with cluster.ControlPlane(run / "plane", K8S_MINOR) as plane:
         for profile in profiles:
-            work = run / profile
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            old = {k: os.environ.get(k) for k in ("GPU_DRA_SIM_NVML", "GPU_DRA_SIM_NVML_TRACE")}
-            os.environ["GPU_DRA_SIM_NVML_TRACE"] = str(work / "nvml-trace")
-            os.environ["GPU_DRA_SIM_NVML"] = str(work / "root" / "run/gpu-dra-sim/nvml-hardware")
-            try:
-                slices, calls, log = await run_plugin(plane, profile, work)
-            finally:
-                for k, v in old.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-            (work / "plugin.log").write_text(log)
-            counted = collections.Counter(tuple(line.rsplit(" ", 1)) for line in calls)
-            calls_by_profile[profile] = [
-                [name, int(code), n] for (name, code), n in sorted(counted.items())
-            ]
-            DATA.mkdir(parents=True, exist_ok=True)
+            slices, calls = await _one_run(plane, profile, run / profile)
+            calls_by_profile[profile] = _counted(calls)
             body = {"source": _source(profile), "slices": slices}
             (DATA / f"slices-{profile}.json").write_text(json.dumps(body, indent=1) + "\n")
             print(f"{profile}: {sum(len(s['spec'].get('devices', [])) for s in slices)} devices "
                   f"in {len(slices)} slices, {len(calls)} NVML calls", file=sys.stderr)  # fmt: skip
+        if containers:
+            view: dict[str, Any] = {}
+            profile = "p5e.48xlarge"
+            _, calls = await _one_run(
+                plane, profile, run / f"{profile}-containers",
+                gates=CONTAINER_GATES, during=container_view(plane, view),
+            )  # fmt: skip
+            calls_by_profile[f"{profile}, prepare and unprepare ({CONTAINER_GATES})"] = _counted(
+                calls
+            )
+            source: dict[str, Any] = {**_source(profile), "featureGates": CONTAINER_GATES}
+            body = {"source": source, "claims": view}
+            (DATA / f"containers-{profile}.json").write_text(json.dumps(body, indent=1) + "\n")
+            print(f"container view: {len(view)} claims prepared", file=sys.stderr)
     body = {"source": _source(), "calls": calls_by_profile}
     (DATA / "nvml-calls.json").write_text(json.dumps(body, indent=1) + "\n")
 
@@ -243,13 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--mirror", type=Path, default=DEFAULT_MIRROR)
     r = sub.add_parser("record", help="run it on simulated nodes, record into tests/data")
     r.add_argument("--profile", action="append", help=f"default: {' '.join(PROFILES)}")
+    r.add_argument("--no-containers", action="store_true", help="slices only, no prepare")
     args = parser.parse_args(argv)
     if args.what == "build":
         print(build_plugin(args.mirror))
         return 0
     if not binary().exists():
         raise SystemExit(f"{binary()} is not built: python -m tests.e2e.nvidia_plugin build")
-    asyncio.run(record(tuple(args.profile or PROFILES)))
+    asyncio.run(record(tuple(args.profile or PROFILES), containers=not args.no_containers))
     return 0
 
 
