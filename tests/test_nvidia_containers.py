@@ -17,6 +17,7 @@ only as :data:`DELIBERATE` says.
 
 import asyncio
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -26,15 +27,16 @@ import pytest
 from driver.devicekind import PreparedClaim, PreparedDevice
 from driver.nvml.simulated import HARDWARE_ENV, SimulatedNode
 from drivers.gpu.flavor import GPU
-from drivers.gpu.kinds.gpu import node_device, own_node
+from drivers.gpu.kinds import GpuNode, gpu_kinds
+from drivers.gpu.kinds.gpu import own_node
 from drivers.gpu.model.discovery import discover
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import base_edits, dev_root
+from kubeletplugin.devices import devices_of
 from tests.simroot import ctk_binary, install_driver_files
 
-RECORD: Final = Path(__file__).parent / "data" / "nvidia-plugin" / "containers-p5e.48xlarge.json"
-PROFILE: Final = "p5e.48xlarge"
-NODE: Final = f"sim-{PROFILE}"
+RECORDS: Final = Path(__file__).parent / "data" / "nvidia-plugin"
+PROFILES: Final = ("p5e.48xlarge", "p4d.24xlarge-mig")
 UID: Final = "0b0c1f8e-6a3b-4b8a-9d1e-3f0f5c2d7e11"
 ROOT: Final = "<driver-root>"
 
@@ -50,6 +52,10 @@ DELIBERATE: Final[dict[tuple[str, str], tuple[str, str]]] = {
         "the claim's GPU UUIDs for the container's tools (ours: `gpu-dra doctor` and the "
         "simulated NVML read it); NVIDIA_VISIBLE_DEVICES=void is in both",
     ),
+    ("env", "GPU_DRA_VISIBLE_MIG_UUIDS"): (
+        "ours",
+        "the claim's MIG device UUIDs, as GPU_DRA_VISIBLE_GPU_UUIDS for whole GPUs",
+    ),
     ("env", "NVIDIA_CTK_LIBCUDA_DIR"): (
         "both, different",
         f"{_TOOLKIT}: v1.20 lists every driver library's directory (GetDriverLibDirectories; "
@@ -58,7 +64,15 @@ DELIBERATE: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ),
     ("mounts", "/var/run/nvidia-container-devices/void"): ("ours", _TOOLKIT),
     ("hooks", "update-application-profile"): ("ours", _TOOLKIT),
+    ("deviceNodes", "/dev/nvidia-caps/nvidia-cap<N>"): (
+        "both, different",
+        "a MIG device's capability nodes (the same two, same minors): ours name them under "
+        "the dev root, the driver root's /dev when it has one, as every node of our spec and "
+        "NVIDIA's own GPU nodes are; NVIDIA's name no host path, so the runtime takes the "
+        "host's /dev. With the driver on the host (EKS: driver root /) both are the host's",
+    ),
 }
+_CAPS = re.compile(r"^/dev/nvidia-caps/nvidia-cap\d+$")
 # Differences in how the same view is written, checked separately (test_how_each_is_written).
 WRITTEN: Final[dict[str, str]] = {
     "hook binary": (
@@ -79,10 +93,17 @@ WRITTEN: Final[dict[str, str]] = {
 }
 
 
-def _record() -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(RECORD.read_text())
-    assert body["source"]["tag"] == "v0.4.1"
+def _record(profile: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads((RECORDS / f"containers-{profile}.json").read_text())
+    assert body["source"]["tag"] == "v0.4.1" and body["source"]["profile"] == profile
     return body
+
+
+def _claims() -> Iterable[tuple[str, str, dict[str, Any]]]:
+    """(profile, claim name, record) of every recorded claim."""
+    for profile in PROFILES:
+        for name, claim in _record(profile)["claims"].items():
+            yield profile, name, claim
 
 
 def _merged(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -123,24 +144,27 @@ def _normalized(obj: Any, root: Path) -> Any:
     return json.loads(json.dumps(obj).replace(str(root), ROOT).replace(UID, "<claim-uid>"))
 
 
-@pytest.fixture(scope="module")
-def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Our spec for each recorded claim, on a p5e.48xlarge fake root with the real toolkit."""
-    ctk = ctk_binary()
-    if ctk is None:
-        pytest.skip("nvidia-ctk is not built: run python -m tests.e2e.build nvidia-ctk")
-    root = tmp_path_factory.mktemp("cv") / "root"
-    node = SimulatedNode(PROFILE, NODE, root)
-    install_driver_files(root, node.profile.driver_version, ctk)
+def _specs(profile: str, root: Path, ctk: Path) -> dict[str, dict[str, Any]]:
+    """Our spec and CDI device IDs for each recorded claim of ``profile``."""
+    node_name = f"sim-{profile}"
+    node = SimulatedNode(profile, node_name, root)
+    inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
+    # The toolkit's node-wide edits (libraries, binaries, control nodes; its GPU nodes are
+    # dropped, ours named instead) come from the same instance type with MIG off: `nvidia-ctk
+    # cdi generate` reads MIG capabilities from the host's /proc, which a fake root cannot
+    # hold (NVIDIA's plugin was given the simulated one in a mount namespace of its own).
+    toolkit_root = root.with_name("toolkit-root")
+    toolkit_node = SimulatedNode(profile.removesuffix("-mig"), node_name, toolkit_root)
+    install_driver_files(toolkit_root, toolkit_node.profile.driver_version, ctk)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(HARDWARE_ENV, str(node.nvml.render()))  # nvidia-ctk reads the same GPUs
-        inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
+        mp.setenv(HARDWARE_ENV, str(toolkit_node.nvml.render()))
         base = asyncio.run(
-            base_edits("system", container_root=root, host_root=root, own_node=own_node)
+            base_edits("system", container_root=toolkit_root, host_root=root, own_node=own_node)
         )
-    devices = {g.device_name: node_device(g, inventory, node_name=NODE) for g in inventory.gpus}
+    kinds = tuple(gpu_kinds(GpuNode()).values())
+    devices = {d.name: d for d in devices_of(kinds, inventory, node_name=node_name)}
     specs = {}
-    for name, claim in _record()["claims"].items():
+    for name, claim in _record(profile)["claims"].items():
         prepared = PreparedClaim(
             uid=UID,
             namespace="default",
@@ -148,11 +172,11 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
             devices=tuple(
                 PreparedDevice(
                     request_names=("gpu",),
-                    pool_name=NODE,
+                    pool_name=node_name,
                     device_name=d,
                     cdi_device_ids=(cdi.cdi_device_id(UID, d, None, GPU),),
                     admin_access=False,
-                    kind="gpu",
+                    kind=devices[d].kind,
                     identity=tuple(devices[d].identity.items()),
                 )
                 for d in claim["devices"]
@@ -170,6 +194,20 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     return specs
 
 
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
+    """Our spec for each recorded claim, on the profile's fake root with the real toolkit."""
+    ctk = ctk_binary()
+    if ctk is None:
+        pytest.skip("nvidia-ctk is not built: run python -m tests.e2e.build nvidia-ctk")
+    out = {}
+    for profile in PROFILES:
+        root = tmp_path_factory.mktemp("cv") / "root"
+        for name, spec in _specs(profile, root, ctk).items():
+            out[(profile, name)] = spec
+    return out
+
+
 def _theirs(claim: Mapping[str, Any]) -> dict[str, Any]:
     (spec,) = claim["specs"].values()  # one spec file per claim, as ours
     result: dict[str, Any] = spec
@@ -181,39 +219,54 @@ def _ids(claim: Mapping[str, Any]) -> list[str]:
     return [i for d in answer["devices"] for i in d["cdiDeviceIds"]]
 
 
+def _family(key: tuple[str, str]) -> tuple[str, str]:
+    """The DELIBERATE key of ``key``: a MIG capability node's minor is the instance's."""
+    part, name = key
+    return (part, "/dev/nvidia-caps/nvidia-cap<N>") if _CAPS.match(name) else key
+
+
 def _differing(
     mine: Mapping[tuple[str, str], Any], theirs: Mapping[tuple[str, str], Any]
 ) -> Iterable[tuple[tuple[str, str], str]]:
     for key in sorted(mine.keys() | theirs.keys()):
         if key not in theirs:
-            yield key, "ours"
+            yield _family(key), "ours"
         elif key not in mine:
-            yield key, "NVIDIA's"
+            yield _family(key), "NVIDIA's"
         elif mine[key] != theirs[key]:
-            yield key, "both, different"
+            yield _family(key), "both, different"
 
 
 def test_the_record_is_what_nvidias_plugin_prepared() -> None:
-    claims = _record()["claims"]
-    assert set(claims) == {"one-gpu", "four-gpus", "time-slicing"}
-    for name, claim in claims.items():
-        assert [d.removeprefix("k8s.gpu.nvidia.com/claim=<claim-uid>-") for d in _ids(claim)] == (
-            claim["devices"]
-        ), name
+    names = {name for _, name, _ in _claims()}
+    assert names == {"one-gpu", "four-gpus", "time-slicing", "one-mig", "two-migs-one-gpu",
+                     "mig-and-gpu"}  # fmt: skip
+    for _, name, claim in _claims():
+        # in any order: NVIDIA's plugin answers a claim's devices in Go map order
+        answered = sorted(
+            d.removeprefix("k8s.gpu.nvidia.com/claim=<claim-uid>-") for d in _ids(claim)
+        )
+        assert answered == sorted(claim["devices"]), name
         assert claim["left"] == [], name  # its spec is gone after unprepare
-        gpus = [n for n in _merged(_theirs(claim))["deviceNodes"] if n["path"][-1].isdigit()]
-        assert len(gpus) == len(claim["devices"]), name
+        gpus = {n["path"] for n in _merged(_theirs(claim))["deviceNodes"]}
+        # one /dev/nvidiaN per full GPU or MIG parent; two capability nodes per MIG device
+        parents = {d.split("-mig-")[0].replace("gpu-", "/dev/nvidia") for d in claim["devices"]}
+        migs = [d for d in claim["devices"] if "-mig-" in d]
+        assert parents <= gpus, name
+        assert len([p for p in gpus if p.startswith("/dev/nvidia-caps/")]) == 2 * len(migs), name
 
 
-def test_same_cdi_device_ids(ours: dict[str, dict[str, Any]]) -> None:
-    for name, claim in _record()["claims"].items():
-        assert ours[name]["ids"] == _ids(claim), name
+def test_same_cdi_device_ids(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
+    for profile, name, claim in _claims():
+        assert sorted(ours[(profile, name)]["ids"]) == sorted(_ids(claim)), name
 
 
-def test_the_container_view_differs_only_as_listed(ours: dict[str, dict[str, Any]]) -> None:
+def test_the_container_view_differs_only_as_listed(
+    ours: dict[tuple[str, str], dict[str, Any]],
+) -> None:
     seen: dict[tuple[str, str], str] = {}
-    for name, claim in _record()["claims"].items():
-        mine, theirs = view(ours[name]["spec"]), view(_theirs(claim))
+    for profile, name, claim in _claims():
+        mine, theirs = view(ours[(profile, name)]["spec"]), view(_theirs(claim))
         # GPUs, control nodes, libraries, binaries, firmware: the container's essentials.
         assert [k for k in theirs if k[0] == "deviceNodes"], name
         for key, whose in _differing(mine, theirs):
@@ -223,11 +276,11 @@ def test_the_container_view_differs_only_as_listed(ours: dict[str, dict[str, Any
     assert set(seen) == set(DELIBERATE), seen  # no stale entry
 
 
-def test_how_each_is_written(ours: dict[str, dict[str, Any]]) -> None:
+def test_how_each_is_written(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
     """The differences of WRITTEN, each as it says."""
     assert set(WRITTEN) == {"hook binary", "device node fields", "spec annotations"}
-    for name, claim in _record()["claims"].items():
-        mine, theirs = ours[name]["spec"], _theirs(claim)
+    for profile, name, claim in _claims():
+        mine, theirs = ours[(profile, name)]["spec"], _theirs(claim)
         hooks = {h["path"] for h in _merged(mine)["hooks"]}
         assert hooks == {f"{ROOT}/usr/bin/nvidia-ctk"}
         assert {h["path"] for h in _merged(theirs)["hooks"]} == {f"{ROOT}/usr/bin/nvidia-cdi-hook"}

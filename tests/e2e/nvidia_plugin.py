@@ -167,12 +167,18 @@ async def run_plugin(
     ]  # fmt: skip
     if gates:
         argv.append(f"--feature-gates={gates}")
-    shell = 'mount --bind "$0/sys" /sys && exec "$@"'
+    # /proc/driver (MIG capabilities) and /proc/devices (the nvidia-caps major) too: NVIDIA's
+    # toolkit library reads the host's, as on a node.
+    shell = (
+        'mount --bind "$0/sys" /sys && mount --bind "$0/proc/devices" /proc/devices && '
+        'mount --bind "$0/proc/driver" /proc/driver && exec "$@"'
+    )
+    path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node_name}"
+    plane.call("DELETE", path)  # an earlier run's pool would look complete at once
     proc = await plane.spawn(
         f"nvidia-plugin-{profile}",
         ["unshare", "-m", "--propagation", "private", "sh", "-c", shell, str(root), *argv],
     )
-    path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node_name}"
 
     def complete() -> list[dict[str, Any]] | None:
         items: list[dict[str, Any]] = plane.call("GET", path)["items"]
@@ -188,7 +194,8 @@ async def run_plugin(
     def ready() -> bool:
         nonlocal slices
         slices = complete() or []
-        return bool(slices)
+        # and registered: its DRA socket serves once the registration socket is there
+        return bool(slices) and (registry / f"{DRIVER}-reg.sock").exists()
 
     try:
         await plane.wait_for(f"NVIDIA's plugin's pool on {profile}", ready, wait_s)
@@ -202,6 +209,8 @@ async def run_plugin(
     log = proc.log.read_text(errors="replace")
     calls = trace.read_text().splitlines() if trace.exists() else []
     slices.sort(key=lambda s: (s["spec"]["pool"]["name"], s["metadata"]["name"]))
+    for s in slices:  # Go map order, another each run: by name, so records diff by content
+        s["spec"]["devices"].sort(key=lambda d: d["name"])
     return [normalize_slice(s) for s in slices], calls, log
 
 
@@ -220,17 +229,25 @@ def _gpu_config(sharing: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# The container view's claims on the p5e node: name -> (devices, allocation config). A claim
+# The container view's claims, per profile: name -> (devices, allocation config). A claim
 # shared by two pods, or one GPU shared by two containers, is one prepare of one claim (the
 # kubelet prepares a claim once per node): "one-gpu". MPS is left out: NVIDIA's prepare
 # starts its control daemon as a Deployment and waits for its pod, which needs a kubelet.
-CLAIMS: dict[str, tuple[list[str], list[dict[str, Any]]]] = {
-    "one-gpu": (["gpu-0"], []),
-    "four-gpus": (["gpu-0", "gpu-1", "gpu-2", "gpu-3"], []),
-    "time-slicing": (
-        ["gpu-5"],
-        [_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
-    ),
+CLAIMS: dict[str, dict[str, tuple[list[str], list[dict[str, Any]]]]] = {
+    "p5e.48xlarge": {
+        "one-gpu": (["gpu-0"], []),
+        "four-gpus": (["gpu-0", "gpu-1", "gpu-2", "gpu-3"], []),
+        "time-slicing": (
+            ["gpu-5"],
+            [_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})],
+        ),
+    },
+    # Static MIG: instances made before the plugin started (the profile's).
+    "p4d.24xlarge-mig": {
+        "one-mig": (["gpu-0-mig-1g10gb-15-6"], []),
+        "two-migs-one-gpu": (["gpu-1-mig-3g20gb-9-0", "gpu-1-mig-2g10gb-14-4"], []),
+        "mig-and-gpu": (["gpu-2-mig-1g10gb-15-6", "gpu-4"], []),
+    },
 }
 CONTAINER_GATES = "TimeSlicingSettings=true"  # NVIDIA's alpha gate for time-slicing configs
 
@@ -242,8 +259,12 @@ def normalize_text(text: str, subs: dict[str, str]) -> str:
     return text
 
 
-def container_view(plane: cluster.ControlPlane, out: dict[str, Any]) -> During:
-    """What NVIDIA's plugin prepares for each of :data:`CLAIMS`, into ``out``: the CDI device
+def container_view(
+    plane: cluster.ControlPlane,
+    claims: dict[str, tuple[list[str], list[dict[str, Any]]]],
+    out: dict[str, Any],
+) -> During:
+    """What NVIDIA's plugin prepares for each of ``claims``, into ``out``: the CDI device
     IDs it answers, the CDI spec files it writes (paths and claim UIDs normalized), and the
     files left after unprepare."""
 
@@ -258,17 +279,18 @@ def container_view(plane: cluster.ControlPlane, out: dict[str, Any]) -> During:
         api = await api_client(plane.admin_kubeconfig)
         kubelet = await KubeletSim.register(work / "registry" / f"{DRIVER}-reg.sock")
         try:
-            for name, (devices, config) in CLAIMS.items():
+            for name, (devices, config) in claims.items():
                 before = {p.name for p in cdi.iterdir()}
                 ref = await create_claim(api, name, node=node_name, devices=devices, config=config)
                 subs = {ref.uid: "<claim-uid>", str(root): "<driver-root>", str(cdi): "<cdi-root>",
                         str(plugins): "<plugins>"}  # fmt: skip
                 answer = MessageToDict(await kubelet.prepare([ref]))
                 written = {
-                    normalize_text(p.name, subs): yaml.safe_load(normalize_text(p.read_text(), subs))
-                    for p in sorted(cdi.iterdir())
-                    if p.name not in before
-                }
+                    normalize_text(f.name, subs):
+                        yaml.safe_load(normalize_text(f.read_text(), subs))
+                    for f in sorted(cdi.iterdir())
+                    if f.name not in before
+                }  # fmt: skip
                 undone = MessageToDict(await kubelet.unprepare([ref]))
                 out[name] = {
                     "devices": devices,
@@ -345,12 +367,11 @@ async def record(profiles: tuple[str, ...], *, containers: bool = True) -> None:
             (DATA / f"slices-{profile}.json").write_text(json.dumps(body, indent=1) + "\n")
             print(f"{profile}: {sum(len(s['spec'].get('devices', [])) for s in slices)} devices "
                   f"in {len(slices)} slices, {len(calls)} NVML calls", file=sys.stderr)  # fmt: skip
-        if containers:
+        for profile, claims in CLAIMS.items() if containers else ():
             view: dict[str, Any] = {}
-            profile = "p5e.48xlarge"
             _, calls = await _one_run(
                 plane, profile, run / f"{profile}-containers",
-                gates=CONTAINER_GATES, during=container_view(plane, view),
+                gates=CONTAINER_GATES, during=container_view(plane, claims, view),
             )  # fmt: skip
             calls_by_profile[f"{profile}, prepare and unprepare ({CONTAINER_GATES})"] = _counted(
                 calls
@@ -358,7 +379,7 @@ async def record(profiles: tuple[str, ...], *, containers: bool = True) -> None:
             source: dict[str, Any] = {**_source(profile), "featureGates": CONTAINER_GATES}
             body = {"source": source, "claims": view}
             (DATA / f"containers-{profile}.json").write_text(json.dumps(body, indent=1) + "\n")
-            print(f"container view: {len(view)} claims prepared", file=sys.stderr)
+            print(f"container view on {profile}: {len(view)} claims prepared", file=sys.stderr)
     body = {"source": _source(), "calls": calls_by_profile}
     (DATA / "nvml-calls.json").write_text(json.dumps(body, indent=1) + "\n")
 
