@@ -42,7 +42,7 @@ from typing import Any
 from tests.e2e import build, cluster
 
 TAG = "v0.4.1"  # the newest release tag the mirror holds (v0.5.x are not in it)
-COMMIT = "9036620f6c4f75476f2f27fd68c4de2c2901816b"
+COMMIT = "764900e7833798a1528bd52a2af3e1b2d5f7a616"
 REPOSITORY = "kubernetes-sigs/dra-driver-nvidia-gpu"
 DEFAULT_MIRROR = Path("/work/.mirror/kubernetes-sigs+dra-driver-nvidia-gpu/repo")
 DRIVER = "gpu.nvidia.com"
