@@ -1,13 +1,16 @@
 """What a container gets from our claim specs against NVIDIA's own plugin's (issue #40).
 
-``tests/data/nvidia-plugin/containers-p5e.48xlarge.json`` holds what NVIDIA's GPU kubelet
-plugin (v0.4.1, built and run by hand on the simulated p5e.48xlarge: ``tests/e2e/
-nvidia_plugin.py``) answered to ``NodePrepareResources`` and the CDI spec it wrote for each
-claim of its ``CLAIMS`` (one GPU, four GPUs, a time-sliced GPU), with the driver root and the
-claim's UID normalized. Ours for the same devices is built here as the claim state builds it:
-the toolkit's edits from the real ``nvidia-ctk`` over the same kind of fake driver root (it
-skips where ``python -m tests.e2e.build nvidia-ctk`` has not run), our GPU kind's edits, our
-spec builder.
+``tests/data/nvidia-plugin/containers-<profile>.json`` holds what NVIDIA's GPU kubelet
+plugin (v0.4.1, built and run by hand on the simulated node: ``tests/e2e/nvidia_plugin.py``)
+answered to ``NodePrepareResources`` and the CDI spec it wrote for each claim of its
+``CLAIMS`` (one GPU, four GPUs and a time-sliced GPU on a p5e.48xlarge; one MIG device, two
+of one GPU, and a MIG device with a whole GPU on a p4d.24xlarge in static MIG), with the
+driver root and the claim's UID normalized. Ours for the same devices is built here as the
+claim state builds it: the toolkit's edits from the real ``nvidia-ctk`` over the same kind of
+fake driver root (it skips where ``python -m tests.e2e.build nvidia-ctk`` has not run), our
+kinds' edits, our spec builder. A time-sliced claim's spec is a plain one's in both drivers
+(the time slice is set through nvidia-smi at prepare, a side effect, not an edit), as
+NVIDIA's record shows.
 
 Compared is the container's view: the CDI device IDs, and the spec's and its devices' edits
 merged (device nodes, environment, mounts, hooks), each keyed by what names it (a node's
