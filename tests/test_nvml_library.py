@@ -278,7 +278,7 @@ def test_mig_mode_off_has_no_mig_devices_and_lifecycle_not_supported(tmp_path: P
         pynvml.nvmlShutdown()
 
 
-def test_index_of_gpus_and_of_mig_devices(tmp_path: Path) -> None:
+def test_index_and_virtualization_mode(tmp_path: Path) -> None:
     """nvmlDeviceGetIndex, which NVIDIA's plugin asks through its toolkit's CDI library: a
     GPU's place on the bus; a MIG device's, the index that finds it again (NVML's doc)."""
     node = SimulatedNode("p4d.24xlarge-mig", "index", tmp_path / "index")
@@ -296,6 +296,11 @@ def test_index_of_gpus_and_of_mig_devices(tmp_path: Path) -> None:
         assert (
             pynvml.nvmlDeviceGetUUID(again) == pynvml.nvmlDeviceGetUUID(migs[2]) and len(uuids) == 3
         )
+        # Passed through to the VM, as on EC2; a MIG device handle is refused as by every
+        # whole-GPU query (NVIDIA's plugin asks this before dynamic MIG).
+        assert pynvml.nvmlDeviceGetVirtualizationMode(gpus[0]) == 1
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetVirtualizationMode(migs[0])
         with pytest.raises(pynvml.NVMLError_InvalidArgument):  # a null pointer for the answer
             pynvml.nvmlDeviceGetIndex(ctypes.cast(0, pynvml.c_nvmlDevice_t))
     finally:

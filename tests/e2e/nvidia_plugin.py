@@ -47,6 +47,8 @@ REPOSITORY = "kubernetes-sigs/dra-driver-nvidia-gpu"
 DEFAULT_MIRROR = Path("/work/.mirror/kubernetes-sigs+dra-driver-nvidia-gpu/repo")
 DRIVER = "gpu.nvidia.com"
 PROFILES = ("p5e.48xlarge", "p4d.24xlarge-mig")
+# Runs with an alpha gate of NVIDIA's on: (profile, gates, the record's suffix).
+GATED = (("p5e.48xlarge", "DynamicMIG=true", "dynamic-mig"),)
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-plugin"
 K8S_MINOR = "1.37"
 # The chart's image for the tag (the plugin only names it in objects it creates).
@@ -210,7 +212,7 @@ async def run_plugin(
     calls = trace.read_text().splitlines() if trace.exists() else []
     slices.sort(key=lambda s: (s["spec"]["pool"]["name"], s["metadata"]["name"]))
     for s in slices:  # Go map order, another each run: by name, so records diff by content
-        s["spec"]["devices"].sort(key=lambda d: d["name"])
+        s["spec"].get("devices", []).sort(key=lambda d: d["name"])
     return [normalize_slice(s) for s in slices], calls, log
 
 
@@ -367,6 +369,13 @@ async def record(profiles: tuple[str, ...], *, containers: bool = True) -> None:
             (DATA / f"slices-{profile}.json").write_text(json.dumps(body, indent=1) + "\n")
             print(f"{profile}: {sum(len(s['spec'].get('devices', [])) for s in slices)} devices "
                   f"in {len(slices)} slices, {len(calls)} NVML calls", file=sys.stderr)  # fmt: skip
+        for profile, gates, suffix in GATED if set(PROFILES) <= set(profiles) else ():
+            slices, calls = await _one_run(plane, profile, run / f"{profile}-{suffix}", gates=gates)
+            calls_by_profile[f"{profile} ({gates})"] = _counted(calls)
+            gated: dict[str, Any] = {**_source(profile), "featureGates": gates}
+            body = {"source": gated, "slices": slices}
+            (DATA / f"slices-{profile}-{suffix}.json").write_text(json.dumps(body, indent=1) + "\n")
+            print(f"{profile} with {gates}: {len(slices)} slices", file=sys.stderr)
         for profile, claims in CLAIMS.items() if containers else ():
             view: dict[str, Any] = {}
             _, calls = await _one_run(

@@ -930,6 +930,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *id, nvmlDevice_t *
 
 QUERY(nvmlDeviceGetMinorNumber, "nvmlDeviceGetMinorNumber", unsigned *,
       { *out = g->minor; return OK; })
+/* NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH: a whole GPU passed through to the VM, as EC2's
+ * GPU instances hold theirs (NVIDIA's plugin asks it before dynamic MIG, to skip vGPU
+ * guests; the real H200 record has no answer to it). */
+QUERY(nvmlDeviceGetVirtualizationMode, "nvmlDeviceGetVirtualizationMode", unsigned *,
+      { *out = 1; return OK; })
 QUERY(nvmlDeviceGetBrand, "nvmlDeviceGetBrand", int *, { *out = g->brand; return OK; })
 QUERY(nvmlDeviceGetArchitecture, "nvmlDeviceGetArchitecture", unsigned *,
       { *out = g->arch; return OK; })
