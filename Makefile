@@ -8,7 +8,8 @@ PYTHON ?= python3
 # Kubernetes minor of the e2e tier (tests/e2e/versions.toml pins the patch).
 K8S ?= 1.37
 
-.PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean gpu-check
+.PHONY: venv lint test e2e e2e-build oracles bench demo chart image proto clean gpu-check \
+    nvidia-plugin
 
 # Silent, with one line on stderr: `make chart > out.yaml` must hold only the chart.
 $(STAMP): pyproject.toml
@@ -59,6 +60,16 @@ e2e: e2e-build
 GPU_CHECK_PY ?= $(PY)
 gpu-check: $(if $(filter $(PY),$(GPU_CHECK_PY)),$(STAMP))
 	$(GPU_CHECK_PY) -m pytest -o addopts="-q -ra" -p no:cacheprovider tests/gpu
+
+# By hand, never in CI: NVIDIA's own GPU kubelet plugin (kubernetes-sigs/dra-driver-nvidia-gpu,
+# from a mirror of its repository: its module is not on the Go module proxy) built once into
+# ~/.cache/gpu-dra-e2e, then run on simulated nodes against a real kube-apiserver to record its
+# slices, NVML calls and CDI specs into tests/data/nvidia-plugin, which make test holds ours to.
+NVIDIA_MIRROR ?= /work/.mirror/kubernetes-sigs+dra-driver-nvidia-gpu/repo
+nvidia-plugin: $(STAMP)
+	$(PY) -m tests.e2e.nvidia_plugin build --mirror $(NVIDIA_MIRROR)
+	GPU_DRA_E2E_RUN=$${GPU_DRA_E2E_RUN:-/tmp/nv-run} flock /tmp/gpu-dra-e2e.lock \
+	    $(PY) -m tests.e2e.nvidia_plugin record
 
 bench: $(STAMP)
 	@set -e; for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f; done

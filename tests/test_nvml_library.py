@@ -278,6 +278,62 @@ def test_mig_mode_off_has_no_mig_devices_and_lifecycle_not_supported(tmp_path: P
         pynvml.nvmlShutdown()
 
 
+def test_index_and_virtualization_mode(tmp_path: Path) -> None:
+    """nvmlDeviceGetIndex, which NVIDIA's plugin asks through its toolkit's CDI library: a
+    GPU's place on the bus; a MIG device's, the index that finds it again (NVML's doc)."""
+    node = SimulatedNode("p4d.24xlarge-mig", "index", tmp_path / "index")
+    node.nvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        gpus = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        assert [pynvml.nvmlDeviceGetIndex(g) for g in gpus] == list(range(count))
+        migs = [pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpus[0], i) for i in range(3)]
+        assert [pynvml.nvmlDeviceGetIndex(m) for m in migs] == [0, 1, 2]
+        uuids = {pynvml.nvmlDeviceGetUUID(m) for m in migs}
+        again = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(
+            gpus[0], pynvml.nvmlDeviceGetIndex(migs[2])
+        )
+        assert (
+            pynvml.nvmlDeviceGetUUID(again) == pynvml.nvmlDeviceGetUUID(migs[2]) and len(uuids) == 3
+        )
+        # Passed through to the VM, as on EC2; a MIG device handle is refused as by every
+        # whole-GPU query (NVIDIA's plugin asks this before dynamic MIG).
+        assert pynvml.nvmlDeviceGetVirtualizationMode(gpus[0]) == 1
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetVirtualizationMode(migs[0])
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):  # a null pointer for the answer
+            pynvml.nvmlDeviceGetIndex(ctypes.cast(0, pynvml.c_nvmlDevice_t))
+    finally:
+        pynvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetIndex(gpus[0])
+
+
+def test_call_trace_lists_each_call_with_its_answer(tmp_path: Path) -> None:
+    """$GPU_DRA_SIM_NVML_TRACE: how NVIDIA's plugin's calls were listed (one process, whose
+    first call opens the file)."""
+    root = tmp_path / "root"
+    _, env = fake_root(root, "p5e.48xlarge")
+    trace = tmp_path / "trace"
+    code = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); n = ctypes.c_uint();"
+        "lib.nvmlInit_v2(); lib.nvmlDeviceGetCount_v2(ctypes.byref(n));"
+        "lib.nvmlDeviceGetIndex(None, ctypes.byref(n)); lib.nvmlShutdown();"
+        "lib.nvmlDeviceGetCount_v2(ctypes.byref(n))"
+    )
+    library = str(root / "usr/lib64" / SONAME)
+    env["GPU_DRA_SIM_NVML_TRACE"] = str(trace)
+    done = subprocess.run([sys.executable, "-c", code, library], env=env, check=False)
+    assert done.returncode == 0
+    assert trace.read_text().splitlines() == [
+        "nvmlInit_v2 0",
+        "nvmlDeviceGetCount_v2 0",
+        "nvmlDeviceGetIndex 2",
+        "nvmlShutdown 0",
+        "nvmlDeviceGetCount_v2 1",
+    ]
+
+
 def test_bad_arguments_get_error_codes(tmp_path: Path) -> None:
     node = SimulatedNode("p6e-gb200.36xlarge", "bad", tmp_path / "bad")
     node.nvml.nvmlInit()

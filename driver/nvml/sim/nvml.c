@@ -526,14 +526,30 @@ static void sync_created(void);
 static int lock_created(void);
 static void unlock_created(int fd);
 
+/* The call trace: with $GPU_DRA_SIM_NVML_TRACE set, each exported call appends "<name>
+ * <nvmlReturn_t>" to that file, so that a foreign client's calls (NVIDIA's plugin, through
+ * go-nvml) can be listed with what this library answered; unset, nothing is written. Called
+ * under mu: one line per call, never interleaved. */
+static void trace(const char *call, nvmlReturn_t r) {
+    static int opened;
+    static FILE *out;
+    if (!opened) {
+        const char *path = getenv("GPU_DRA_SIM_NVML_TRACE");
+        opened = 1;
+        out = (path && *path) ? fopen(path, "a") : NULL;
+        if (out) setvbuf(out, NULL, _IOLBF, 0);
+    }
+    if (out) fprintf(out, "%s %d\n", call, r);
+}
+
 /* Every call sees the node's run-time instances as they are now (another process of the
  * node may have made or destroyed one since this one's last call), as the driver answers. */
 #define LOCKED(expr) do { pthread_mutex_lock(&mu); sync_created(); nvmlReturn_t r_ = (expr); \
-    pthread_mutex_unlock(&mu); return r_; } while (0)
+    trace(__func__, r_); pthread_mutex_unlock(&mu); return r_; } while (0)
 /* A create or destroy: read, checked and written back under the node's lock, so that two
  * processes never both take one memory slice or one GPU instance ID. */
 #define LOCKED_CHANGE(expr) do { pthread_mutex_lock(&mu); int fd_ = lock_created(); \
-    sync_created(); nvmlReturn_t r_ = (expr); unlock_created(fd_); \
+    sync_created(); nvmlReturn_t r_ = (expr); unlock_created(fd_); trace(__func__, r_); \
     pthread_mutex_unlock(&mu); return r_; } while (0)
 
 static nvmlReturn_t put_text(char *dst, unsigned size, const char *src) {
@@ -914,6 +930,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *id, nvmlDevice_t *
 
 QUERY(nvmlDeviceGetMinorNumber, "nvmlDeviceGetMinorNumber", unsigned *,
       { *out = g->minor; return OK; })
+/* NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH: a whole GPU passed through to the VM, as EC2's
+ * GPU instances hold theirs (NVIDIA's plugin asks it before dynamic MIG, to skip vGPU
+ * guests; the real H200 record has no answer to it). */
+QUERY(nvmlDeviceGetVirtualizationMode, "nvmlDeviceGetVirtualizationMode", unsigned *,
+      { *out = 1; return OK; })
 QUERY(nvmlDeviceGetBrand, "nvmlDeviceGetBrand", int *, { *out = g->brand; return OK; })
 QUERY(nvmlDeviceGetArchitecture, "nvmlDeviceGetArchitecture", unsigned *,
       { *out = g->arch; return OK; })
@@ -1438,6 +1459,29 @@ static nvmlReturn_t mig_by_index_locked(nvmlDevice_t g, unsigned index, nvmlDevi
         }
     return NOT_FOUND;
 }
+/* A GPU's NVML index is its place among the GPUs on the bus (NVIDIA's toolkit names CDI
+ * devices by it); a MIG device's is its place among its GPU's MIG devices, the index that
+ * nvmlDeviceGetMigDeviceHandleByIndex takes back, as NVML documents. */
+static nvmlReturn_t index_locked(nvmlDevice_t g, unsigned *out) {
+    nvmlReturn_t r = any_device(g, "nvmlDeviceGetIndex");
+    if (r != OK) return r;
+    if (!out) return INVALID_ARGUMENT;
+    if (g->is_mig) {
+        unsigned n = 0;
+        for (unsigned s = 0; s < MAX_MIG; s++) {
+            if (&hw.migs[s] == g) { *out = n; return OK; }
+            if (hw.migs[s].defined && hw.migs[s].minor == g->minor) n++;
+        }
+        return INVALID_ARGUMENT;
+    }
+    for (unsigned i = 0; i < hw.count; i++)
+        if (&hw.gpus[hw.order[i]] == g) { *out = i; return OK; }
+    return GPU_IS_LOST;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t g, unsigned *out) {
+    LOCKED(index_locked(g, out));
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t g, unsigned i,
                                                         nvmlDevice_t *out) {
     LOCKED(mig_by_index_locked(g, i, out));
