@@ -7,7 +7,10 @@ what is wrong with it in one line, before any request is made.
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from driver.kube.session import Session
 
 T = TypeVar("T")
 
@@ -19,7 +22,9 @@ def _default_kubeconfig_exists() -> bool:
     return any(p.is_file() for p in candidates)
 
 
-def read(kubeconfig: Path | None, reader: Callable[[Any], Awaitable[T]], *, component: str) -> T:
+def read(
+    kubeconfig: Path | None, reader: Callable[["Session"], Awaitable[T]], *, component: str
+) -> T:
     """``reader(api_client)`` against the cluster of ``kubeconfig``; ClusterAccessError
     (a PermanentError) when there is no usable kubeconfig."""
     import asyncio

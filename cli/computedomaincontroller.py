@@ -67,7 +67,6 @@ async def _main(args: argparse.Namespace) -> int:
     from driver.common.errors import PermanentError
     from driver.common.metricsserver import MetricsServer
     from driver.kube import client as kubeclient
-    from driver.kube.rest import errors_of
 
     if not args.image:
         raise PermanentError("--image (IMAGE_NAME) is required: the IMEX daemon pods run it")
@@ -100,7 +99,7 @@ async def _main(args: argparse.Namespace) -> int:
                 leading=lambda: controller.leading,
                 writes=lambda: controller.stats.writes,
                 write_failures=lambda: controller.stats.failures,
-                api_errors=lambda: errors_of(api_client),
+                api_errors=lambda: api_client.errors,
             )
             server = MetricsServer(metrics, port=args.metrics_port, host=args.metrics_address)
             await server.start()

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes.aio.client import ApiClient
-
 from api.config import AppliedConfig, ConfigError, applies, choose, misaddressed
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import is_uid
 from driver.common.quantity import Quantity
 from driver.kube.rest import ApiError, Client, NotFoundError
+from driver.kube.session import Session
 from kubeletplugin.flavor import ConfigRules
 
 _FETCH_TIMEOUT_S = 20.0
@@ -92,7 +91,7 @@ class ClaimReader:
     process; raises :class:`ApiError` (no answer included, as status 0).
     """
 
-    def __init__(self, api_client: ApiClient) -> None:
+    def __init__(self, api_client: Session) -> None:
         self._client = Client(api_client, request_timeout=_FETCH_TIMEOUT_S)
 
     async def get(self, ref: ClaimRef) -> dict[str, Any]:

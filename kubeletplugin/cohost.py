@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from kubernetes.aio.client import ApiClient
 from prometheus_client import CollectorRegistry
 
+from driver.kube.session import Session
 from kubeletplugin.state import HostEdits
 
 
@@ -28,7 +28,7 @@ class NodeFacts:
 
 @dataclass(frozen=True, slots=True)
 class Host:
-    api_client: ApiClient
+    api_client: Session
     # The host's last discovery (None before the first; raises a DriverError when the node
     # cannot be described, GPUs that disagree on their clique), and a new one.
     facts: Callable[[], NodeFacts | None]

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import grpc
-from kubernetes.aio.client import ApiClient
 
 from api.gen import pluginregistration_v1_pb2_grpc as reg_grpc
 from driver.common.logs import kv
 from driver.kube.rest import Client
+from driver.kube.session import Session
 from driver.slices import SliceController
 from kubeletplugin import draservice
 from kubeletplugin import healthstream as health
@@ -109,7 +109,7 @@ class Served(Generic[M]):
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def serve(driver: NodeDriver[I, M], api_client: ApiClient) -> Served[M]:
+async def serve(driver: NodeDriver[I, M], api_client: Session) -> Served[M]:
     """Open ``driver``'s claim state and serve it; what fails here leaves nothing running.
 
     Raises what :meth:`DeviceState.open` raises (a record this release cannot read, another
@@ -138,7 +138,7 @@ async def serve(driver: NodeDriver[I, M], api_client: ApiClient) -> Served[M]:
     return served
 
 
-async def _serve(driver: NodeDriver[I, M], served: Served[M], api_client: ApiClient) -> None:
+async def _serve(driver: NodeDriver[I, M], served: Served[M], api_client: Session) -> None:
     cfg, paths, devices = driver.state, driver.paths, driver.devices
     status = ClaimStatusWriter(
         Client(api_client),

@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from kubernetes.aio.client import ApiClient
-
 from driver.common.crashpoints import crashpoint
 from driver.common.errors import DriverError, RetryableError
 from driver.common.fsutil import ensure_dir
 from driver.common.logs import kv
 from driver.common.supervise import OnFailure, supervised
 from driver.devicekind import AnyKind, KindContext, NodeDevice, PreparedClaim, PreparedDevice
+from driver.kube.session import Session
 from kubeletplugin import cdi, dirs, recovery
 from kubeletplugin.claims import (
     ClaimError,
@@ -208,7 +207,7 @@ class DeviceState:
     def __init__(
         self,
         config: StateConfig,
-        api_client: ApiClient,
+        api_client: Session,
         devices: NodeDevices,
         *,
         records: Records,
@@ -238,7 +237,7 @@ class DeviceState:
 
     @classmethod
     async def open(
-        cls, config: StateConfig, api_client: ApiClient, devices: NodeDevices
+        cls, config: StateConfig, api_client: Session, devices: NodeDevices
     ) -> "DeviceState":
         """Check the node's state is ours, recover it, and get ready to serve.
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from driver.kube.session import Session
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import NodeDirs, PluginProcess
 from tests.pluginharness import api_client as plugin_api_client
@@ -26,12 +27,12 @@ async def apiserver() -> AsyncIterator[LocalApiServer]:
 
 
 @pytest.fixture
-async def api_client(apiserver: LocalApiServer) -> AsyncIterator[Any]:
-    """A ``kubernetes.aio`` ApiClient pointed at ``apiserver`` (no retries: tests count calls)."""
+async def api_client(apiserver: LocalApiServer) -> AsyncIterator[Session]:
+    """A session pointed at ``apiserver`` (no retries: tests count calls)."""
     from kubernetes.aio import client
 
     configuration = client.Configuration(host=apiserver.url)
-    async with client.ApiClient(configuration) as api:
+    async with Session(configuration) as api:
         yield api
 
 

@@ -13,6 +13,7 @@ import pytest
 from kubernetes.aio import client
 from kubernetes.aio import config as aio_config
 
+from driver.kube.session import Session
 from sandbox.apiserver import LocalApiServer, ThreadedApiServer
 from tests.test_apiserver import DRIVER, slice_body, status_of, typed_api
 
@@ -87,7 +88,7 @@ async def test_a_1_33_server_lacks_resource_v1() -> None:
     server = LocalApiServer(version="1.33.4")
     await server.start()
     try:
-        async with client.ApiClient(client.Configuration(host=server.url)) as api_client:
+        async with Session(client.Configuration(host=server.url)) as api_client:
             version = await typed_api(client.VersionApi, api_client).get_code()
             groups = await typed_api(client.ApisApi, api_client).get_api_versions()
             with pytest.raises(client.ApiException) as err:
@@ -162,7 +163,7 @@ async def test_kubeconfig_works_with_the_client_loader(
     configuration = client.Configuration()
     await load_kube_config(config_file=str(path), client_configuration=configuration)
     assert configuration.host == apiserver.url
-    async with client.ApiClient(configuration) as api:
+    async with Session(configuration) as api:
         await typed_api(client.CoreV1Api, api).create_node({"metadata": {"name": "n1"}})
     assert [o["metadata"]["name"] for o in apiserver.objects("nodes")] == ["n1"]
 

@@ -17,6 +17,7 @@ from kubernetes.aio import client as k8s
 
 from driver.kube import client as kubeclient
 from driver.kube.rest import Client, RejectedError
+from driver.kube.session import Session
 from driver.slices import SliceController
 from driver.slices.capabilities import (
     EFFECT_NONE,
@@ -35,22 +36,18 @@ TIMEOUT = 10.0
 ALL_GATES = [g.gate for g in GATED_FIELDS]
 
 
-async def served(
-    gates: dict[str, bool], version: str = "1.34.0"
-) -> tuple[LocalApiServer, k8s.ApiClient]:
+async def served(gates: dict[str, bool], version: str = "1.34.0") -> tuple[LocalApiServer, Session]:
     server = LocalApiServer(bookmark_interval=0.2, feature_gates=gates, version=version)
     await server.start()
     server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    return server, k8s.ApiClient(k8s.Configuration(host=server.url))
+    return server, Session(k8s.Configuration(host=server.url))
 
 
 @pytest.fixture
 async def gated() -> AsyncIterator[Callable[..., Any]]:
-    opened: list[tuple[LocalApiServer, k8s.ApiClient]] = []
+    opened: list[tuple[LocalApiServer, Session]] = []
 
-    async def open_server(
-        version: str = "1.34.0", **gates: bool
-    ) -> tuple[LocalApiServer, k8s.ApiClient]:
+    async def open_server(version: str = "1.34.0", **gates: bool) -> tuple[LocalApiServer, Session]:
         pair = await served(gates, version)
         opened.append(pair)
         return pair

@@ -14,6 +14,7 @@ from kubernetes.aio import client as k8s
 
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.rest import Client, ServerError
+from driver.kube.session import Session
 from kubeletplugin.claimstatus import ClaimStatusWriter, desired_entries, merged, running
 from kubeletplugin.healthstream import DeviceHealth, HealthBoard
 from kubeletplugin.state import ClaimRef
@@ -57,7 +58,7 @@ def _prepared(ref: ClaimRef, **device: Any) -> PreparedClaim:
 
 
 @pytest.fixture
-async def claim(api_client: k8s.ApiClient) -> ClaimRef:
+async def claim(api_client: Session) -> ClaimRef:
     return await create_claim(api_client, "c", node=NODE, devices=["gpu-0"])
 
 
@@ -71,7 +72,7 @@ async def _status(api: Any, ref: ClaimRef) -> list[dict[str, Any]]:
 
 @pytest.fixture
 async def writer(
-    api_client: k8s.ApiClient,
+    api_client: Session,
 ) -> AsyncIterator[tuple[ClaimStatusWriter, HealthBoard]]:
     board = HealthBoard()
     w = ClaimStatusWriter(
@@ -82,7 +83,7 @@ async def writer(
 
 
 async def _until(
-    api: k8s.ApiClient, ref: ClaimRef, test: Callable[[list[dict[str, Any]]], bool]
+    api: Session, ref: ClaimRef, test: Callable[[list[dict[str, Any]]], bool]
 ) -> list[dict[str, Any]]:
     last: list[list[dict[str, Any]]] = [[]]
 
@@ -98,7 +99,7 @@ async def _until(
 
 
 async def test_prepared_claim_shows_its_gpu_once_and_not_at_rest(
-    api_client: k8s.ApiClient, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
+    api_client: Session, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
 ) -> None:
     w, _ = writer
     w.prepared(_prepared(claim, sharing=(("strategy", "MPS"),), consumed=(("memory", "20Gi"),)))
@@ -121,7 +122,7 @@ async def test_prepared_claim_shows_its_gpu_once_and_not_at_rest(
 
 
 async def test_health_moves_the_condition_and_unprepare_clears(
-    api_client: k8s.ApiClient, claim: ClaimRef, writer: Any
+    api_client: Session, claim: ClaimRef, writer: Any
 ) -> None:
     w, board = writer
     w.prepared(_prepared(claim))
@@ -155,7 +156,7 @@ async def test_other_drivers_entries_are_kept(
 
 
 async def test_a_failing_api_server_is_retried_and_counted(
-    api_client: k8s.ApiClient, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
+    api_client: Session, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
 ) -> None:
     apiserver.faults.fail("update", "resourceclaims/status", claim.name, code=500, times=2)
     w, _ = writer
@@ -185,7 +186,7 @@ async def test_a_refused_grant_turns_the_writer_off_with_one_line(
 
 
 async def test_an_admission_refusal_stops_that_claim_only(
-    api_client: k8s.ApiClient,
+    api_client: Session,
     apiserver: LocalApiServer,
     claim: ClaimRef,
     writer: Any,
@@ -225,7 +226,7 @@ async def test_an_admission_refusal_stops_that_claim_only(
 
 
 async def test_a_refused_claim_waits_for_its_next_change(
-    api_client: k8s.ApiClient, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
+    api_client: Session, apiserver: LocalApiServer, claim: ClaimRef, writer: Any
 ) -> None:
     """422 for one claim (as 1.36 answers a write for a claim of another node): not retried
     in a loop; the claim's next change tries again."""
@@ -241,7 +242,7 @@ async def test_a_refused_claim_waits_for_its_next_change(
 
 
 async def test_what_the_driver_adds_is_written_and_its_failure_retried(
-    api_client: k8s.ApiClient, claim: ClaimRef
+    api_client: Session, claim: ClaimRef
 ) -> None:
     """A driver's own data (the ComputeDomain channel's domain and clique) joins the entry;
     a lookup the API server fails is retried as a failed write."""

@@ -17,6 +17,7 @@ from kubernetes.aio import client as k8s
 
 from driver.common.errors import RetryableError
 from driver.kube.rest import ApiError, Client, GoneError
+from driver.kube.session import Session
 from driver.nvml.faults import write_state_file
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import ApiVersionMissingError, NodeNotFoundError, SliceController
@@ -141,7 +142,7 @@ class PoolWatch:
 
     def __init__(self, url: str) -> None:
         configuration = k8s.Configuration(host=url)
-        self._api = k8s.ApiClient(configuration)
+        self._api = Session(configuration)
         self._api.user_agent = MONITOR_AGENT
         self._client = Client(self._api)
         self.slices: dict[str, dict[str, Any]] = {}

@@ -194,10 +194,9 @@ async def test_demo_keep_serves_the_cluster_until_sigint(run_demo: list[DemoRun]
 
     async with await kubeclient.api_client(kubeconfig, component="test") as api:
         resource: Any = client.ResourceV1Api(api)
-        claims = api.sanitize_for_serialization(
-            await resource.list_namespaced_resource_claim("default")
-        )["items"]
-        slices = api.sanitize_for_serialization(await resource.list_resource_slice())["items"]
+        plain: Any = api.sanitize_for_serialization  # the package leaves it untyped
+        claims = plain(await resource.list_namespaced_resource_claim("default"))["items"]
+        slices = plain(await resource.list_resource_slice())["items"]
     by_name = {c["metadata"]["name"]: c for c in claims}
     assert len(claims) == 5, sorted(by_name)
     for claim in claims:

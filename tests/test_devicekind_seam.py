@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
+from driver.kube.session import Session
 from driver.slices.model import build_slices
 from drivers.gpu import kinds as devicekinds
 from drivers.gpu.kinds import discovered, gpu
@@ -51,7 +51,7 @@ async def test_a_second_kind_is_published_beside_the_gpus(
 
 
 async def test_a_second_kind_is_prepared_with_its_side_effects_recorded_first(
-    fake: FakeAccelerator, api_client: k8s.ApiClient, tmp_path: Path
+    fake: FakeAccelerator, api_client: Session, tmp_path: Path
 ) -> None:
     config = _config(tmp_path)
     devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
@@ -76,7 +76,7 @@ async def test_a_second_kind_is_prepared_with_its_side_effects_recorded_first(
 
 
 async def test_a_crash_before_the_spec_has_its_side_effects_undone_at_restart(
-    fake: FakeAccelerator, api_client: k8s.ApiClient, tmp_path: Path
+    fake: FakeAccelerator, api_client: Session, tmp_path: Path
 ) -> None:
     config = _config(tmp_path)
     devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)

@@ -21,6 +21,7 @@ from kubernetes.aio import client as k8s
 
 from driver.common.limits import validate_resource_slice
 from driver.kube import client as kubeclient
+from driver.kube.session import Session
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import SliceController
 from driver.slices.model import counters_apart_for
@@ -274,8 +275,8 @@ def test_explain_never_allocates_overlapping_placements_to_two_claims(
 
 
 @pytest.fixture
-async def servers() -> AsyncIterator[list[tuple[LocalApiServer, k8s.ApiClient]]]:
-    opened: list[tuple[LocalApiServer, k8s.ApiClient]] = []
+async def servers() -> AsyncIterator[list[tuple[LocalApiServer, Session]]]:
+    opened: list[tuple[LocalApiServer, Session]] = []
     yield opened
     for server, api in opened:
         await kubeclient.close(api)
@@ -284,12 +285,12 @@ async def servers() -> AsyncIterator[list[tuple[LocalApiServer, k8s.ApiClient]]]
 
 @contextlib.asynccontextmanager
 async def _publishing(
-    tmp_path: Path, servers: list[tuple[LocalApiServer, k8s.ApiClient]], version: str
+    tmp_path: Path, servers: list[tuple[LocalApiServer, Session]], version: str
 ) -> AsyncIterator[tuple[LocalApiServer, SliceController]]:
     """A server of ``version`` and a publisher of a p5 with every GPU in MIG mode, running."""
     server = LocalApiServer(bookmark_interval=0.2, version=version)
     await server.start()
-    api = k8s.ApiClient(k8s.Configuration(host=server.url))
+    api = Session(k8s.Configuration(host=server.url))
     servers.append((server, api))
     server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     node = _node(tmp_path)
@@ -320,7 +321,7 @@ async def _publishing(
 @pytest.mark.parametrize(("version", "slices"), [("1.34.0", 8), ("1.36.0", 5)])
 async def test_the_publisher_writes_the_layout_of_the_servers_version(
     tmp_path: Path,
-    servers: list[tuple[LocalApiServer, k8s.ApiClient]],
+    servers: list[tuple[LocalApiServer, Session]],
     version: str,
     slices: int,
 ) -> None:
@@ -338,7 +339,7 @@ async def test_the_publisher_writes_the_layout_of_the_servers_version(
 )
 async def test_a_control_plane_upgrade_or_rollback_republishes_in_the_new_layout(
     tmp_path: Path,
-    servers: list[tuple[LocalApiServer, k8s.ApiClient]],
+    servers: list[tuple[LocalApiServer, Session]],
     before: str,
     after: str,
     slices: int,

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from driver.common.errors import RetryableError
+from driver.kube.session import Session
 from kubeletplugin import cdi
 from kubeletplugin.containertoolkit import (
     DeviceNodesError,
@@ -150,7 +150,7 @@ class FreshNode:
 
 @pytest.fixture
 def fresh(
-    api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    api_client: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[FreshNode]:
     """A node whose driver root (the host's /, nvidiaDriverRoot=/) has no device node yet."""
     root, state = tmp_path / "host", tmp_path / "tools"
@@ -252,7 +252,7 @@ async def test_edits_had_at_start_are_had_again_once_the_nodes_appear(fresh: Fre
 
 
 async def test_a_driver_containers_nodes_are_found_once_it_makes_them(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     """The GPU Operator's driver root (/run/nvidia/driver): where its dev/ holds no node
     yet the host's /dev is where the toolkit looks; once the driver container makes its

@@ -10,6 +10,7 @@ from kubernetes.aio.client import Configuration
 
 from driver.common.errors import PermanentError
 from driver.kube.client import TOKEN_REREAD_S, incluster
+from driver.kube.session import Session
 
 ENV = {"KUBERNETES_SERVICE_HOST": "10.100.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 
@@ -156,10 +157,21 @@ async def test_request_bodies_are_compact_json_as_the_api_server_compares_them()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+    body = {"spec": {"config": [{"opaque": {"parameters": {"a": 1, "b": "x"}}}]}}
     try:
-        async with client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")) as api:
-            body = {"spec": {"config": [{"opaque": {"parameters": {"a": 1, "b": "x"}}}]}}
+        async with Session(configuration) as api:
             await Client(api).request("POST", "/x", verb="create", resource="x", body=body)
+        # The package itself is left as it is for any other client in the process.
+        async with client.ApiClient(configuration) as plain:
+            params = await plain.param_serialize(
+                method="POST", resource_path="/x", body=body,
+                header_params={"Content-Type": "application/json"},
+            )  # fmt: skip
+            await plain.call_api(*params)
     finally:
         await runner.cleanup()
-    assert bodies == [b'{"spec":{"config":[{"opaque":{"parameters":{"a":1,"b":"x"}}}]}}']
+    assert bodies == [
+        b'{"spec":{"config":[{"opaque":{"parameters":{"a":1,"b":"x"}}}]}}',
+        b'{"spec": {"config": [{"opaque": {"parameters": {"a": 1, "b": "x"}}}]}}',
+    ]

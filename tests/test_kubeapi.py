@@ -22,6 +22,7 @@ from driver.kube.rest import (
     UnauthorizedError,
     UnavailableError,
 )
+from driver.kube.session import Session
 from sandbox.apiserver import LocalApiServer
 from tests.test_apiserver import slice_body
 
@@ -92,7 +93,7 @@ async def test_an_admission_refusal_is_its_own_forbidden_class(
 async def test_no_answer_is_unavailable_and_chained(apiserver: LocalApiServer) -> None:
     url = apiserver.url
     await apiserver.stop()
-    async with k8s.ApiClient(k8s.Configuration(host=url)) as api:
+    async with Session(k8s.Configuration(host=url)) as api:
         with pytest.raises(UnavailableError) as err:
             await Client(api, request_timeout=2.0).get_json(SLICES, resource="resourceslices")
     assert err.value.status == 0
@@ -113,7 +114,7 @@ async def small_pool(apiserver: LocalApiServer) -> AsyncIterator[Any]:
     """A client whose pool holds two connections."""
     configuration = k8s.Configuration(host=apiserver.url)
     configuration.connection_pool_maxsize = 2
-    async with k8s.ApiClient(configuration) as api:
+    async with Session(configuration) as api:
         yield api
 
 

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.gen import dra_v1_pb2 as v1
 from driver.devicekind import PreparedClaim
 from driver.kube import client as kubeclient
-from driver.kube.rest import ERROR_CLASSES, Client, ConflictError, NotFoundError, errors_of
+from driver.kube.rest import ERROR_CLASSES, Client, ConflictError, NotFoundError
+from driver.kube.session import Session
 from drivers.gpu import node as gpunode
 from drivers.gpu.metrics import Metrics
 from kubeletplugin.draservice import DraService
@@ -160,7 +161,7 @@ async def test_every_family_over_http() -> None:
 
 
 async def test_api_errors_are_counted_by_class_per_api_client(apiserver: Any) -> None:
-    api = k8s.ApiClient(k8s.Configuration(host=apiserver.url))
+    api = Session(k8s.Configuration(host=apiserver.url))
     try:
         client = Client(api)
         with pytest.raises(NotFoundError):
@@ -169,7 +170,7 @@ async def test_api_errors_are_counted_by_class_per_api_client(apiserver: Any) ->
         with pytest.raises(ConflictError):
             await Client(api).get_json("/api/v1/nodes/absent", resource="nodes")
         await client.get_json("/version", resource="/version")  # a success counts nothing
-        assert errors_of(api) == {"NotFoundError": 1, "ConflictError": 1}
+        assert api.errors == {"NotFoundError": 1, "ConflictError": 1}
     finally:
         await kubeclient.close(api)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from kubernetes.aio import client as k8s
 
+from driver.kube.session import Session
 from drivers.gpu import flavor
 from drivers.gpu.kinds import mpspaths
 from drivers.gpu.kinds.gpu import GpuKind
@@ -102,7 +102,7 @@ def control(tmp_path: Path) -> Iterator[Control]:
             os.kill(pid, signal.SIGKILL)
 
 
-async def _state(api: k8s.ApiClient, tmp_path: Path, smi: Smi, control: Control) -> DeviceState:
+async def _state(api: Session, tmp_path: Path, smi: Smi, control: Control) -> DeviceState:
     config = _config(tmp_path, nvidia_smi=smi.path, mps_control=control.path)
     devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
     return await DeviceState.open(config, api, devices)
@@ -118,7 +118,7 @@ def _uuid(tmp_path: Path, device: str) -> str:
 
 
 async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprepare(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+    api_client: Session, tmp_path: Path, control: Control
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -160,7 +160,7 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
 
 
 async def test_bad_mps_input_and_a_daemon_that_fails_are_per_claim(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+    api_client: Session, tmp_path: Path, control: Control
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -191,7 +191,7 @@ async def test_bad_mps_input_and_a_daemon_that_fails_are_per_claim(
 
 
 async def test_a_daemon_started_just_before_a_crash_is_found_without_its_pid_file(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+    api_client: Session, tmp_path: Path, control: Control
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -208,7 +208,7 @@ async def test_a_daemon_started_just_before_a_crash_is_found_without_its_pid_fil
 
 
 async def test_a_daemon_that_dies_is_reported_and_restarted(
-    api_client: k8s.ApiClient,
+    api_client: Session,
     tmp_path: Path,
     control: Control,
     caplog: pytest.LogCaptureFixture,
@@ -255,7 +255,7 @@ def serving(state: DeviceState, tmp_path: Path, uuid: str) -> bool:
 
 
 async def test_a_link_planted_in_the_log_directory_is_never_followed(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+    api_client: Session, tmp_path: Path, control: Control
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -282,7 +282,7 @@ async def test_a_link_planted_in_the_log_directory_is_never_followed(
 
 
 async def test_a_directory_planted_at_one_gpus_control_pipe_stops_no_other_restart(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control
+    api_client: Session, tmp_path: Path, control: Control
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -320,7 +320,7 @@ async def test_a_directory_planted_at_one_gpus_control_pipe_stops_no_other_resta
 
 @pytest.mark.parametrize("planted", ["fifo", "directory"])
 async def test_what_is_not_a_file_at_the_daemon_log_is_replaced_not_opened(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control, planted: str
+    api_client: Session, tmp_path: Path, control: Control, planted: str
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -341,7 +341,7 @@ async def test_what_is_not_a_file_at_the_daemon_log_is_replaced_not_opened(
 
 
 async def test_a_gpu_whose_nvidia_smi_fails_stops_no_other_gpus_restart(
-    api_client: k8s.ApiClient,
+    api_client: Session,
     tmp_path: Path,
     control: Control,
     caplog: pytest.LogCaptureFixture,

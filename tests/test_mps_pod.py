@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError
 from driver.kube.rest import Client, ForbiddenError
+from driver.kube.session import Session
 from drivers.gpu.kinds import mpspaths
 from drivers.gpu.kinds.mpspod import (
     DaemonSpec,
@@ -66,7 +66,7 @@ async def runner(apiserver: LocalApiServer) -> AsyncIterator[PodRunner]:
         yield running
 
 
-async def _state(api: k8s.ApiClient, tmp_path: Path, smi: Smi, control: Control) -> DeviceState:
+async def _state(api: Session, tmp_path: Path, smi: Smi, control: Control) -> DeviceState:
     pods = MpsPods(Client(api), asyncio.get_running_loop(), POD_CONFIG, NODE)
     config = _config(tmp_path, nvidia_smi=smi.path, mps_control=control.path, mps_pods=pods,
                      nvidia_driver_root=Path("/host/driver"))  # fmt: skip
@@ -87,7 +87,7 @@ def _pipe(tmp_path: Path, uuid: str) -> Path:
 
 
 async def test_a_daemon_pod_per_gpu_adopted_by_the_next_plugin_deleted_at_the_last_unprepare(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control, runner: PodRunner
+    api_client: Session, tmp_path: Path, control: Control, runner: PodRunner
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -137,7 +137,7 @@ async def test_a_daemon_pod_per_gpu_adopted_by_the_next_plugin_deleted_at_the_la
 
 
 async def test_a_pod_that_will_not_serve_fails_its_claim_alone_and_is_deleted(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control, runner: PodRunner
+    api_client: Session, tmp_path: Path, control: Control, runner: PodRunner
 ) -> None:
     smi = Smi(tmp_path / "smi")
     state = await _state(api_client, tmp_path, smi, control)
@@ -161,7 +161,7 @@ async def test_a_pod_that_will_not_serve_fails_its_claim_alone_and_is_deleted(
 
 
 async def test_a_pod_gone_under_its_claims_is_made_again_and_one_without_claims_deleted(
-    api_client: k8s.ApiClient,
+    api_client: Session,
     apiserver: LocalApiServer,
     tmp_path: Path,
     control: Control,
@@ -236,7 +236,7 @@ SQUATS = {
 
 @pytest.mark.parametrize("how", list(SQUATS))
 async def test_a_pod_taking_the_daemons_name_is_neither_adopted_nor_deleted(
-    api_client: k8s.ApiClient,
+    api_client: Session,
     apiserver: LocalApiServer,
     tmp_path: Path,
     control: Control,
@@ -274,7 +274,7 @@ async def test_a_pod_taking_the_daemons_name_is_neither_adopted_nor_deleted(
 
 
 async def test_a_create_answered_409_adopts_only_this_daemon(
-    apiserver: LocalApiServer, api_client: k8s.ApiClient, tmp_path: Path, control: Control
+    apiserver: LocalApiServer, api_client: Session, tmp_path: Path, control: Control
 ) -> None:
     """The create's 409 (a create whose answer was lost, the other plugin of a surge): the pod
     there is adopted when it is this daemon, of this release's image or another tag of it, and
@@ -352,7 +352,7 @@ def test_missing_namespace_or_image_is_refused_with_what_to_set() -> None:
 @pytest.mark.parametrize("code", [422, 403])
 async def test_a_delete_the_charts_policy_refuses_is_not_put_on_rbac(
     apiserver: LocalApiServer,
-    api_client: k8s.ApiClient,
+    api_client: Session,
     tmp_path: Path,
     control: Control,
     code: int,

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from driver.kube.rest import Client
+from driver.kube.session import Session
 from drivers.gpu import flavor
 from drivers.gpu.kinds import mpspaths
 from drivers.gpu.kinds.mps import Mps
@@ -43,7 +43,7 @@ runner = test_mps_pod.runner
 
 
 async def _state(
-    api: k8s.ApiClient, root: Path, smi: Smi, control: Control, *, pods: bool = False
+    api: Session, root: Path, smi: Smi, control: Control, *, pods: bool = False
 ) -> DeviceState:
     more: dict[str, Any] = {}
     if pods:
@@ -61,7 +61,7 @@ async def _state(
     return await DeviceState.open(config, api, devices)
 
 
-async def _share(api: k8s.ApiClient, name: str, device: str) -> ClaimRef:
+async def _share(api: Session, name: str, device: str) -> ClaimRef:
     result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device,
               "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": "10Gi"}}  # fmt: skip
     return await create_claim(api, name, [device], results=[result], config=[mps()])
@@ -86,7 +86,7 @@ def last_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch
 
 
 async def test_a_daemon_of_the_last_release_serves_its_claims_and_new_ones_until_the_last(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control, last_release: Any
+    api_client: Session, tmp_path: Path, control: Control, last_release: Any
 ) -> None:
     smi = Smi(tmp_path / "smi")
     uuid0 = _inventory("p5.48xlarge", tmp_path).by_device_name()["gpu-0"].uuid
@@ -148,7 +148,7 @@ async def test_a_daemon_of_the_last_release_serves_its_claims_and_new_ones_until
 
 
 async def test_the_last_releases_claims_restart_their_dead_daemon_at_their_pipe(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control, last_release: Any
+    api_client: Session, tmp_path: Path, control: Control, last_release: Any
 ) -> None:
     """A daemon that died during the upgrade: the plugin never saw it serve, and only its
     claims' holders and pipe tell where it was."""
@@ -174,7 +174,7 @@ async def test_the_last_releases_claims_restart_their_dead_daemon_at_their_pipe(
 
 
 async def test_a_daemon_pod_of_the_last_release_is_adopted_and_deleted_with_its_last_claim(
-    api_client: k8s.ApiClient,
+    api_client: Session,
     tmp_path: Path,
     control: Control,
     runner: PodRunner,
@@ -209,7 +209,7 @@ async def test_a_daemon_pod_of_the_last_release_is_adopted_and_deleted_with_its_
 
 
 async def test_a_prepare_of_the_last_release_cut_short_is_recovered_by_this_one(
-    api_client: k8s.ApiClient, tmp_path: Path, control: Control, last_release: Any
+    api_client: Session, tmp_path: Path, control: Control, last_release: Any
 ) -> None:
     """Killed between the daemon's start and the spec: the claim's record of its side
     effects is what is left, and recovery undoes them, the last release's daemon too."""

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.aio import client as k8s
 
+from driver.kube.session import Session
 from drivers.gpu.flavor import GPU
 from kubeletplugin import cdi
 from kubeletplugin.state import DeviceState
@@ -58,7 +58,7 @@ def _listing(directory: Path) -> list[str]:
 
 @pytest.mark.parametrize("boot_id", [True, False], ids=["boot-id", "no-boot-id"])
 async def test_prepare_and_unprepare_write_one_record_per_claim_in_order(
-    api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, boot_id: bool
+    api_client: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, boot_id: bool
 ) -> None:
     config = _config(tmp_path)
     if not boot_id:
@@ -97,7 +97,7 @@ async def test_prepare_and_unprepare_write_one_record_per_claim_in_order(
 
 
 async def test_an_already_prepared_claim_writes_nothing(
-    api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    api_client: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = _config(tmp_path)
     state = await DeviceState.open(

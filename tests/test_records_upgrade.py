@@ -16,8 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
+from driver.kube.session import Session
 from drivers.gpu.flavor import GPU
 from kubeletplugin import cdi, checkpoint
 from kubeletplugin.claims import ClaimRef
@@ -44,15 +44,13 @@ def _specs(config: StateConfig) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(config.cdi_root.iterdir())}
 
 
-async def _open(config: StateConfig, api: k8s.ApiClient, tmp_path: Path) -> DeviceState:
+async def _open(config: StateConfig, api: Session, tmp_path: Path) -> DeviceState:
     return await DeviceState.open(
         config, api, devices_of(_inventory("p5.48xlarge", tmp_path), config)
     )
 
 
-async def test_upgrade_keeps_every_live_claim_prepared(
-    api_client: k8s.ApiClient, tmp_path: Path
-) -> None:
+async def test_upgrade_keeps_every_live_claim_prepared(api_client: Session, tmp_path: Path) -> None:
     config = _node_of_0_1_0(tmp_path)
     before = _specs(config)
     assert len(before) == 2
@@ -73,7 +71,7 @@ async def test_upgrade_keeps_every_live_claim_prepared(
 
 
 async def test_upgrade_follows_0_1_0s_checkpoint_for_interrupted_and_orphaned_claims(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     config = _node_of_0_1_0(tmp_path)
     path = config.plugin_dir / checkpoint.FILE_NAME
@@ -91,7 +89,7 @@ async def test_upgrade_follows_0_1_0s_checkpoint_for_interrupted_and_orphaned_cl
 
 
 async def test_a_0_1_0_node_that_rebooted_keeps_nothing(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     config = _node_of_0_1_0(tmp_path)
     config.boot_id_path.write_text("boot-2\n")
@@ -178,7 +176,7 @@ async def _run_0_1_0(tmp_path: Path, config: StateConfig) -> None:
 
 
 async def test_rollback_to_0_1_0_reads_the_claims_from_the_specs_and_back(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     config = _node_of_0_1_0(tmp_path)
     state = await _open(config, api_client, tmp_path)
@@ -214,7 +212,7 @@ async def _prepare_with_0_1_0(
 
 
 async def test_a_failed_repeat_prepare_keeps_the_claim_0_1_0_prepared(
-    api_client: k8s.ApiClient,
+    api_client: Session,
     apiserver: LocalApiServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.aio import client as k8s
 
+from driver.kube.session import Session
 from driver.slices import SliceController
 from drivers.gpu.model.inventory import Inventory
 from kubeletplugin import healthstream as health
@@ -57,7 +57,7 @@ def _ours() -> set[str]:
 
 
 async def test_a_served_driver_registers_prepares_publishes_and_stops_in_reverse(
-    short_dir: Path, apiserver: LocalApiServer, api_client: k8s.ApiClient
+    short_dir: Path, apiserver: LocalApiServer, api_client: Session
 ) -> None:
     sockets_at_start: list[bool] = []
 
@@ -82,7 +82,7 @@ async def _serving(
     driver: NodeDriver[Inventory, ClaimMetrics],
     served: Served[ClaimMetrics],
     apiserver: LocalApiServer,
-    api_client: k8s.ApiClient,
+    api_client: Session,
 ) -> None:
     assert _ours() == {
         f"slice-controller-{DRIVER}",
@@ -108,7 +108,7 @@ async def _serving(
 
 
 async def test_a_start_that_fails_leaves_no_socket_and_no_loop(
-    short_dir: Path, api_client: k8s.ApiClient
+    short_dir: Path, api_client: Session
 ) -> None:
     async def forever() -> None:
         await asyncio.Event().wait()

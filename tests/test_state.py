@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.aio import client as k8s
 
+from driver.kube.session import Session
 from driver.nvml.simulated import SimulatedNode
 from drivers.gpu import flavor
 from drivers.gpu.flavor import GPU
@@ -67,7 +68,7 @@ def prepared_claims(config: StateConfig) -> dict[str, Any]:
 class Node:
     """One simulated node's plugin state, reopened at will (a plugin restart)."""
 
-    api: k8s.ApiClient
+    api: Session
     config: StateConfig
     inventory: Inventory
     state: DeviceState
@@ -111,7 +112,7 @@ class Node:
 
 
 async def create_claim(
-    api: k8s.ApiClient,
+    api: Session,
     name: str,
     devices: Sequence[str],
     *,
@@ -161,7 +162,7 @@ async def create_claim(
     return ref
 
 
-async def delete_claim(api: k8s.ApiClient, ref: ClaimRef) -> None:
+async def delete_claim(api: Session, ref: ClaimRef) -> None:
     await k8s.ResourceV1Api(api).delete_namespaced_resource_claim(ref.name, ref.namespace)
 
 
@@ -208,7 +209,7 @@ def _config(tmp_path: Path, *, nvml_mode: str = "simulated", **overrides: Any) -
 
 
 @pytest.fixture
-async def node(api_client: k8s.ApiClient, tmp_path: Path) -> Node:
+async def node(api_client: Session, tmp_path: Path) -> Node:
     api = api_client
     config = _config(tmp_path)
     inventory = _inventory("p5.48xlarge", tmp_path)
@@ -385,7 +386,7 @@ async def test_opaque_config_errors_are_per_claim_and_name_the_field(node: Node)
 
 
 async def test_fifty_distinct_claims_prepare_concurrently(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     api = api_client
     config = _config(tmp_path)
@@ -586,7 +587,7 @@ async def test_torn_record_of_an_earlier_boot_does_not_make_the_node_unready(
 
 
 async def test_nvidia_driver_checkpoint_refuses_to_start(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     api = api_client
     config = _config(tmp_path)
@@ -603,7 +604,7 @@ async def test_nvidia_driver_checkpoint_refuses_to_start(
 
 
 async def test_real_gpu_node_without_container_toolkit_refuses_to_start(
-    api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    api_client: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     config = _config(tmp_path, nvml_mode="system", container_driver_root=tmp_path / "host")
@@ -613,9 +614,7 @@ async def test_real_gpu_node_without_container_toolkit_refuses_to_start(
         )
 
 
-async def test_nvidia_driver_cdi_spec_refuses_to_start(
-    api_client: k8s.ApiClient, tmp_path: Path
-) -> None:
+async def test_nvidia_driver_cdi_spec_refuses_to_start(api_client: Session, tmp_path: Path) -> None:
     api = api_client
     config = _config(tmp_path)
     config.cdi_root.mkdir(parents=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.aio import client as k8s
 
+from driver.kube.session import Session
 from drivers.gpu.flavor import GPU
 from drivers.gpu.kinds import discovered
 from kubeletplugin import cdi
@@ -91,7 +91,7 @@ async def test_a_new_instances_recovery_leaves_the_old_ones_prepare_in_flight_al
 
 
 async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     smi = Smi(tmp_path / "smi")
     devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
@@ -140,7 +140,7 @@ async def test_unprepare_through_one_instance_racing_prepare_through_the_other(
 
 
 async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
-    api_client: k8s.ApiClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    api_client: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     config = _config(tmp_path)
@@ -173,7 +173,7 @@ async def test_a_claim_another_instance_holds_waits_then_is_a_retryable_error(
 
 
 async def test_a_symlink_in_place_of_a_lock_file_is_refused(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     devices = discovered(_inventory("p5.48xlarge", tmp_path), node_name=NODE)
     config = _config(tmp_path)
@@ -190,7 +190,7 @@ async def test_a_symlink_in_place_of_a_lock_file_is_refused(
 
 
 async def test_start_up_sweeps_what_killed_writes_left_but_not_the_other_instances_in_flight(
-    api_client: k8s.ApiClient, tmp_path: Path
+    api_client: Session, tmp_path: Path
 ) -> None:
     """The temp files of a write a kill cut off go at the next start, in a kind's state
     directory too (dynamic MIG's per-claim records); the other instance's, of a claim whose

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.aio import client as k8s
 
 from driver.devicekind import PreparedClaim, PreparedDevice
+from driver.kube.session import Session
 from drivers.gpu.flavor import GPU
 from drivers.gpu.kinds import GpuKindContext, GpuNode
 from drivers.gpu.kinds.gpu import UUID_KEY
@@ -85,7 +85,7 @@ def smi(tmp_path: Path) -> Smi:
     return Smi(tmp_path / "smi")
 
 
-async def _state(api: k8s.ApiClient, tmp_path: Path, smi_path: Path) -> DeviceState:
+async def _state(api: Session, tmp_path: Path, smi_path: Path) -> DeviceState:
     config = _config(tmp_path, nvidia_smi=smi_path)
     devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)
     return await DeviceState.open(config, api, devices)
@@ -102,7 +102,7 @@ def _holders(tmp_path: Path) -> list[str]:
 
 
 async def test_prepare_sets_the_interval_and_the_last_unprepare_restores_default(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
+    api_client: Session, tmp_path: Path, smi: Smi
 ) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     uuid = _uuid(tmp_path, "gpu-0")
@@ -132,7 +132,7 @@ async def test_prepare_sets_the_interval_and_the_last_unprepare_restores_default
 
 @pytest.mark.parametrize(("interval", "level"), [("Default", 0), ("Medium", 2), ("Long", 3)])
 async def test_each_interval_maps_to_nvidias_level(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi, interval: str, level: int
+    api_client: Session, tmp_path: Path, smi: Smi, interval: str, level: int
 ) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     ref = await create_claim(api_client, "sliced", ["gpu-2"], config=[timeslicing(interval)])
@@ -140,9 +140,7 @@ async def test_each_interval_maps_to_nvidias_level(
     assert smi.calls() == sliced(_uuid(tmp_path, "gpu-2"), level)
 
 
-async def test_no_interval_means_default(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
-) -> None:
+async def test_no_interval_means_default(api_client: Session, tmp_path: Path, smi: Smi) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     ref = await create_claim(api_client, "sliced", ["gpu-3"], config=[timeslicing()])
     assert (await state.prepare([ref]))[ref.uid].error == ""
@@ -150,7 +148,7 @@ async def test_no_interval_means_default(
 
 
 async def test_bad_input_is_a_per_claim_error_naming_the_cause(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
+    api_client: Session, tmp_path: Path, smi: Smi
 ) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     good = await create_claim(api_client, "good", ["gpu-0"], config=[timeslicing("Short")])
@@ -178,7 +176,7 @@ async def test_bad_input_is_a_per_claim_error_naming_the_cause(
 
 
 async def test_nvidia_smi_failing_fails_that_claim_and_leaves_nothing(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
+    api_client: Session, tmp_path: Path, smi: Smi
 ) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     ref = await create_claim(api_client, "busy", ["gpu-4"], config=[timeslicing("Long")])
@@ -198,9 +196,7 @@ async def test_nvidia_smi_failing_fails_that_claim_and_leaves_nothing(
     assert smi.calls() == sliced(uuid, 3)
 
 
-async def test_nvidia_smi_missing_is_named(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
-) -> None:
+async def test_nvidia_smi_missing_is_named(api_client: Session, tmp_path: Path, smi: Smi) -> None:
     missing = tmp_path / "no-such-dir" / "nvidia-smi"
     state = await _state(api_client, tmp_path, missing)
     ref = await create_claim(api_client, "nosmi", ["gpu-6"], config=[timeslicing("Short")])
@@ -212,7 +208,7 @@ async def test_nvidia_smi_missing_is_named(
 
 
 async def test_a_holder_of_an_earlier_boot_does_not_keep_the_setting(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
+    api_client: Session, tmp_path: Path, smi: Smi
 ) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     uuid = _uuid(tmp_path, "gpu-0")
@@ -227,7 +223,7 @@ async def test_a_holder_of_an_earlier_boot_does_not_keep_the_setting(
 
 
 async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
+    api_client: Session, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     uuid = _uuid(tmp_path, "gpu-0")
@@ -263,7 +259,7 @@ async def test_a_failed_repeat_prepare_keeps_the_claims_setting_spec_and_devices
 
 
 async def test_a_read_only_cdi_root_during_prepare_leaves_nothing_half_prepared(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
+    api_client: Session, tmp_path: Path, smi: Smi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state = await _state(api_client, tmp_path, smi.path)
     uuid = _uuid(tmp_path, "gpu-1")
@@ -301,7 +297,7 @@ def _share(device: str) -> dict[str, Any]:
 
 
 async def test_a_share_at_another_interval_than_the_gpus_holder_is_refused_naming_both(
-    api_client: k8s.ApiClient, tmp_path: Path, smi: Smi
+    api_client: Session, tmp_path: Path, smi: Smi
 ) -> None:
     config = _config(tmp_path, nvidia_smi=smi.path, consumable_capacity=True)
     devices = devices_of(_inventory("p5.48xlarge", tmp_path), config)

@@ -28,8 +28,6 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kubernetes.aio.client import ApiClient
-
 from cluster.computedomain import plan as planning
 from cluster.computedomain.objects import DaemonSettings
 from cluster.computedomain.plan import Observed, Write
@@ -49,6 +47,7 @@ from driver.kube.rest import (
     NotFoundError,
     RejectedError,
 )
+from driver.kube.session import Session
 from drivers.computedomain import names
 
 log = logging.getLogger(__name__)
@@ -91,7 +90,7 @@ class ComputeDomainController:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api_client: Session,
         *,
         settings: DaemonSettings,
         identity: str,

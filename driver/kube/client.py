@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, cast
 from driver.common.errors import PermanentError
 
 if TYPE_CHECKING:
-    from kubernetes.aio.client import ApiClient, Configuration
+    from kubernetes.aio.client import Configuration
+
+    from driver.kube.session import Session
 
 USER_AGENT_PREFIX = "gpu-dra"
 
@@ -60,13 +62,15 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_S = 60.0
 
 
-async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) -> "ApiClient":
-    """A client from ``kubeconfig``, or the in-cluster service account when it is None.
+async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) -> "Session":
+    """A session from ``kubeconfig``, or the in-cluster service account when it is None.
 
     Raises :class:`PermanentError` naming the source when the configuration
     cannot be loaded: retrying the same file will not help.
     """
-    from kubernetes.aio.client import ApiClient, Configuration
+    from kubernetes.aio.client import Configuration
+
+    from driver.kube.session import Session
 
     # Checked first: the kubernetes package would log a warning and then blame current-context.
     if kubeconfig and not await asyncio.to_thread(Path(kubeconfig).is_file):
@@ -83,9 +87,9 @@ async def api_client(kubeconfig: str | PathLike[str] | None, *, component: str) 
     configuration.client_session_kwargs = {"trust_env": False}
     if not configuration.proxy:
         configuration.proxy = _env_proxy(configuration.host)
-    client = ApiClient(configuration=configuration)
-    client.user_agent = user_agent(component)
-    return client
+    session = Session(configuration)
+    session.user_agent = user_agent(component)
+    return session
 
 
 async def _load_kubeconfig(kubeconfig: str | PathLike[str], configuration: "Configuration") -> None:
@@ -173,23 +177,30 @@ def incluster(
     configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
 
 
-async def client_from_kubeconfig(config_file: str | None, *, component: str) -> "ApiClient":
-    """``kubernetes.aio.config.new_client_from_config``, which the package leaves untyped.
+async def client_from_kubeconfig(config_file: str | None, *, component: str) -> "Session":
+    """A session from ``config_file``, or the kubeconfig kubectl would read when it is None
+    (``$KUBECONFIG``, ``~/.kube/config``): for the command line, not the daemons.
 
-    Raises what it raises (``config.ConfigException``, ``OSError``) unchanged.
+    Raises what ``kubernetes.aio.config.load_kube_config`` raises (``ConfigException``,
+    ``OSError``) unchanged.
     """
-    from kubernetes.aio.config import new_client_from_config
+    from kubernetes.aio.client import Configuration
+    from kubernetes.aio.config import load_kube_config
 
-    new_client = cast(Callable[..., Awaitable["ApiClient"]], new_client_from_config)
-    client = await new_client(config_file=config_file)
-    client.user_agent = user_agent(component)
-    return client
+    from driver.kube.session import Session
+
+    load = cast(Callable[..., Awaitable[None]], load_kube_config)  # the package leaves it untyped
+    configuration = Configuration()
+    await load(config_file=config_file, client_configuration=configuration)
+    session = Session(configuration)
+    session.user_agent = user_agent(component)
+    return session
 
 
-async def close(client: "ApiClient") -> None:
+async def close(session: "Session") -> None:
     """``ApiClient.close``, which the kubernetes package leaves untyped."""
-    close_client = cast(Callable[[], Awaitable[None]], client.close)
-    await close_client()
+    close_session = cast(Callable[[], Awaitable[None]], session.close)
+    await close_session()
 
 
 def _env_proxy(url: str) -> str | None:

@@ -1,7 +1,7 @@
 """The one way this project calls the API server: JSON through the ``kubernetes.aio`` client.
 
-The ``ApiClient`` still does what it is for (server address, TLS, bearer tokens,
-user agent; see :mod:`driver.kube.client`); this module skips its typed models, which
+The :class:`~driver.kube.session.Session` (the package's ``ApiClient``) still does what it is
+for (server address, TLS, bearer tokens, user agent); this module skips its typed models, which
 cost more CPU than the callers themselves, and turns every outcome into one error
 class that says whether a retry helps and how soon. Every call names its Kubernetes
 verb and resource, so a 403 can say exactly which permission is missing.
@@ -33,50 +33,23 @@ budget of the last ones waiting for a free connection, and they time out althoug
 the API server answered each call in milliseconds.
 """
 
-import asyncio
-import collections
 import contextlib
 import json
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import ClassVar
 
 import aiohttp
-from kubernetes.aio.client import ApiClient
-from kubernetes.aio.client import rest as _transport
 from kubernetes.aio.client.exceptions import ApiException
 
 from driver.common.errors import DriverError, PermanentError, RetryableError
 from driver.common.wire import Obj
+from driver.kube.session import Session
 
 _Query = Sequence[tuple[str, str]]
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
 MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: a null removes a field
 # client-go's reflector asks for a server-side watch timeout between 5 and 10 minutes.
 WATCH_TIMEOUT_SECONDS = 300
-_DEFAULT_POOL = 100  # kubernetes.aio's default connection_pool_maxsize
-
-
-class _CompactJson:
-    """The JSON the client's transport writes request bodies with: compact, as Go clients and
-    kubectl send them.
-
-    The API server keeps a RawExtension (an opaque config's ``parameters``) as the bytes it
-    received, and on an update or a patch compares the immutable spec of a ResourceClaimTemplate
-    byte for byte with its own compact re-encoding. With the transport's ``json.dumps`` (a space
-    after each separator), a template our controller created could never be patched again: its
-    finalizer could not be removed and the domain's deletion hung (seen on kube-apiserver 1.36:
-    "spec: field is immutable" for a patch of metadata alone).
-    """
-
-    loads = staticmethod(json.loads)
-
-    @staticmethod
-    def dumps(obj: object) -> str:
-        return json.dumps(obj, separators=(",", ":"))
-
-
-setattr(_transport, "json", _CompactJson)  # noqa: B010 (a module attribute the stubs do not name)
 
 
 class ApiError(DriverError):
@@ -226,43 +199,18 @@ def _failure(status: int, verb: str, resource: str, body: bytes) -> ApiError:
     return error_for(status, verb, resource, _detail(body, status_object), status_object)
 
 
-_slots: "weakref.WeakKeyDictionary[ApiClient, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
-
-
-_errors: "weakref.WeakKeyDictionary[ApiClient, collections.Counter[str]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def errors_of(api: ApiClient) -> "collections.Counter[str]":
-    """The failed calls of every Client on ``api``, by error class name (a fixed set:
-    the subclasses of :class:`ApiError`), for the metrics."""
-    errors = _errors.get(api)
-    if errors is None:
-        errors = _errors[api] = collections.Counter()
-    return errors
-
-
-def _slots_of(api: ApiClient) -> asyncio.Semaphore:
-    """One slot per connection of ``api``'s pool, shared by every Client on it."""
-    slots = _slots.get(api)
-    if slots is None:
-        size = getattr(api.configuration, "connection_pool_maxsize", None) or _DEFAULT_POOL
-        slots = _slots[api] = asyncio.Semaphore(int(size))
-    return slots
-
-
 class Client:
     """JSON in, JSON out, against one API server; see :class:`ApiError` for failures.
 
-    Cheap to make: one per component or per call, all sharing ``api_client``'s pool.
+    Cheap to make: one per component or per call, all sharing ``session``'s pool, slots and
+    error counts.
     """
 
-    def __init__(self, api_client: ApiClient, *, request_timeout: float = 30.0) -> None:
-        self._api = api_client
+    def __init__(self, session: Session, *, request_timeout: float = 30.0) -> None:
+        self._api = session
         self._timeout = request_timeout
-        self._slots = _slots_of(api_client)
-        self._errors = errors_of(api_client)
+        self._slots = session.slots
+        self._errors = session.errors
 
     async def request(
         self,

@@ -45,8 +45,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.aio.client import ApiClient
-
 from driver.common.errors import DriverError, PermanentError, RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj as _Obj
@@ -61,6 +59,7 @@ from driver.kube.rest import (
     ServerError,
     UnavailableError,
 )
+from driver.kube.session import Session
 from driver.slices.capabilities import CapabilityGuard
 from driver.slices.model import build_slices, counters_apart_for
 from driver.slices.plan import InvalidPoolError, Plan, plan
@@ -92,7 +91,7 @@ class PublishStats:
 class SliceController:
     """Keeps one node's ResourceSlices equal to what discovery finds.
 
-    ``api_client`` is a configured ``kubernetes.aio.client.ApiClient`` (the caller owns
+    ``api_client`` is a :class:`~driver.kube.session.Session` (the caller owns
     and closes it); ``devices`` is the source of desired devices (every device kind's,
     rediscovered on each call, ``kubeletplugin.devices.NodeDevices.published``) and may
     raise (``RetryableError`` for "not yet"); ``counter_sets`` (called right after it,
@@ -126,7 +125,7 @@ class SliceController:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api_client: Session,
         *,
         node_name: str,
         driver_name: str,

@@ -26,7 +26,7 @@ from driver.common.driverversion import DriverTooOld
 from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
 from driver.kube import client as kubeclient
-from driver.kube.rest import Client, errors_of
+from driver.kube.rest import Client
 from driver.nvml import library
 from driver.slices import SliceController
 from drivers.gpu import flavor
@@ -52,8 +52,7 @@ from kubeletplugin.state import StateConfig
 if TYPE_CHECKING:
     import ctypes
 
-    from kubernetes.aio.client import ApiClient
-
+    from driver.kube.session import Session
     from driver.nvml import Nvml
     from drivers.gpu.model.events import EventWatcher
 
@@ -192,7 +191,7 @@ class _Node:
         config: NodeConfig,
         paths: SocketPaths,
         probes: ProbeServer,
-        api_client: "ApiClient",
+        api_client: "Session",
         hup: asyncio.Event | None = None,
         guests: Sequence[Guest] = (),
     ) -> None:
@@ -362,7 +361,7 @@ class _Node:
                 events_by_xid=lambda: monitor.events_by_xid,
                 slice_writes=lambda: publisher.stats.writes,
                 slice_write_failures=lambda: publisher.stats.failures,
-                api_errors=lambda: errors_of(self._api),
+                api_errors=lambda: self._api.errors,
             )
 
         async def opened() -> None:

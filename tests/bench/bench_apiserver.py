@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aiohttp
 from kubernetes.aio import client
 
+from driver.kube.session import Session
 from sandbox.apiserver import LocalApiServer
 from sandbox.apiserver import _validation as validation
 from sandbox.apiserver._resources import BY_PATH
@@ -82,7 +83,7 @@ async def _median_ms(fn: Any, runs: int) -> float:
 
 
 async def per_create(server: LocalApiServer) -> None:
-    async with client.ApiClient(client.Configuration(host=server.url)) as api_client:
+    async with Session(client.Configuration(host=server.url)) as api_client:
         api = client.ResourceV1Api(api_client)
         warm = {**slice_body("warm"), "metadata": {"name": "warm"}}
         await api.create_resource_slice(client.V1ResourceSlice.model_validate(warm))

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kubernetes.aio import client
 
 from driver.kube.rest import Client
+from driver.kube.session import Session
 from driver.nvml.simulated import SimulatedNode
 from driver.slices import SliceController, plan
 from drivers.gpu.kinds import gpu_kinds, node_devices
@@ -57,7 +58,7 @@ def slice_writes(records: list[RequestRecord]) -> int:
     )
 
 
-async def floor(api: client.ApiClient, inventory: Inventory, server: ThreadedApiServer) -> float:
+async def floor(api: Session, inventory: Inventory, server: ThreadedApiServer) -> float:
     """N slice creates straight from one client, concurrently; then removed again."""
     raw = Client(api, request_timeout=60)
     bodies = [
@@ -109,7 +110,7 @@ async def main() -> None:
         configuration = client.Configuration(host=server.url)
         # One watch per node stays open: the pool must hold them all.
         configuration.connection_pool_maxsize = 2 * NODES + 50
-        async with client.ApiClient(configuration) as api:
+        async with Session(configuration) as api:
             floor_s = await floor(api, inventory, server)
 
             def discoverer(name: str) -> Any:

@@ -19,6 +19,7 @@ import yaml
 
 if TYPE_CHECKING:
     from driver.kube.rest import Client
+    from driver.kube.session import Session
 
 from driver.common.errors import PermanentError, RetryableError
 from tools import userfiles
@@ -173,11 +174,11 @@ def of_kinds(
     return out
 
 
-async def read_cluster(api_client: Any) -> Inputs:
+async def read_cluster(api_client: "Session") -> Inputs:
     """ResourceSlices, DeviceClasses, allocated ResourceClaims, DeviceTaintRules and Node labels
     from the API server.
 
-    ``api_client`` is a ``kubernetes.aio.client.ApiClient``. Node labels are
+    Node labels are
     optional: without permission to list Nodes they stay unknown.
     """
     from driver.kube.rest import Client
