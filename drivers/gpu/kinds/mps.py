@@ -599,13 +599,10 @@ class Mps:
         return str(self._new_pipe(uuid)), str(self._legacy_pipe(uuid))
 
     def _pod_pipe(self, uuid: str, pod: Obj) -> Path | None:
-        """The pipe a daemon pod serves: this layout's or the last release's (what
-        :meth:`MpsPods.ours` lets a pod serve), else None."""
+        """The pipe a daemon pod serves, one of :meth:`_pipes_of` (what :meth:`MpsPods.ours`
+        lets a pod serve), else None."""
         pipe = pipe_of(pod)
-        for ours in (self._new_pipe(uuid), self._legacy_pipe(uuid)):
-            if pipe == str(ours):
-                return ours
-        return None
+        return Path(pipe) if pipe in self._pipes_of(uuid) else None
 
     def _stop_pod(self, uuid: str, claim: PreparedClaim | None, pods: MpsPods) -> None:
         """``quit`` through the pipe, as to a daemon of the plugin's own, then the pod
