@@ -179,6 +179,7 @@ def _cluster(found: Found, args: argparse.Namespace) -> dict[str, Any]:
 async def _ask(kubeconfig: str | None, found: Found) -> Cluster:
     from driver.common.errors import DriverError
     from driver.kube.client import api_client
+    from driver.kube.resources import NODES, RESOURCE_SLICES
     from driver.kube.rest import Client
 
     try:
@@ -194,16 +195,10 @@ async def _ask(kubeconfig: str | None, found: Found) -> Cluster:
             if "v1" not in served:
                 return Cluster(server_version=version.get("gitVersion"))
             nodes = await client.list_all(
-                "/api/v1/nodes",
-                resource="nodes",
-                query=[("fieldSelector", f"metadata.name={found.node}")],
+                NODES, query=[("fieldSelector", f"metadata.name={found.node}")]
             )
             selector = f"spec.nodeName={found.node},spec.driver={found.driver_name}"
-            slices = await client.list_all(
-                "/apis/resource.k8s.io/v1/resourceslices",
-                resource="resourceslices",
-                query=[("fieldSelector", selector)],
-            )
+            slices = await client.list_all(RESOURCE_SLICES, query=[("fieldSelector", selector)])
         except DriverError as exc:
             return Cluster(error=str(exc))
     info = ((nodes[0].get("status") or {}).get("nodeInfo") or {}) if nodes else {}

@@ -11,19 +11,17 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from api.config import AppliedConfig, ConfigError, applies, choose, misaddressed
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import is_uid
 from driver.common.quantity import Quantity
+from driver.kube.resources import RESOURCE_CLAIMS
 from driver.kube.rest import ApiError, Client, NotFoundError
 from driver.kube.session import Session
 from kubeletplugin.flavor import ConfigRules
 
 _FETCH_TIMEOUT_S = 20.0
-# A share ID as the scheduler writes it (types.UID, a UUID): it also names a file.
-_CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +93,7 @@ class ClaimReader:
         self._client = Client(api_client, request_timeout=_FETCH_TIMEOUT_S)
 
     async def get(self, ref: ClaimRef) -> dict[str, Any]:
-        path = _CLAIM_PATH.format(
-            namespace=quote(ref.namespace, safe=""), name=quote(ref.name, safe="")
-        )
-        return await self._client.get_json(path, resource="resourceclaims")
+        return await self._client.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
 
 
 async def fetch_claim(reader: ClaimReader, ref: ClaimRef) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 from driver.common.logs import kv
 from driver.devicekind import NodeDevice, PreparedClaim, PreparedDevice
 from driver.kube.backoff import Backoff
+from driver.kube.resources import RESOURCE_CLAIMS
 from driver.kube.rest import (
     AdmissionRefusedError,
     ApiError,
@@ -48,7 +49,6 @@ Obj = dict[str, Any]
 READY = "Ready"
 # Attribute values a user reads in `kubectl get -o yaml`; capacities and lists stay out.
 _SCALARS = ("string", "int", "bool", "version")
-_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
 def _now() -> str:
@@ -267,14 +267,15 @@ class ClaimStatusWriter:
                 backoff.reset()
 
     async def _write(self, known: _Claim) -> None:
-        path = _PATH.format(namespace=known.namespace, name=known.name)
         more: dict[str, Mapping[str, Any]] = {}
         if known.prepared is not None and self.describe is not None:
             for device in known.prepared.devices:
                 more[device.reservation] = await self.describe(known.prepared, device)
         for _ in range(5):  # a conflict is another writer's change: read again and redo
             try:
-                claim = await self.client.get_json(path, resource="resourceclaims")
+                claim = await self.client.get(
+                    RESOURCE_CLAIMS, known.name, namespace=known.namespace
+                )
             except NotFoundError:
                 return  # the claim is gone, and its status with it
             status = claim.setdefault("status", {})
@@ -297,13 +298,7 @@ class ClaimStatusWriter:
                 return
             status["devices"] = new or None
             try:
-                written = await self.client.request(
-                    "PUT",
-                    path + "/status",
-                    verb="update",
-                    resource="resourceclaims/status",
-                    body=claim,
-                )
+                written = await self.client.update(RESOURCE_CLAIMS, claim, subresource="status")
             except ConflictError:
                 continue
             self.stats.writes += 1
@@ -313,8 +308,9 @@ class ClaimStatusWriter:
                 )
                 self._turn_off(known, why)
             return
-        raise ConflictError("update resourceclaims/status: five conflicts in a row", status=409,
-                            verb="update", resource="resourceclaims/status")  # fmt: skip
+        resource = RESOURCE_CLAIMS.rbac("status")
+        raise ConflictError(f"update {resource}: five conflicts in a row", status=409,
+                            verb="update", resource=resource)  # fmt: skip
 
     def _turn_off(self, known: _Claim, why: object) -> None:
         self._off = True

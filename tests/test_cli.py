@@ -267,7 +267,7 @@ async def test_no_permission_is_one_line(apiserver: LocalApiServer, tmp_path: Pa
         gpu_dra, "explain", "-f", EXAMPLE, "--cluster", "--kubeconfig", kubeconfig
     )
     assert (code, out) == (2, "")
-    assert "HTTP 403: grant list on resourceslices" in one_line(err)
+    assert "HTTP 403: grant list on resourceslices.resource.k8s.io" in one_line(err)
 
 
 def test_the_net_under_every_command_turns_client_errors_into_one_line() -> None:

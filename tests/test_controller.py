@@ -16,6 +16,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.common.errors import RetryableError
+from driver.kube.resources import RESOURCE_SLICES
 from driver.kube.rest import ApiError, Client, GoneError
 from driver.kube.session import Session
 from driver.nvml.faults import write_state_file
@@ -185,8 +186,7 @@ class PoolWatch:
                     self.slices = {s["metadata"]["name"]: s for s in listed["items"]}
                     version = listed["metadata"]["resourceVersion"]
                 async for event in self._client.watch(
-                    "/apis/resource.k8s.io/v1/resourceslices",
-                    resource=SLICES,
+                    RESOURCE_SLICES,
                     query=[("resourceVersion", version)],
                     read_timeout=60,
                 ):

@@ -365,7 +365,10 @@ async def test_cluster_forbidden_says_what_to_grant(
     code = await asyncio.to_thread(main, argv)
     err = capsys.readouterr().err
     assert code == 2
-    assert "list resourceslices: HTTP 403: grant list on resourceslices" in err
+    assert (
+        "list resourceslices.resource.k8s.io: HTTP 403: "
+        "grant list on resourceslices.resource.k8s.io"
+    ) in err
 
 
 def test_cluster_unreachable_or_no_kubeconfig_exits_2(
@@ -392,7 +395,9 @@ def test_cluster_unreachable_or_no_kubeconfig_exits_2(
         claim = str(files["claim"])
         code, out, err = run(["-f", claim, "--cluster", "--kubeconfig", str(kubeconfig)], capsys)
     assert (code, out) == (2, "")
-    assert "list resourceslices: no answer from the API server: Cannot connect" in err
+    assert (
+        "list resourceslices.resource.k8s.io: no answer from the API server: Cannot connect" in err
+    )
     missing = str(tmp_path / "missing")
     code, _, err = run(["-f", claim, "--cluster", "--kubeconfig", missing], capsys)
     assert code == 2

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from driver.kube.resources import Resource
 from driver.kube.rest import ApiError, ForbiddenError, NotFoundError, ServerError
 from tests.chart_render import render
 from tests.test_allocator import DRIVER, claim, device, device_class, exactly, picked, slice_
@@ -248,7 +249,8 @@ class _Api:
         self.answers = answers
         self.paths: list[str] = []
 
-    async def list_all(self, path: str, *, resource: str) -> list[dict[str, Any]]:
+    async def list_all(self, kind: Resource) -> list[dict[str, Any]]:
+        path = kind.path()
         self.paths.append(path)
         answer = self.answers[path]
         if isinstance(answer, ApiError):

@@ -12,6 +12,7 @@ import pytest
 from driver.common.wire import Obj
 from driver.kube import informer as informer_module
 from driver.kube.informer import TOMBSTONE_TTL_S, Informer
+from driver.kube.resources import PODS
 from driver.kube.rest import Client, ForbiddenError
 from sandbox.apiserver import LocalApiServer
 from tests.pluginharness import wait_for
@@ -37,9 +38,7 @@ async def test_an_answer_after_the_watch_saw_the_delete_is_not_remembered(
     def changed(old: Obj | None, new: Obj | None) -> None:
         changes.append((name(old), name(new)))
 
-    informer = Informer(
-        Client(api_client), "/api/v1/namespaces/default/pods", resource="pods", on_change=changed
-    )
+    informer = Informer(Client(api_client), PODS, namespace="default", on_change=changed)
     task = asyncio.create_task(informer.run())
     try:
         await asyncio.wait_for(informer.synced.wait(), 10)
@@ -66,9 +65,7 @@ async def test_tombstones_last_minutes_not_forever(
     late answer could still arrive."""
     clock = [1000.0]
     monkeypatch.setattr(informer_module, "monotonic", lambda: clock[0])
-    informer = Informer(
-        Client(api_client), "/api/v1/namespaces/default/pods", resource="pods", on_change=_ignore
-    )
+    informer = Informer(Client(api_client), PODS, namespace="default", on_change=_ignore)
     task = asyncio.create_task(informer.run())
     try:
         await asyncio.wait_for(informer.synced.wait(), 10)
@@ -87,9 +84,6 @@ async def test_tombstones_last_minutes_not_forever(
         await asyncio.gather(task, return_exceptions=True)
 
 
-PODS = "/api/v1/namespaces/default/pods"
-
-
 def _requests(apiserver: LocalApiServer) -> list[tuple[str, bool, int]]:
     """(verb, whether a watch list, status code) of each request."""
     return [(r.verb, r.watch_list, r.code) for r in apiserver.requests]
@@ -100,7 +94,7 @@ async def test_a_watch_list_lists_in_one_request_until_the_server_refuses_one(
 ) -> None:
     apiserver.seed(_pod("a"), _pod("b"))
     informer = Informer(
-        Client(api_client), PODS, resource="pods", on_change=_ignore, watch_list=True
+        Client(api_client), PODS, namespace="default", on_change=_ignore, watch_list=True
     )
     apiserver.requests.clear()
     try:
@@ -135,7 +129,11 @@ async def test_relist_raises_to_its_caller_and_an_expired_watch_is_reported(
 ) -> None:
     expired: list[BaseException | None] = []
     informer = Informer(
-        Client(api_client), PODS, resource="pods", on_change=_ignore, on_expired=expired.append
+        Client(api_client),
+        PODS,
+        namespace="default",
+        on_change=_ignore,
+        on_expired=expired.append,
     )
     try:
         apiserver.faults.forbid("list", "pods")

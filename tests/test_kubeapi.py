@@ -8,6 +8,7 @@ import pytest
 from kubernetes.aio import client as k8s
 
 from driver.common.errors import PermanentError, RetryableError
+from driver.kube.resources import RESOURCE_SLICES
 from driver.kube.rest import (
     ERROR_CLASSES,
     AdmissionRefusedError,
@@ -104,7 +105,7 @@ async def test_no_answer_is_unavailable_and_chained(apiserver: LocalApiServer) -
 async def test_list_all_follows_continue_tokens(api_client: Any, apiserver: LocalApiServer) -> None:
     for index in range(7):
         apiserver.seed(slice_body("n1", name=f"s{index}"))
-    items = await Client(api_client).list_all(SLICES, resource="resourceslices", limit=3)
+    items = await Client(api_client).list_all(RESOURCE_SLICES, limit=3)
     assert sorted(i["metadata"]["name"] for i in items) == [f"s{i}" for i in range(7)]
     assert apiserver.requests.count("list", "resourceslices") == 3
 

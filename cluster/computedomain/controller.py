@@ -38,8 +38,14 @@ from driver.common.wire import Obj
 from driver.kube.backoff import Backoff
 from driver.kube.informer import Informer, Key, key_of, version_of
 from driver.kube.leader import LeaderElection
+from driver.kube.resources import (
+    DAEMON_SETS,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    Resource,
+)
 from driver.kube.rest import (
-    MERGE_PATCH,
     ApiError,
     Client,
     ConflictError,
@@ -54,19 +60,13 @@ log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 16  # plans in a row for one UID whose writes all succeed; a domain needs 8 at most
 LEASE_NAME = "compute-domain-controller"
-_CD_PATH = f"/apis/{names.GROUP}/{names.VERSION}"
-_RESOURCES = {  # plan resource -> (collection path for a namespace, RBAC resource name)
-    planning.DOMAIN: (
-        f"{_CD_PATH}/namespaces/{{ns}}/{names.COMPUTE_DOMAINS}",
-        names.COMPUTE_DOMAINS,
-    ),
-    planning.DAEMON_SETS: ("/apis/apps/v1/namespaces/{ns}/daemonsets", "daemonsets.apps"),
-    planning.TEMPLATES: (
-        "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates",
-        "resourceclaimtemplates.resource.k8s.io",
-    ),
-    planning.CLIQUES: (f"{_CD_PATH}/namespaces/{{ns}}/{names.CLIQUES}", names.CLIQUES),
-    planning.NODES: ("/api/v1/nodes", "nodes"),
+_RESOURCES = {  # a plan's resource -> the API's
+    planning.DOMAIN: names.COMPUTE_DOMAINS_API,
+    planning.DAEMON_SETS: DAEMON_SETS,
+    planning.TEMPLATES: RESOURCE_CLAIM_TEMPLATES,
+    planning.CLIQUES: names.CLIQUES_API,
+    planning.NODES: NODES,
+    "pods": PODS,
 }
 
 
@@ -189,38 +189,26 @@ class ComputeDomainController:
     def _start_view(self) -> None:
         ns = self.settings.namespace
         selector = names.COMPUTE_DOMAIN_LABEL
-        watched = {
-            planning.DOMAIN: (f"{_CD_PATH}/{names.COMPUTE_DOMAINS}", names.COMPUTE_DOMAINS, ""),
-            planning.DAEMON_SETS: (
-                f"/apis/apps/v1/namespaces/{ns}/daemonsets",
-                "daemonsets.apps",
-                selector,
-            ),
-            planning.TEMPLATES: (
-                "/apis/resource.k8s.io/v1/resourceclaimtemplates",
-                "resourceclaimtemplates.resource.k8s.io",
-                selector,
-            ),
-            "pods": (f"/api/v1/namespaces/{ns}/pods", "pods", selector),
-            planning.CLIQUES: (
-                f"{_CD_PATH}/namespaces/{ns}/{names.CLIQUES}",
-                names.CLIQUES,
-                selector,
-            ),
-            planning.NODES: ("/api/v1/nodes", "nodes", selector),
+        watched = {  # kind -> (namespace, label selector); "" is all namespaces
+            planning.DOMAIN: ("", ""),
+            planning.DAEMON_SETS: (ns, selector),
+            planning.TEMPLATES: ("", selector),
+            "pods": (ns, selector),
+            planning.CLIQUES: (ns, selector),
+            planning.NODES: ("", selector),
         }
         self._index = {kind: {} for kind in watched}
         self._informers = {
             kind: Informer(
                 self._client,
-                path,
-                resource=resource,
+                _RESOURCES[kind],
+                namespace=namespace,
                 label_selector=labels,
                 on_change=self._changed(kind),
                 on_progress=self._pods_progressed if kind == "pods" else None,
                 backoff_cap=self._backoff_cap,
             )
-            for kind, (path, resource, labels) in watched.items()
+            for kind, (namespace, labels) in watched.items()
         }
 
     def _changed(self, kind: str) -> Callable[[Obj | None, Obj | None], None]:
@@ -339,25 +327,22 @@ class ComputeDomainController:
             )
 
     async def _send(self, write: Write) -> None:
-        collection, resource = _RESOURCES[write.resource.partition("/")[0]]
-        path = collection.format(ns=write.namespace)
-        informer = self._informers[write.resource.partition("/")[0]]
+        kind, _, subresource = write.resource.partition("/")
+        api, informer = _RESOURCES[kind], self._informers[kind]
         try:
             if write.verb == "create":
-                answer = await self._client.request(
-                    "POST", path, verb="create", resource=resource, body=write.body
-                )
+                assert write.body is not None
+                answer = await self._client.create(api, write.body, namespace=write.namespace)
                 informer.remember(answer)
             elif write.verb == "patch":
-                suffix = "/status" if write.resource == planning.DOMAIN_STATUS else ""
+                assert write.body is not None
                 try:
-                    answer = await self._client.request(
-                        "PATCH",
-                        f"{path}/{write.name}{suffix}",
-                        verb="patch",
-                        resource=resource + suffix,
-                        body=write.body,
-                        content_type=MERGE_PATCH,
+                    answer = await self._client.patch(
+                        api,
+                        write.name,
+                        write.body,
+                        namespace=write.namespace,
+                        subresource=subresource,
                     )
                 except NotFoundError:
                     # Gone before the watch said so: the next plan works from that.
@@ -367,7 +352,7 @@ class ComputeDomainController:
                     raise
                 informer.remember(answer)
             else:
-                await self._delete(informer, path, resource, write)
+                await self._delete(informer, api, write)
         except ApiError as exc:
             self.stats.failures[type(exc).__name__] += 1
             raise
@@ -384,14 +369,13 @@ class ComputeDomainController:
         )
         crashpoint(f"computedomain-write-{sum(self.stats.writes.values())}")
 
-    async def _delete(self, informer: Informer, path: str, resource: str, write: Write) -> None:
+    async def _delete(self, informer: Informer, api: Resource, write: Write) -> None:
         cached = informer.items.get((write.namespace, write.name))
         try:
-            answer = await self._client.request(
-                "DELETE",
-                f"{path}/{write.name}",
-                verb="delete",
-                resource=resource,
+            answer = await self._client.delete(
+                api,
+                write.name,
+                namespace=write.namespace,
                 # Background: the DaemonSet's pods (and through them their claims and cliques)
                 # go after it, so a domain's deletion never waits on a node that is down.
                 body={

@@ -20,27 +20,23 @@ from driver.common.logs import kv
 from driver.common.wire import Obj
 from driver.kube.backoff import Backoff
 from driver.kube.informer import Informer
-from driver.kube.rest import MERGE_PATCH, ApiError, Client, ConflictError, NotFoundError
+from driver.kube.resources import PODS
+from driver.kube.rest import ApiError, Client, ConflictError, NotFoundError
 from drivers.computedomain import names
 
 log = logging.getLogger(__name__)
 
-_CLIQUES = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{{ns}}/{names.CLIQUES}"
-_PODS = "/api/v1/namespaces/{ns}/pods"
 LEAVE_TIMEOUT = 10.0  # NVIDIA's bound on removing its entry at stop
 
 
 async def label_pod(client: Client, member: Member) -> None:
     """The clique label on this daemon's own pod (an empty value on a node without a clique),
     which the controller reads to tell fabric daemons from the others; retried until done."""
-    path = f"{_PODS.format(ns=member.namespace)}/{member.pod_name}"
     body = {"metadata": {"labels": {names.CLIQUE_LABEL: member.clique_id}}}
     backoff = Backoff(cap=10.0)
     while True:
         try:
-            await client.request(
-                "PATCH", path, verb="patch", resource="pods", body=body, content_type=MERGE_PATCH
-            )
+            await client.patch(PODS, member.pod_name, body, namespace=member.namespace)
         except ApiError as exc:
             log.warning(
                 "cannot label this daemon's pod with its clique: retrying",
@@ -62,18 +58,17 @@ class CliqueSource:
         self._client = client
         self.member = member
         self._wake = asyncio.Event()
-        self._path = _CLIQUES.format(ns=member.namespace)
         self._cliques = Informer(
             client,
-            self._path,
-            resource=names.CLIQUES,
+            names.CLIQUES_API,
+            namespace=member.namespace,
             on_change=self._changed,
             field_selector=f"metadata.name={member.clique_name}",
         )
         self._pods = Informer(
             client,
-            _PODS.format(ns=member.namespace),
-            resource="pods",
+            PODS,
+            namespace=member.namespace,
             on_change=self._changed,
             field_selector=f"metadata.name={member.pod_name}",
         )
@@ -135,8 +130,8 @@ class CliqueSource:
         if clique is None:
             wanted = new_clique(self.member, ready)
             try:
-                made = await self._client.request(
-                    "POST", self._path, verb="create", resource=names.CLIQUES, body=wanted
+                made = await self._client.create(
+                    names.CLIQUES_API, wanted, namespace=self.member.namespace
                 )
             except ConflictError:  # another daemon created it first: its event follows
                 await self._reread()
@@ -147,13 +142,7 @@ class CliqueSource:
         if wanted_or_none is None:
             return
         try:
-            made = await self._client.request(
-                "PUT",
-                f"{self._path}/{self.member.clique_name}",
-                verb="update",
-                resource=names.CLIQUES,
-                body=wanted_or_none,
-            )
+            made = await self._client.update(names.CLIQUES_API, wanted_or_none)
         except ConflictError:
             await self._reread()
             return
@@ -163,12 +152,15 @@ class CliqueSource:
             return
         self._written(made, "clique entry written")
 
+    async def _get_clique(self) -> Obj:
+        return await self._client.get(
+            names.CLIQUES_API, self.member.clique_name, namespace=self.member.namespace
+        )
+
     async def _reread(self) -> None:
         """After a conflict: the server's copy now, not the watch's later echo of it."""
         try:
-            current = await self._client.get_json(
-                f"{self._path}/{self.member.clique_name}", resource=names.CLIQUES
-            )
+            current = await self._get_clique()
         except NotFoundError:
             pass
         else:
@@ -205,16 +197,13 @@ class CliqueSource:
             )
 
     async def _leave(self) -> None:
-        path = f"{self._path}/{self.member.clique_name}"
         backoff = Backoff(cap=2.0)
         while True:
             try:
-                clique = await self._client.get_json(path, resource=names.CLIQUES)
+                clique = await self._get_clique()
                 wanted = left(clique, self.member)
                 if wanted is not None:
-                    await self._client.request(
-                        "PUT", path, verb="update", resource=names.CLIQUES, body=wanted
-                    )
+                    await self._client.update(names.CLIQUES_API, wanted)
                     log.info(
                         "clique entry removed",
                         extra=kv(clique=self.member.clique_name, ip=self.member.pod_ip),

@@ -38,6 +38,7 @@ from driver.common.errors import RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj
 from driver.kube.backoff import Backoff
+from driver.kube.resources import Resource
 from driver.kube.rest import (
     WATCH_TIMEOUT_SECONDS,
     ApiError,
@@ -70,10 +71,10 @@ def version_of(obj: Obj) -> int:
 
 
 class Informer:
-    """``path`` (a collection URL), narrowed by ``label_selector`` and ``field_selector``
-    (``metadata.name=...`` follows one object); ``resource`` names it in
-    errors and RBAC messages. ``items`` is the current view; ``synced`` is set after the first
-    list; ``seen`` is the highest resourceVersion the view reflects (lists, events, bookmarks).
+    """The objects of ``kind`` (in ``namespace``, or all), narrowed by ``label_selector`` and
+    ``field_selector`` (``metadata.name=...`` follows one object). ``items`` is the current
+    view; ``synced`` is set after the first list; ``seen`` is the highest resourceVersion the
+    view reflects (lists, events, bookmarks).
 
     ``watch_list``: list by a watch's initial events, until the server refuses them (a 422:
     the WatchList feature gate is off, as in 1.33); any other failure of one falls back to a
@@ -87,9 +88,9 @@ class Informer:
     def __init__(
         self,
         client: Client,
-        path: str,
+        kind: Resource,
         *,
-        resource: str,
+        namespace: str = "",
         on_change: OnChange,
         on_progress: Callable[[int], None] | None = None,
         label_selector: str = "",
@@ -102,8 +103,9 @@ class Informer:
         on_expired: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         self._client = client
-        self._path = path
-        self.resource = resource
+        self._kind, self._namespace = kind, namespace
+        self._path = kind.path(namespace=namespace)
+        self.resource = kind.rbac()
         self._on_change = on_change
         self._on_progress = on_progress
         self._selector = [("labelSelector", label_selector)] if label_selector else []
@@ -270,7 +272,7 @@ class Informer:
             query += [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
         initial: dict[Key, Obj] | None = None if synced is None else {}
         async for event in self._client.watch(
-            self._path, resource=self.resource, query=query, read_timeout=seconds + 30
+            self._kind, namespace=self._namespace, query=query, read_timeout=seconds + 30
         ):
             obj = event.get("object") or {}
             found = version_of(obj)

@@ -34,11 +34,10 @@ from typing import Any
 from driver.common.errors import DriverError
 from driver.common.logs import kv
 from driver.common.wire import Obj, format_micro_time
+from driver.kube.resources import LEASES
 from driver.kube.rest import Client, ConflictError, NotFoundError
 
 log = logging.getLogger(__name__)
-
-_RESOURCE = "leases.coordination.k8s.io"
 
 
 class LeaderElection:
@@ -71,7 +70,6 @@ class LeaderElection:
         self._deadline = renew_deadline
         self._period = retry_period
         self._clock = clock
-        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         # The other holder's record as last seen, and when (our clock) it last changed.
         self._observed: tuple[object, ...] = ()
         self._observed_at = 0.0
@@ -151,9 +149,7 @@ class LeaderElection:
             lease = await self._get()
             now = format_micro_time(datetime.now(UTC))
             if lease is None:
-                await self._client.request(
-                    "POST", self._path, verb="create", resource=_RESOURCE, body=self._new(now)
-                )
+                await self._client.create(LEASES, self._new(now), namespace=self._namespace)
                 return True
             spec = dict(lease.get("spec") or {})
             holder = spec.get("holderIdentity") or ""
@@ -198,16 +194,12 @@ class LeaderElection:
 
     async def _get(self) -> Obj | None:
         try:
-            return await self._client.request(
-                "GET", f"{self._path}/{self.name}", verb="get", resource=_RESOURCE
-            )
+            return await self._client.get(LEASES, self.name, namespace=self._namespace)
         except NotFoundError:
             return None
 
     async def _put(self, body: Obj) -> None:
-        await self._client.request(
-            "PUT", f"{self._path}/{self.name}", verb="update", resource=_RESOURCE, body=body
-        )
+        await self._client.update(LEASES, body)
 
     def _new(self, now: str) -> Obj:
         return {

@@ -43,6 +43,7 @@ from typing import Any
 from driver.common.errors import DriverError
 from driver.common.logs import kv
 from driver.common.wire import format_micro_time, parse_time
+from driver.kube.resources import LEASES
 from driver.kube.rest import Client, ConflictError, NotFoundError
 
 LEASE_VERBS = ("get", "create", "update")
@@ -53,7 +54,6 @@ LEASE_DURATION = 300.0
 # How far a peer's recorded times may run ahead of our clock (NTP keeps a node's pods
 # within milliseconds; this only has to tell a skewed clock from a forged one).
 CLOCK_SKEW = timedelta(seconds=30)
-_RESOURCE = "leases.coordination.k8s.io"
 log = logging.getLogger(__name__)
 
 
@@ -133,7 +133,6 @@ class PublisherLease:
         self._name = name
         self._me = me
         self._duration = duration
-        self._collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._held = False
         self._yielded = False
 
@@ -163,13 +162,7 @@ class PublisherLease:
             decision = self._decide(lease)
             try:
                 if decision is Decision.CREATE:
-                    await self._client.request(
-                        "POST",
-                        self._collection,
-                        verb="create",
-                        resource=_RESOURCE,
-                        body=self._new_body(),
-                    )
+                    await self._client.create(LEASES, self._new_body(), namespace=self._namespace)
                 elif decision is Decision.TAKE:
                     assert lease is not None
                     await self._put(self._taken(lease))
@@ -188,7 +181,7 @@ class PublisherLease:
             f"lease {self._namespace}/{self._name} kept changing while taking it",
             status=409,
             verb="update",
-            resource=_RESOURCE,
+            resource=LEASES.rbac(),
         )
 
     async def maintain(self, on_free: Callable[[], None]) -> None:
@@ -239,16 +232,12 @@ class PublisherLease:
 
     async def _get(self) -> dict[str, Any] | None:
         try:
-            return await self._client.request(
-                "GET", f"{self._collection}/{self._name}", verb="get", resource=_RESOURCE
-            )
+            return await self._client.get(LEASES, self._name, namespace=self._namespace)
         except NotFoundError:
             return None
 
     async def _put(self, body: dict[str, Any]) -> None:
-        await self._client.request(
-            "PUT", f"{self._collection}/{self._name}", verb="update", resource=_RESOURCE, body=body
-        )
+        await self._client.update(LEASES, body)
 
     def _duration_seconds(self) -> int:
         return max(1, round(self._duration))

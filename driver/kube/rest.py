@@ -43,6 +43,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from driver.common.errors import DriverError, PermanentError, RetryableError
 from driver.common.wire import Obj
+from driver.kube.resources import Resource
 from driver.kube.session import Session
 
 _Query = Sequence[tuple[str, str]]
@@ -274,13 +275,66 @@ class Client:
         return result
 
     async def get_json(self, path: str, *, resource: str, query: _Query = ()) -> Obj:
-        """GET one object (or a discovery document) as a dict."""
+        """GET a document that is no object's (``/version``, a discovery document)."""
         return await self.request("GET", path, verb="get", resource=resource, query=query)
 
+    async def get(self, kind: Resource, name: str, *, namespace: str = "") -> Obj:
+        """GET one object."""
+        path = kind.path(name, namespace=namespace)
+        return await self.request("GET", path, verb="get", resource=kind.rbac())
+
+    async def create(
+        self, kind: Resource, body: Obj, *, namespace: str = "", query: _Query = ()
+    ) -> Obj:
+        """POST a new object (``query``: ``dryRun``); the stored object comes back."""
+        path = kind.path(namespace=namespace)
+        return await self.request(
+            "POST", path, verb="create", resource=kind.rbac(), query=query, body=body
+        )
+
+    async def update(self, kind: Resource, body: Obj, *, subresource: str = "") -> Obj:
+        """PUT ``body`` over the object its metadata names (its resourceVersion, when it
+        has one, makes a stale update a 409)."""
+        meta = body["metadata"]
+        path = kind.path(meta["name"], namespace=meta.get("namespace", ""), subresource=subresource)
+        return await self.request(
+            "PUT", path, verb="update", resource=kind.rbac(subresource), body=body
+        )
+
+    async def patch(
+        self,
+        kind: Resource,
+        name: str,
+        body: Obj,
+        *,
+        namespace: str = "",
+        subresource: str = "",
+        content_type: str = MERGE_PATCH,
+    ) -> Obj:
+        """PATCH one object, a JSON merge patch unless ``content_type`` says otherwise."""
+        path = kind.path(name, namespace=namespace, subresource=subresource)
+        return await self.request(
+            "PATCH",
+            path,
+            verb="patch",
+            resource=kind.rbac(subresource),
+            body=body,
+            content_type=content_type,
+        )
+
+    async def delete(
+        self, kind: Resource, name: str, *, namespace: str = "", body: Obj | None = None
+    ) -> Obj:
+        """DELETE one object; ``body``: DeleteOptions (preconditions, propagation)."""
+        path = kind.path(name, namespace=namespace)
+        return await self.request("DELETE", path, verb="delete", resource=kind.rbac(), body=body)
+
     async def list_all(
-        self, path: str, *, resource: str, query: _Query = (), limit: int = 500
+        self, kind: Resource, *, namespace: str = "", query: _Query = (), limit: int = 500
     ) -> list[Obj]:
-        """Every item of a collection, page by page (``limit`` and ``continue``)."""
+        """Every item of a collection (in ``namespace``, or all), page by page (``limit`` and
+        ``continue``)."""
+        path, resource = kind.path(namespace=namespace), kind.rbac()
         items: list[Obj] = []
         token = ""
         while True:
@@ -294,14 +348,16 @@ class Client:
                 return items
 
     async def watch(
-        self, path: str, *, resource: str, query: _Query, read_timeout: float
+        self, kind: Resource, *, namespace: str = "", query: _Query, read_timeout: float
     ) -> AsyncIterator[Obj]:
-        """Watch events as dicts, until the server ends the stream.
+        """Watch events of a collection (in ``namespace``, or all) as dicts, until the server
+        ends the stream.
 
         ``read_timeout`` bounds the silence between two chunks, so a dead connection
         is noticed; bookmarks keep a healthy one talking. The stream holds one of the
         pool's connections for its whole life.
         """
+        path, resource = kind.path(namespace=namespace), kind.rbac()
         try:
             # aclosing: a consumer that stops early closes the stream (and its slot) now.
             async with contextlib.aclosing(self._watch(path, resource, query, read_timeout)) as it:

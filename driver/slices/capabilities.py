@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from driver.common.errors import RetryableError
 from driver.common.logs import kv
 from driver.common.wire import Obj as _Obj
+from driver.kube.resources import RESOURCE_SLICES
 from driver.kube.rest import ApiError, Client
 from driver.slices.model import generate_name, slice_name
 
 log = logging.getLogger(__name__)
 
-_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-_RESOURCE = "resourceslices.resource.k8s.io"
 _PROBE = "gpu-dra.io/capability-probe"
 
 
@@ -237,9 +236,7 @@ async def _probe_answer(client: Client, body: _Obj) -> "_Obj | ApiError":
 
 
 async def _dry_run(client: Client, body: _Obj) -> _Obj:
-    return await client.request(
-        "POST", _SLICES, verb="create", resource=_RESOURCE, query=[("dryRun", "All")], body=body
-    )
+    return await client.create(RESOURCE_SLICES, body, query=[("dryRun", "All")])
 
 
 def fit(

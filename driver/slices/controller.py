@@ -51,6 +51,7 @@ from driver.common.wire import Obj as _Obj
 from driver.kube.backoff import Backoff
 from driver.kube.informer import Informer
 from driver.kube.lease import LEASE_DURATION, Candidate, PublisherLease, lease_name
+from driver.kube.resources import NODES, RESOURCE_SLICES
 from driver.kube.rest import (
     ApiError,
     Client,
@@ -66,9 +67,7 @@ from driver.slices.plan import InvalidPoolError, Plan, plan
 
 log = logging.getLogger(__name__)
 
-_GROUP = "resource.k8s.io"
-_SLICES = f"/apis/{_GROUP}/v1/resourceslices"
-_RESOURCE = f"resourceslices.{_GROUP}"
+_GROUP = RESOURCE_SLICES.group
 
 
 class ApiVersionMissingError(PermanentError):
@@ -149,8 +148,7 @@ class SliceController:
         self._backoff_cap = backoff_cap
         self._slices = Informer(
             self._client,
-            _SLICES,
-            resource=_RESOURCE,
+            RESOURCE_SLICES,
             field_selector=f"spec.driver={driver_name},spec.nodeName={node_name}",
             backoff_cap=backoff_cap,
             watch_list=True,
@@ -285,9 +283,7 @@ class SliceController:
 
         async def node() -> _Obj:
             try:
-                return await self._client.request(
-                    "GET", f"/api/v1/nodes/{self._node}", verb="get", resource="nodes"
-                )
+                return await self._client.get(NODES, self._node)
             except NotFoundError as exc:
                 raise NodeNotFoundError(
                     f"node {self._node!r} does not exist; --node-name (NODE_NAME) must name "
@@ -436,9 +432,7 @@ class SliceController:
         which the new slices must own.
         """
         try:
-            node = await self._client.request(
-                "GET", f"/api/v1/nodes/{self._node}", verb="get", resource="nodes"
-            )
+            node = await self._client.get(NODES, self._node)
         except NotFoundError:
             if not self._node_gone:
                 log.warning("node deleted; not re-creating its slices", extra=kv(node=self._node))
@@ -470,7 +464,7 @@ class SliceController:
         while True:
             await asyncio.sleep(backoff.next_delay())
             try:
-                await self._client.get_json(f"/api/v1/nodes/{self._node}", resource="nodes")
+                await self._client.get(NODES, self._node)
             except (ApiError, RetryableError):
                 continue  # still gone, or the server is away: look again later
             log.info("node is back; publishing its slices", extra=kv(node=self._node))
@@ -489,11 +483,9 @@ class SliceController:
             meta = obj["metadata"]
             deleted: _Obj = {}
             with contextlib.suppress(NotFoundError):  # already gone: what we wanted
-                deleted = await self._client.request(
-                    "DELETE",
-                    f"{_SLICES}/{meta['name']}",
-                    verb="delete",
-                    resource=_RESOURCE,
+                deleted = await self._client.delete(
+                    RESOURCE_SLICES,
+                    meta["name"],
                     body={
                         "apiVersion": "v1",
                         "kind": "DeleteOptions",
@@ -508,22 +500,14 @@ class SliceController:
             with self._quietly():
                 self._slices.forget(deleted if deleted.get("metadata", {}).get("name") else obj)
         for body in todo.updates:
-            stored = await self._client.request(
-                "PUT",
-                f"{_SLICES}/{body['metadata']['name']}",
-                verb="update",
-                resource=_RESOURCE,
-                body=body,
-            )
+            stored = await self._client.update(RESOURCE_SLICES, body)
             self.stats.writes["update"] += 1
             self._remember(stored)
         for body in todo.creates:
             name = body["metadata"].get("name", "")
             self._creating.add(name)
             try:
-                stored = await self._client.request(
-                    "POST", _SLICES, verb="create", resource=_RESOURCE, body=body
-                )
+                stored = await self._client.create(RESOURCE_SLICES, body)
             except (UnavailableError, ServerError):
                 # It may still commit on the server; don't list (and re-create) too early.
                 self._settle_until = asyncio.get_running_loop().time() + self._settle

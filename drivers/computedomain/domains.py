@@ -14,15 +14,14 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.limits import label_value_error
 from driver.kube.backoff import Backoff
-from driver.kube.rest import MERGE_PATCH, Client, ConflictError, NotFoundError
+from driver.kube.resources import NODES
+from driver.kube.rest import Client, ConflictError, NotFoundError
 from drivers.computedomain import names
 
-_GROUP = f"/apis/{names.GROUP}/{names.VERSION}"
 _FOUND_MAX = 256
 
 
@@ -80,10 +79,7 @@ class Domains:
     async def find(self, uid: str, namespace: str = "") -> Domain:
         """The ComputeDomain of ``uid`` in ``namespace``, or in any namespace for ""; a list,
         since the claim names it by UID only."""
-        where = f"namespaces/{quote(namespace, safe='')}/" if namespace else ""
-        items = await self._client.list_all(
-            f"{_GROUP}/{where}{names.COMPUTE_DOMAINS}", resource=names.COMPUTE_DOMAINS
-        )
+        items = await self._client.list_all(names.COMPUTE_DOMAINS_API, namespace=namespace)
         for item in items:
             meta = item.get("metadata") or {}
             if meta.get("uid") == uid:
@@ -116,14 +112,11 @@ class Domains:
             )
         return domain  # created in the claim's namespace between the two lists
 
-    def _node_path(self) -> str:
-        return f"/api/v1/nodes/{quote(self._node, safe='')}"
-
     async def add_label(self, uid: str) -> None:
         """Label the node with the domain; another domain's label is an error, the same one
         nothing. The patch names the resourceVersion read, so two writers never both win."""
         for _ in range(5):
-            node = await self._client.get_json(self._node_path(), resource="nodes")
+            node = await self._client.get(NODES, self._node)
             meta = node.get("metadata") or {}
             have = (meta.get("labels") or {}).get(names.COMPUTE_DOMAIN_LABEL)
             if have == uid:
@@ -151,7 +144,7 @@ class Domains:
         another domain's). True when it was removed; a node that is gone has none."""
         for _ in range(5):
             try:
-                node = await self._client.get_json(self._node_path(), resource="nodes")
+                node = await self._client.get(NODES, self._node)
             except NotFoundError:
                 return False
             meta = node.get("metadata") or {}
@@ -175,7 +168,7 @@ class Domains:
         clique). Read first, so a node at rest gets no write; True when one was made. A merge
         patch without a resourceVersion: the key is this plugin's alone (GFD, where it runs,
         writes the same value by the same rule)."""
-        node = await self._client.get_json(self._node_path(), resource="nodes")
+        node = await self._client.get(NODES, self._node)
         have = ((node.get("metadata") or {}).get("labels") or {}).get(names.GPU_CLIQUE_NODE_LABEL)
         if (have or "") == clique_id:
             return False
@@ -189,35 +182,23 @@ class Domains:
         return True
 
     async def _patch_node(self, patch: dict[str, Any]) -> None:
-        await self._client.request(
-            "PATCH",
-            self._node_path(),
-            verb="patch",
-            resource="nodes",
-            body=patch,
-            content_type=MERGE_PATCH,
-        )
+        await self._client.patch(NODES, self._node, patch)
 
     async def node_ready(self, domain: Domain, clique_id: str) -> bool:
         """This node's daemon is Ready in its clique of the domain, or in the domain's
         status (a node without a clique is listed there only)."""
         if clique_id:
-            path = (
-                f"{_GROUP}/namespaces/{quote(self._namespace, safe='')}/{names.CLIQUES}/"
-                f"{quote(names.clique_name(domain.uid, clique_id), safe='')}"
-            )
+            name = names.clique_name(domain.uid, clique_id)
             try:
-                clique = await self._client.get_json(path, resource=names.CLIQUES)
+                clique = await self._client.get(names.CLIQUES_API, name, namespace=self._namespace)
                 if _ready_in(clique.get("daemons"), self._node, "nodeName"):
                     return True
             except NotFoundError:
                 pass
-        path = (
-            f"{_GROUP}/namespaces/{quote(domain.namespace, safe='')}/{names.COMPUTE_DOMAINS}/"
-            f"{quote(domain.name, safe='')}"
-        )
         try:
-            obj = await self._client.get_json(path, resource=names.COMPUTE_DOMAINS)
+            obj = await self._client.get(
+                names.COMPUTE_DOMAINS_API, domain.name, namespace=domain.namespace
+            )
         except NotFoundError as exc:
             raise DomainNotFoundError(f"ComputeDomain not found: {domain.uid}") from exc
         return _ready_in((obj.get("status") or {}).get("nodes"), self._node, "name")

@@ -17,6 +17,7 @@ from api.names import API_GROUP, COMPUTE_DOMAIN_DRIVER
 from api.names import API_VERSION as API_VERSION
 from api.names import CHANNEL_CONFIG_KIND as CHANNEL_CONFIG_KIND
 from api.names import DAEMON_CONFIG_KIND as DAEMON_CONFIG_KIND
+from driver.kube.resources import Resource
 
 # The DRA driver: the driver of its ResourceSlices and opaque configs, and its plugin's name.
 DRIVER_NAME: Final = COMPUTE_DOMAIN_DRIVER
@@ -28,6 +29,8 @@ COMPUTE_DOMAIN_KIND: Final = "ComputeDomain"
 COMPUTE_DOMAINS: Final = "computedomains"  # the plural, the resource RBAC and URLs name
 CLIQUE_KIND: Final = "ComputeDomainClique"
 CLIQUES: Final = "computedomaincliques"
+COMPUTE_DOMAINS_API: Final = Resource(GROUP, VERSION, COMPUTE_DOMAINS, namespaced=True)
+CLIQUES_API: Final = Resource(GROUP, VERSION, CLIQUES, namespaced=True)
 
 # status.status and status.nodes[].status (the CRD's enum; NotReady is the default).
 READY: Final = "Ready"

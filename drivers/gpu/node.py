@@ -26,6 +26,7 @@ from driver.common.driverversion import DriverTooOld
 from driver.common.errors import DriverError, PermanentError
 from driver.common.logs import kv
 from driver.kube import client as kubeclient
+from driver.kube.resources import NODES
 from driver.kube.rest import Client
 from driver.nvml import library
 from driver.slices import SliceController
@@ -275,9 +276,7 @@ class _Node:
 
     async def _device_plugin_present(self) -> str | None:
         # Raw JSON: importing CoreV1Api and its models costs 24 MiB of RSS.
-        node = await Client(self._api).request(
-            "GET", f"/api/v1/nodes/{self._config.node_name}", verb="get", resource="nodes"
-        )
+        node = await Client(self._api).get(NODES, self._config.node_name)
         self._node_uid = str((node.get("metadata") or {}).get("uid") or "")
         capacity = (node.get("status") or {}).get("capacity") or {}
         count = capacity.get(DEVICE_PLUGIN_RESOURCE)

@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from driver.kube import client as kubeclient  # noqa: E402
+from driver.kube.resources import RESOURCE_SLICES  # noqa: E402
 from driver.kube.rest import Client  # noqa: E402
 from driver.nvml.simulated import SimulatedNode  # noqa: E402
 from drivers.gpu.kinds import discovered  # noqa: E402
@@ -115,7 +116,7 @@ async def watch(api: Any, pools: Pools) -> None:
             pools.apply("ADDED", obj)
         version = listed["metadata"]["resourceVersion"]
         query = [("resourceVersion", version), ("timeoutSeconds", "3600")]
-        async for event in client.watch(SLICES, resource="rs", query=query, read_timeout=3700):
+        async for event in client.watch(RESOURCE_SLICES, query=query, read_timeout=3700):
             if event["type"] != "BOOKMARK":
                 pools.apply(event["type"], event["object"])
 

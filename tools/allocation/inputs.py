@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
+    from driver.kube.resources import Resource
     from driver.kube.rest import Client
     from driver.kube.session import Session
 
@@ -181,15 +182,15 @@ async def read_cluster(api_client: "Session") -> Inputs:
     Node labels are
     optional: without permission to list Nodes they stay unknown.
     """
+    from driver.kube import resources
     from driver.kube.rest import Client
 
     api = Client(api_client)
-    group = "/apis/resource.k8s.io/v1"
-    slices = await _list_all(api, f"{group}/resourceslices", "resourceslices")
-    classes = await _list_all(api, f"{group}/deviceclasses", "deviceclasses")
-    claims = await _list_all(api, f"{group}/resourceclaims", "resourceclaims")
+    slices = await _list_all(api, resources.RESOURCE_SLICES)
+    classes = await _list_all(api, resources.DEVICE_CLASSES)
+    claims = await _list_all(api, resources.RESOURCE_CLAIMS)
     try:
-        nodes = await _list_all(api, "/api/v1/nodes", "nodes")
+        nodes = await _list_all(api, resources.NODES)
     except ClusterAccessError:
         labels = None
     else:
@@ -215,12 +216,13 @@ async def _taint_rules(api: "Client") -> tuple[list[dict[str, Any]], str | None]
     """The DeviceTaintRules in the newest version served; none where no version is (the
     scheduler applies none there either). Without permission to list them, none and why:
     the claim is still explained, with that said."""
+    from driver.kube.resources import Resource
     from driver.kube.rest import ApiError
 
     for version in TAINT_RULE_VERSIONS:
-        path = f"/apis/resource.k8s.io/{version}/devicetaintrules"
+        rules = Resource("resource.k8s.io", version, "devicetaintrules", namespaced=False)
         try:
-            return await api.list_all(path, resource="devicetaintrules"), None
+            return await api.list_all(rules), None
         except ApiError as exc:
             if exc.status == 404:
                 continue
@@ -239,7 +241,7 @@ _HINTS = {
 }
 
 
-async def read_references(api_client: Any) -> list[dict[str, Any]]:
+async def read_references(api_client: "Session") -> list[dict[str, Any]]:
     """DeviceClasses, ResourceClaims and ResourceClaimTemplates: what manifests name; and,
     where the API server lets them be listed, Namespaces (their labels allow admin access),
     ResourceSlices (the drivers that publish) and ComputeDomains (their channel templates).
@@ -247,43 +249,45 @@ async def read_references(api_client: Any) -> list[dict[str, Any]]:
     For ``gpu-dra validate --cluster``: a pod in a file may name a template that is
     already in the cluster.
     """
+    from driver.kube import resources
     from driver.kube.rest import Client
+    from drivers.computedomain import names as computedomain
 
     api = Client(api_client)
-    group = "/apis/resource.k8s.io/v1"
     found: list[dict[str, Any]] = []
-    for kind, name in (
-        (CLASS, "deviceclasses"),
-        (CLAIM, "resourceclaims"),
-        (TEMPLATE, "resourceclaimtemplates"),
+    for kind, listed in (
+        (CLASS, resources.DEVICE_CLASSES),
+        (CLAIM, resources.RESOURCE_CLAIMS),
+        (TEMPLATE, resources.RESOURCE_CLAIM_TEMPLATES),
     ):
-        for item in await _list_all(api, f"{group}/{name}", name):
+        for item in await _list_all(api, listed):
             item.setdefault("kind", kind)
             found.append(item)
     # What validate reads besides: a user who may not list them loses only those checks,
     # and a cluster without the ComputeDomain CRD has none.
-    for kind, path, name in (
-        ("Namespace", "/api/v1/namespaces", "namespaces"),
-        (SLICE, f"{group}/resourceslices", "resourceslices"),
-        ("ComputeDomain", "/apis/resource.nvidia.com/v1beta1/computedomains", "computedomains"),
+    for kind, listed in (
+        ("Namespace", resources.NAMESPACES),
+        (SLICE, resources.RESOURCE_SLICES),
+        ("ComputeDomain", computedomain.COMPUTE_DOMAINS_API),
     ):
         try:
-            items = await _list_all(api, path, name)
+            items = await _list_all(api, listed)
         except ClusterAccessError:
             continue
         for item in items:
             item.setdefault("kind", kind)
             if kind == "ComputeDomain":  # the items of a list carry no apiVersion
-                item.setdefault("apiVersion", "resource.nvidia.com/v1beta1")
+                item.setdefault("apiVersion", computedomain.API_VERSION)
             found.append(item)
     return found
 
 
-async def _list_all(api: "Client", path: str, resource: str) -> list[dict[str, Any]]:
+async def _list_all(api: "Client", listed: "Resource") -> list[dict[str, Any]]:
     from driver.kube.rest import ApiError
 
+    resource = listed.rbac()
     try:
-        return await api.list_all(path, resource=resource)
+        return await api.list_all(listed)
     except ApiError as exc:
         if exc.status in _HINTS:
             hint = _HINTS[exc.status].format(resource=resource)

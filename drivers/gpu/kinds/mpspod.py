@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 from driver.common.errors import PermanentError, RetryableError
 from driver.common.wire import Obj
+from driver.kube.resources import PODS
 from driver.kube.rest import Client, ConflictError, NotFoundError
 
 COMPONENT = "mps-control-daemon"
@@ -263,10 +264,6 @@ class MpsPods:
         self.config = config
         self.node_name = node_name
 
-    def _path(self, name: str = "") -> str:
-        base = f"/api/v1/namespaces/{self.config.namespace}/pods"
-        return f"{base}/{name}" if name else base
-
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(call, self._loop).result(_CALL_S)
 
@@ -274,7 +271,7 @@ class MpsPods:
         """The pod under the name of the GPU's daemon, whoever made it (:meth:`ours` tells)."""
         name = pod_name(self.node_name, uuid)
         try:
-            return self._run(self._client.get_json(self._path(name), resource="pods"))
+            return self._run(self._client.get(PODS, name, namespace=self.config.namespace))
         except NotFoundError:
             return None
 
@@ -301,8 +298,7 @@ class MpsPods:
         never a second."""
         body = daemon_pod(self.config, spec)
         try:
-            return self._run(self._client.request(
-                "POST", self._path(), verb="create", resource="pods", body=body))  # fmt: skip
+            return self._run(self._client.create(PODS, body, namespace=self.config.namespace))
         except ConflictError:
             pod = self.get(spec.uuid)
             if pod is None:
@@ -315,8 +311,7 @@ class MpsPods:
         name = pod_name(self.node_name, uuid)
         body = {"preconditions": {"uid": uid}}
         with contextlib.suppress(NotFoundError, ConflictError):
-            self._run(self._client.request(
-                "DELETE", self._path(name), verb="delete", resource="pods", body=body))  # fmt: skip
+            self._run(self._client.delete(PODS, name, namespace=self.config.namespace, body=body))
 
     def wait_gone(self, uuid: str, uid: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -333,4 +328,5 @@ class MpsPods:
         holders, so a pod that lost its last claim to a crash is deleted."""
         query = [("labelSelector", f"app.kubernetes.io/component={COMPONENT}"),
                  ("fieldSelector", f"spec.nodeName={self.node_name}")]  # fmt: skip
-        return self._run(self._client.list_all(self._path(), resource="pods", query=query))
+        pods = self._client.list_all(PODS, namespace=self.config.namespace, query=query)
+        return self._run(pods)
