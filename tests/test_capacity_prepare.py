@@ -181,6 +181,6 @@ async def test_mps_enforces_a_share_of_memory_as_its_pinned_limit(
         for r in refs
     ]
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in envs[0]  # the share: 20Gi
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10Gi" in envs[1]  # the config's, smaller
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M" in envs[1]  # the config's 10Gi, smaller
     assert await state.unprepare(refs) == dict.fromkeys(answers, "")
     assert daemon_pids(tmp_path) == []

@@ -139,7 +139,7 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     assert {
         f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10Gi",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",  # 10Gi, in the MiB CUDA reads
     } <= set(edits["env"])
     # The pipe is all a client needs; the daemon's log directory is no container's to write.
     assert not any(e.startswith("CUDA_MPS_LOG_DIRECTORY=") for e in edits["env"])
@@ -159,6 +159,36 @@ async def test_a_daemon_per_gpu_started_before_prepare_answers_stopped_at_unprep
     assert _mps(state).running_pid(uuid) is None and daemon_pids(tmp_path) == []
 
 
+async def test_a_pinned_memory_limit_reaches_cuda_in_whole_mib(
+    api_client: Session, tmp_path: Path, control: Control
+) -> None:
+    """CUDA reads "<n>M" and "<n>G" as binary units; a quantity's "10G" is decimal, and "Gi"
+    is no unit of CUDA's: both are written in MiB, as NVIDIA's driver writes them."""
+    state = await _state(api_client, tmp_path, Smi(tmp_path / "smi"), control)
+    uuid = _uuid(tmp_path, "gpu-0")
+    config = [
+        mps(
+            defaultPinnedDeviceMemoryLimit="10G",
+            defaultPerDevicePinnedMemoryLimit={uuid: "1.5Gi"},
+        )
+    ]
+    decimal = await create_claim(api_client, "decimal", ["gpu-1"], config=config)
+    per_gpu = await create_claim(api_client, "per-gpu", ["gpu-0"], config=config)
+    refs = [decimal, per_gpu]
+    assert {u: r.error for u, r in (await state.prepare(refs)).items()} == dict.fromkeys(
+        (decimal.uid, per_gpu.uid), ""
+    )
+    env = {
+        ref.name: json.loads(cdi.spec_path(tmp_path / "cdi", ref.uid, flavor.GPU).read_text())[
+            "containerEdits"
+        ]["env"]
+        for ref in refs
+    }
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=9536M" in env["decimal"]  # 10^10 bytes
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1536M" in env["per-gpu"]
+    assert await state.unprepare(refs) == dict.fromkeys((decimal.uid, per_gpu.uid), "")
+
+
 async def test_bad_mps_input_and_a_daemon_that_fails_are_per_claim(
     api_client: Session, tmp_path: Path, control: Control
 ) -> None:
@@ -170,11 +200,16 @@ async def test_bad_mps_input_and_a_daemon_that_fails_are_per_claim(
         api_client, "percent", ["gpu-3"], config=[mps(defaultActiveThreadPercentage="lots")]
     )
     failing = await create_claim(api_client, "failing", ["gpu-4"], config=[mps()])
+    tiny = await create_claim(
+        api_client, "tiny", ["gpu-5"], config=[mps(defaultPinnedDeviceMemoryLimit="512Ki")]
+    )
     control.fail.touch()
-    refs = [good, two, percent, failing]
+    refs = [good, two, percent, failing, tiny]
     results = await state.prepare(refs)
     errors = {ref.name: results[ref.uid].error for ref in refs}
     assert errors["good"] == ""
+    assert "the MPS pinned memory limit 512Ki for GPU" in errors["tiny"]
+    assert "under 1Mi" in errors["tiny"]
     assert 'field "sharing.strategy": MPS shares one GPU per claim' in errors["two"]
     assert 'field "sharing.mpsConfig.defaultActiveThreadPercentage"' in errors["percent"]
     assert "the MPS control daemon for GPU" in errors["failing"]

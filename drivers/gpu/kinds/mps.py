@@ -112,12 +112,20 @@ def _limit_for(settings: Mapping[str, str], uuid: str, index: str) -> str | None
     )
 
 
-def _bytes(limit: str, otherwise: int) -> int:
-    """A configured limit (a quantity) in bytes; ``otherwise`` when it is none."""
-    try:
-        return int(Quantity.parse(limit).value)
-    except ValueError:
-        return otherwise
+def _pinned_limit(claim: PreparedClaim, settings: Mapping[str, str], uuid: str) -> int | None:
+    """The claim's configured pinned memory limit for its one GPU, in bytes (the quantity was
+    checked when the config was read); under 1Mi it is refused, as NVIDIA's driver refuses it
+    ("set too low"), since CUDA takes it in whole MiB."""
+    configured = _limit_for(settings, uuid, "0")
+    if configured is None:
+        return None
+    limit = int(Quantity.parse(configured).value)
+    if limit < 1 << 20:
+        raise MpsError(
+            f"claim {claim}: the MPS pinned memory limit {configured} for GPU {uuid} is under "
+            "1Mi: CUDA takes it in whole MiB"
+        )
+    return limit
 
 
 def _share_mib(claim: PreparedClaim, uuid: str, uuid_key: str) -> int | None:
@@ -184,18 +192,23 @@ class Mps:
         if "activeThreadPercentage" in settings:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={settings['activeThreadPercentage']}")
         # The client sees its one GPU as device 0.
-        limit = _limit_for(settings, uuid, "0")
+        configured = _pinned_limit(claim, settings, uuid)
+        limits = [configured] if configured is not None else []
         share = _share_mib(claim, uuid, self._uuid_key)
-        if share is not None and (limit is None or share << 20 < _bytes(limit, share << 20)):
-            limit = f"{share}M"  # a share of the GPU's memory is enforced as its limit
-        if limit is not None:
-            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit}")
+        if share is not None:
+            limits.append(share << 20)  # a share of the GPU's memory is enforced as its limit
+        if limits:
+            # In whole MiB, as NVIDIA's driver writes it: CUDA reads "<n>M" or "<n>G" (binary
+            # units), not a Kubernetes quantity such as 10Gi or 10G (decimal).
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={min(limits) >> 20}M")
         mounts = [{"hostPath": str(pipe), "containerPath": str(pipe), "options": ["rbind", "rw"]}]
         return {"env": env, "mounts": mounts}
 
     def prepare(self, claim: PreparedClaim) -> None:
         gpus = wanted(claim, self._uuid_key)
         _one_gpu(claim, gpus)
+        for uuid, settings in gpus.items():
+            _pinned_limit(claim, settings, uuid)  # refused before a daemon is started for it
         for uuid in gpus:
             with self._locked(uuid):
                 holder = self._gpu_dir(uuid) / "holders" / claim.uid
