@@ -231,12 +231,12 @@ def test_nvidias_examples_land_on_the_same_devices(
 # and off again after the last one goes (cmd/gpu-kubelet-plugin/nvlib.go:1491-1495, "Hopper+
 # supports reset-less MIG mode toggling, so advertise both the full GPU and the dynamic MIG
 # profiles irrespective of current MIG state"; SetMigMode at nvlib.go:963 and :1183). Its
-# record is of the p5e as the profile has it, MIG mode off. Ours never changes a GPU's MIG
-# mode (tests/test_discovery_mig.py): it publishes placements for a GPU already in MIG mode
-# and a GPU not in MIG mode as a whole GPU only. So ours is compared on the same p5e with
-# MIG mode on (what an admin or mig-parted sets before the plugin starts), where it
-# publishes the placements; the whole GPUs are the difference that follows, in
-# DYNAMIC_DIFFERS.
+# records: the p5e as the profile has it, MIG mode off (slices-...-dynamic-mig.json), and
+# with every GPU in MIG mode and no instance (slices-...-mig-mode-dynamic-mig.json): the same
+# slices. Ours never changes a GPU's MIG mode (tests/test_discovery_mig.py): it publishes
+# placements for a GPU already in MIG mode, and a GPU not in MIG mode as a whole GPU only.
+# So the two are compared on the p5e in MIG mode (what an admin or mig-parted sets before
+# the plugin starts); the whole GPUs are the difference that follows, in DYNAMIC_DIFFERS.
 DYNAMIC_PROFILE: Final = "p5e.48xlarge"
 WHOLE_GPUS: Final = frozenset(f"gpu-{i}" for i in range(8))
 
@@ -283,15 +283,34 @@ def _ours_dynamic(root: Path, *, mig_mode: bool) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def dynamic(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any]]:
-    """(ours on the p5e in MIG mode with --dynamic-mig, NVIDIA's with DynamicMIG)."""
-    body = json.loads((RECORDS / f"slices-{DYNAMIC_PROFILE}-dynamic-mig.json").read_text())
+    """(ours on the p5e in MIG mode with --dynamic-mig, NVIDIA's with DynamicMIG there)."""
+    body = _theirs_dynamic("mig-mode-dynamic-mig")
+    assert "MIG mode" in body["source"]["migMode"]
+    return _ours_dynamic(tmp_path_factory.mktemp("dyn"), mig_mode=True), body["slices"]
+
+
+def _theirs_dynamic(suffix: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(
+        (RECORDS / f"slices-{DYNAMIC_PROFILE}-{suffix}.json").read_text()
+    )
     source = body["source"]
     assert (source["tag"], source["profile"], source["featureGates"]) == (
         "v0.4.1",
         DYNAMIC_PROFILE,
         "DynamicMIG=true",
     )
-    return _ours_dynamic(tmp_path_factory.mktemp("dyn"), mig_mode=True), body["slices"]
+    return body
+
+
+def test_nvidias_dynamic_mig_slices_do_not_depend_on_mig_mode(
+    dynamic: tuple[list[Any], list[Any]],
+) -> None:
+    """On Hopper NVIDIA's publishes the same pool with MIG mode off as on (nvlib.go:1491):
+    the pool ours is compared with is the one a p5e as EC2 starts it gets."""
+    _, theirs = dynamic
+    off = _theirs_dynamic("dynamic-mig")
+    assert "migMode" not in off["source"]
+    assert off["slices"] == theirs
 
 
 def _counter_sets(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -361,7 +380,7 @@ def test_dynamic_mig_whole_gpus_are_nvidias_alone(
         # all of its set: no placement of the GPU fits beside it, nor it beside one
         assert consumed["counters"] == sets[consumed["counterSet"]], name
     assert not WHOLE_GPUS & set(_devices(ours))
-    # The p5e as NVIDIA's ran on, MIG mode off: ours publishes its whole GPUs, as without
+    # The p5e with MIG mode off: ours publishes its whole GPUs, as without
     # --dynamic-mig (the static record's names), and neither placements nor counters.
     off = _ours_dynamic(tmp_path, mig_mode=False)
     assert set(_devices(off)) == WHOLE_GPUS == set(_devices(_theirs(DYNAMIC_PROFILE)))

@@ -52,9 +52,15 @@ REPOSITORY = "kubernetes-sigs/dra-driver-nvidia-gpu"
 DEFAULT_MIRROR = Path("/work/.mirror/kubernetes-sigs+dra-driver-nvidia-gpu/repo")
 DRIVER = "gpu.nvidia.com"
 PROFILES = ("p5e.48xlarge", "p4d.24xlarge-mig")
-# Runs with an alpha gate of NVIDIA's on: (profile, gates, the record's suffix). No
-# ConsumableShares: v0.4.1 has no such gate (it came after; tests/data/nvidia-plugin/README.md).
-GATED = (("p5e.48xlarge", "DynamicMIG=true", "dynamic-mig"),)
+# Runs with an alpha gate of NVIDIA's on: (profile, gates, the record's suffix, every GPU put
+# in MIG mode first). No ConsumableShares: v0.4.1 has no such gate (it came after;
+# tests/data/nvidia-plugin/README.md). DynamicMIG twice: on the p5e as it is (MIG mode off),
+# and in MIG mode with no instance, as our --dynamic-mig needs it (a GPU whose MIG mode is
+# set before the plugin starts), to compare like with like.
+GATED = (
+    ("p5e.48xlarge", "DynamicMIG=true", "dynamic-mig", False),
+    ("p5e.48xlarge", "DynamicMIG=true", "mig-mode-dynamic-mig", True),
+)
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-plugin"
 K8S_MINOR = "1.37"
 # The chart's image for the tag (the plugin only names it in objects it creates).
@@ -119,13 +125,17 @@ def normalize_slice(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
-def sim_node(root: Path, profile: str, node_name: str) -> tuple[Path, Path]:
+def sim_node(root: Path, profile: str, node_name: str, mig_mode: bool = False) -> tuple[Path, Path]:
     """The simulated node's driver root (library, device nodes, sysfs, driver files) and its
-    hardware file."""
+    hardware file; with ``mig_mode``, every GPU of ``profile`` in MIG mode, no instance."""
     from driver.nvml.simulated import SimulatedNode
     from tests.simroot import ctk_binary, install_driver_files
 
-    node = SimulatedNode(profile, node_name, root)
+    spec: str | Path = profile
+    if mig_mode:
+        spec = root.with_name("profile.yaml")
+        spec.write_text(f"extends: {profile}\nmig: {{enabled: all}}\n")
+    node = SimulatedNode(spec, node_name, root)
     ctk = ctk_binary()
     if ctk is not None:
         install_driver_files(root, node.profile.driver_version, ctk)
@@ -149,17 +159,19 @@ async def run_plugin(
     gates: str = "",
     during: During | None = None,
     templates: Path | None = None,
+    mig_mode: bool = False,
 ) -> tuple[list[dict[str, Any]], list[str], str]:
     """NVIDIA's plugin on ``profile`` until its pool is complete: its slices (normalized),
     the NVML call trace, and its log. ``gates``: its --feature-gates; ``during(work,
     node_name)`` runs once the pool is complete, before the plugin is stopped;
-    ``templates``: a directory the plugin sees at ``/templates``, as its image has it."""
+    ``templates``: a directory the plugin sees at ``/templates``, as its image has it;
+    ``mig_mode``: :func:`sim_node`'s."""
     node_name = f"sim-{profile}"
     plane.call("POST", "/api/v1/nodes", {
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name,
         "labels": {"kubernetes.io/hostname": node_name}},
     }, ok=(201, 409))  # fmt: skip
-    root, _ = sim_node(work / "root", profile, node_name)
+    root, _ = sim_node(work / "root", profile, node_name, mig_mode)
     trace = work / "nvml-trace"
     trace.unlink(missing_ok=True)
     plugins, registry, cdi = work / "plugins", work / "registry", work / "cdi"
@@ -547,10 +559,15 @@ async def record(
             (DATA / f"slices-{profile}.json").write_text(json.dumps(body, indent=1) + "\n")
             print(f"{profile}: {sum(len(s['spec'].get('devices', [])) for s in slices)} devices "
                   f"in {len(slices)} slices, {len(calls)} NVML calls", file=sys.stderr)  # fmt: skip
-        for profile, gates, suffix in GATED if set(PROFILES) <= set(profiles) else ():
-            slices, calls = await _one_run(plane, profile, run / f"{profile}-{suffix}", gates=gates)
-            calls_by_profile[f"{profile} ({gates})"] = _counted(calls)
+        for profile, gates, suffix, mig_mode in GATED if set(PROFILES) <= set(profiles) else ():
+            slices, calls = await _one_run(
+                plane, profile, run / f"{profile}-{suffix}", gates=gates, mig_mode=mig_mode
+            )
+            mode = " in MIG mode" if mig_mode else ""
+            calls_by_profile[f"{profile}{mode} ({gates})"] = _counted(calls)
             gated: dict[str, Any] = {**_source(profile), "featureGates": gates}
+            if mig_mode:
+                gated["migMode"] = "every GPU in MIG mode before the plugin started, no instance"
             body = {"source": gated, "slices": slices}
             (DATA / f"slices-{profile}-{suffix}.json").write_text(json.dumps(body, indent=1) + "\n")
             print(f"{profile} with {gates}: {len(slices)} slices", file=sys.stderr)
