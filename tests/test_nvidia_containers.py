@@ -16,6 +16,12 @@ Compared is the container's view: the CDI device IDs, and the spec's and its dev
 merged (device nodes, environment, mounts, hooks), each keyed by what names it (a node's
 path, a variable's name, a mount's container path, a hook's subcommand). Everything differs
 only as :data:`DELIBERATE` says.
+
+An MPS claim (``containers-p5e.48xlarge-mps.json``: NVIDIA's prepare waits for its control
+daemon's Deployment, which the recorder reported ready in place of a kubelet) is compared
+the same way, built here with our GPU kind attached under a plugins directory: it differs
+as DELIBERATE and :data:`MPS_DELIBERATE` say (where each mounts the daemon's pipe, NVIDIA's
+shared ``/dev/shm``, where the limits are set).
 """
 
 import asyncio
@@ -27,10 +33,12 @@ from typing import Any, Final
 
 import pytest
 
+from api.config import decode_gpu_config
+from driver.common.quantity import Quantity
 from driver.devicekind import PreparedClaim, PreparedDevice
 from driver.nvml.simulated import HARDWARE_ENV, SimulatedNode
 from drivers.gpu.flavor import GPU
-from drivers.gpu.kinds import GpuNode, gpu_kinds
+from drivers.gpu.kinds import GpuKindContext, GpuNode, gpu_kinds
 from drivers.gpu.kinds.gpu import own_node
 from drivers.gpu.model.discovery import discover
 from kubeletplugin import cdi
@@ -42,6 +50,8 @@ RECORDS: Final = Path(__file__).parent / "data" / "nvidia-plugin"
 PROFILES: Final = ("p5e.48xlarge", "p4d.24xlarge-mig")
 UID: Final = "0b0c1f8e-6a3b-4b8a-9d1e-3f0f5c2d7e11"
 ROOT: Final = "<driver-root>"
+PLUGINS: Final = "<plugins>"
+DRIVER: Final = "gpu.nvidia.com"
 
 _TOOLKIT = (
     "the toolkit's edits differ by version: ours are the node's own `nvidia-ctk cdi "
@@ -96,9 +106,11 @@ WRITTEN: Final[dict[str, str]] = {
 }
 
 
-def _record(profile: str) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads((RECORDS / f"containers-{profile}.json").read_text())
-    assert body["source"]["tag"] == "v0.4.1" and body["source"]["profile"] == profile
+def _record(name: str) -> dict[str, Any]:
+    """``containers-<name>.json``: a profile's, or ``<profile>-mps``."""
+    body: dict[str, Any] = json.loads((RECORDS / f"containers-{name}.json").read_text())
+    source = body["source"]
+    assert source["tag"] == "v0.4.1" and source["profile"] == name.removesuffix("-mps")
     return body
 
 
@@ -144,11 +156,27 @@ def view(spec: Mapping[str, Any]) -> dict[tuple[str, str], Any]:
 
 
 def _normalized(obj: Any, root: Path) -> Any:
-    return json.loads(json.dumps(obj).replace(str(root), ROOT).replace(UID, "<claim-uid>"))
+    text = json.dumps(obj).replace(str(_plugins(root)), PLUGINS).replace(str(root), ROOT)
+    return json.loads(text.replace(UID, "<claim-uid>"))
 
 
-def _specs(profile: str, root: Path, ctk: Path) -> dict[str, dict[str, Any]]:
-    """Our spec and CDI device IDs for each recorded claim of ``profile``."""
+def _plugins(root: Path) -> Path:
+    """The kubelet's plugins directory beside a fake driver root."""
+    return root.with_name("plugins")
+
+
+def _sharing(config: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """What our claim state records of a recorded claim's sharing config (NVIDIA's GpuConfig,
+    which ours takes as it is)."""
+    if not config:
+        return ()
+    (entry,) = config
+    return decode_gpu_config(entry["opaque"]["parameters"], source="test").sharing_settings()
+
+
+def _specs(profile: str, root: Path, ctk: Path, record: str = "") -> dict[str, dict[str, Any]]:
+    """Our spec and CDI device IDs for each claim of ``containers-<record>.json`` (the
+    profile's own when ""), on ``profile``."""
     node_name = f"sim-{profile}"
     node = SimulatedNode(profile, node_name, root)
     inventory = discover(node.nvml, sysfs_root=node.sysfs_root)
@@ -164,10 +192,15 @@ def _specs(profile: str, root: Path, ctk: Path) -> dict[str, dict[str, Any]]:
         base = asyncio.run(
             base_edits("system", container_root=toolkit_root, host_root=root, own_node=own_node)
         )
-    kinds = tuple(gpu_kinds(GpuNode()).values())
+    table = gpu_kinds(GpuNode())
+    # Attached as the claim state attaches it: MPS's edits name the pipe under the plugin's
+    # directory, <plugins>/<driver>.
+    state = _plugins(root) / DRIVER / "kinds" / "gpu"
+    table["gpu"].attach(GpuKindContext(state, "", GpuNode()))
+    kinds = tuple(table.values())
     devices = {d.name: d for d in devices_of(kinds, inventory, node_name=node_name)}
     specs = {}
-    for name, claim in _record(profile)["claims"].items():
+    for name, claim in _record(record or profile)["claims"].items():
         prepared = PreparedClaim(
             uid=UID,
             namespace="default",
@@ -181,12 +214,13 @@ def _specs(profile: str, root: Path, ctk: Path) -> dict[str, dict[str, Any]]:
                     admin_access=False,
                     kind=devices[d].kind,
                     identity=tuple(devices[d].identity.items()),
+                    sharing=_sharing(claim["config"]),
                 )
                 for d in claim["devices"]
             ),
         )
         edits = {
-            kind: GPU.kinds[kind].claim_edits(of_kind, prepared)
+            kind: table[kind].claim_edits(of_kind, prepared)
             for kind, of_kind in cdi.kinds_of(prepared, devices).items()
         }
         spec = cdi.build_claim_spec(
@@ -292,3 +326,114 @@ def test_how_each_is_written(ours: dict[tuple[str, str], dict[str, Any]]) -> Non
         assert (mine["cdiVersion"], theirs["cdiVersion"]) == ("0.6.0", "0.5.0")
         assert "annotations" in mine and "annotations" not in theirs
         assert mine["kind"] == theirs["kind"] == "k8s.gpu.nvidia.com/claim"
+
+
+# MPS: ``containers-p5e.48xlarge-mps.json``, NVIDIA's plugin with its MPSSupport gate
+# preparing one H200 with its example's mpsConfig (50 % of the threads, 10Gi pinned), its
+# control daemon's Deployment reported ready by the recorder (no kubelet ran it).
+MPS_PROFILE: Final = "p5e.48xlarge"
+_PIPE_KEY = re.compile(r"^<plugins>/gpu\.nvidia\.com/mps/[0-9a-f]{12}$")
+_OUR_PIPE: Final = ("mounts", "<plugins>/gpu.nvidia.com/mps/<gpu key>")
+# What differs for an MPS claim beside DELIBERATE: (part, what names it) -> (whose, why).
+MPS_DELIBERATE: Final[dict[tuple[str, str], tuple[str, str]]] = {
+    ("env", "CUDA_MPS_PIPE_DIRECTORY"): (
+        "both, different",
+        "each names the pipe directory it mounts, where the claim's daemon binds its sockets: "
+        "NVIDIA's at /tmp/nvidia-mps (MPS's default path) from <plugins>/<driver>/mps/<claim "
+        "uid>-<hash>/pipe, one daemon per claim; ours at the host's own path, "
+        "<plugins>/<driver>/mps/<sha256 of the GPU UUID, 12 hex>, one daemon per GPU shared by "
+        "its claims, the same path in the daemon and every client, short enough for the "
+        "daemon's socket paths (docs/CONTRIBUTING.md, MPS)",
+    ),
+    ("mounts", "/tmp/nvidia-mps"): ("NVIDIA's", "its pipe directory, as above"),
+    _OUR_PIPE: ("ours", "our pipe directory, as above"),
+    ("mounts", "/dev/shm"): (
+        "NVIDIA's",
+        "a tmpfs per daemon (<plugins>/<driver>/mps/<id>/shm, mounted by the plugin) at "
+        "/dev/shm in the daemon's pod and every client container, so they share one /dev/shm; "
+        "ours mounts none: a client keeps its container's own /dev/shm. Whether a CUDA MPS "
+        "client in a container needs the daemon's /dev/shm is not checked here (it needs a GPU "
+        "and containers: our real-GPU check runs its clients on the host)",
+    ),
+    ("env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"): (
+        "ours",
+        "the config's defaultActiveThreadPercentage as the client's limit; NVIDIA's gives it to "
+        "its claim's own daemon instead (set_default_active_thread_percentage 50): the same "
+        "limit for the claim's clients, set on the client in ours since our daemon serves "
+        "every claim of the GPU",
+    ),
+    ("env", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"): (
+        "ours",
+        "the config's defaultPinnedDeviceMemoryLimit as the client's limit for its device 0, "
+        "the quantity as written (0=10Gi); NVIDIA's gives its daemon the limit in MiB "
+        "(set_default_device_pinned_mem_limit <uuid> 10240M): the same amount",
+    ),
+}
+
+
+def _mps_family(key: tuple[str, str]) -> tuple[str, str]:
+    return _OUR_PIPE if key[0] == "mounts" and _PIPE_KEY.match(key[1]) else _family(key)
+
+
+@pytest.fixture(scope="module")
+def mps(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(our spec and IDs, NVIDIA's record) for the recorded MPS claim."""
+    ctk = ctk_binary()
+    if ctk is None:
+        pytest.skip("nvidia-ctk is not built: run python -m tests.e2e.build nvidia-ctk")
+    root = tmp_path_factory.mktemp("mps") / "root"
+    record = _record(f"{MPS_PROFILE}-mps")
+    assert record["source"]["featureGates"] == "MPSSupport=true"
+    (name,) = record["claims"]
+    return _specs(MPS_PROFILE, root, ctk, f"{MPS_PROFILE}-mps")[name], record["claims"][name]
+
+
+def test_mps_record_is_what_nvidias_plugin_prepared(
+    mps: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    _, claim = mps
+    assert claim["devices"] == ["gpu-6"] and claim["left"] == []
+    ((daemon,),) = [claim["daemons"]]  # its claim's own control daemon
+    assert daemon["readyReplicas"] == 1  # the recorder's stand-in kubelet
+    assert daemon["name"].startswith("mps-control-daemon-<claim-uid>-")
+    pod = daemon["pod"]
+    assert pod["nodeName"] == f"sim-{MPS_PROFILE}" and pod["hostPID"] is True
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    theirs = view(_theirs(claim))
+    # The client's pipe and shm are the daemon's: the same host directories.
+    assert theirs[("mounts", "/tmp/nvidia-mps")][0] == volumes["mps-pipe-directory"]
+    assert theirs[("mounts", "/dev/shm")][0] == volumes["mps-shm-directory"]
+    assert volumes["mps-log-directory"] not in {v[0] for k, v in theirs.items() if k[0] == "mounts"}
+    (uuid,) = [
+        e["value"] for e in pod["containers"][0]["env"] if e["name"] == "CUDA_VISIBLE_DEVICES"
+    ]
+    assert daemon["controlCommands"] == [
+        "set_default_active_thread_percentage 50",
+        f"set_default_device_pinned_mem_limit {uuid} 10240M",
+    ]
+
+
+def test_mps_container_view_differs_only_as_listed(
+    mps: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    ours, claim = mps
+    assert sorted(ours["ids"]) == sorted(_ids(claim))
+    mine, theirs = view(ours["spec"]), view(_theirs(claim))
+    seen: dict[tuple[str, str], str] = {}
+    for key, whose in _differing(mine, theirs):
+        key = _mps_family(key)
+        expected = MPS_DELIBERATE.get(key) or DELIBERATE.get(key)
+        assert expected is not None, (key, whose, mine.get(key), theirs.get(key))
+        assert expected[0] == whose, (key, whose)
+        seen[key] = whose
+    assert set(MPS_DELIBERATE) <= set(seen), seen  # no stale entry
+    # Each names the directory it mounts; ours at the host's own path.
+    (pipe,) = [k[1] for k in mine if _mps_family(k) == _OUR_PIPE]
+    assert mine[("env", "CUDA_MPS_PIPE_DIRECTORY")] == pipe and mine[("mounts", pipe)][0] == pipe
+    assert theirs[("env", "CUDA_MPS_PIPE_DIRECTORY")] == "/tmp/nvidia-mps"
+    # The same limits, on the client (ours) or the daemon (NVIDIA's): 10Gi is 10240 MiB.
+    assert mine[("env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")] == "50"
+    assert mine[("env", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")] == "0=10Gi"
+    assert Quantity.parse("10Gi").value == 10240 << 20
+    # The GPU itself reaches the container alike: its device node, from the same host path.
+    assert mine[("deviceNodes", "/dev/nvidia6")] == theirs[("deviceNodes", "/dev/nvidia6")]

@@ -3,9 +3,9 @@
 ``tests/data/nvidia-plugin/nvml-calls.json`` lists the calls NVIDIA's GPU kubelet plugin
 (v0.4.1, through go-nvml and its toolkit's CDI library) made on our stand-in
 (``driver/nvml/sim``), from the stand-in's call trace, with the codes it answered: at start
-(discovery, the CDI cache) on a p5e.48xlarge (also with its DynamicMIG gate on) and a
-p4d.24xlarge in static MIG, and at prepare
-and unprepare (``tests/e2e/nvidia_plugin.py``). Each call is either one whose answer
+(discovery, the CDI cache) on a p5e.48xlarge (also with its DynamicMIG gate on, in and out
+of MIG mode) and a p4d.24xlarge in static MIG, and at prepare and unprepare (MPS's too)
+(``tests/e2e/nvidia_plugin.py``). Each call is either one whose answer
 ``tests/test_nvml_real_h200.py`` holds to the recorded real H200 (:data:`REAL`, with the
 record's field it is held by), or one the real record does not cover (:data:`UNCOVERED`,
 with what holds it instead).
