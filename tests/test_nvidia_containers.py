@@ -365,8 +365,8 @@ MPS_DELIBERATE: Final[dict[tuple[str, str], tuple[str, str]]] = {
     ("env", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"): (
         "ours",
         "the config's defaultPinnedDeviceMemoryLimit as the client's limit for its device 0, "
-        "the quantity as written (0=10Gi); NVIDIA's gives its daemon the limit in MiB "
-        "(set_default_device_pinned_mem_limit <uuid> 10240M): the same amount",
+        "in whole MiB (0=10240M); NVIDIA's gives its daemon the same MiB "
+        "(set_default_device_pinned_mem_limit <uuid> 10240M)",
     ),
 }
 
@@ -431,9 +431,9 @@ def test_mps_container_view_differs_only_as_listed(
     (pipe,) = [k[1] for k in mine if _mps_family(k) == _OUR_PIPE]
     assert mine[("env", "CUDA_MPS_PIPE_DIRECTORY")] == pipe and mine[("mounts", pipe)][0] == pipe
     assert theirs[("env", "CUDA_MPS_PIPE_DIRECTORY")] == "/tmp/nvidia-mps"
-    # The same limits, on the client (ours) or the daemon (NVIDIA's): 10Gi is 10240 MiB.
+    # The same limits, on the client (ours) or the daemon (NVIDIA's), in the same MiB.
     assert mine[("env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")] == "50"
-    assert mine[("env", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")] == "0=10Gi"
+    assert mine[("env", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")] == "0=10240M"
     assert Quantity.parse("10Gi").value == 10240 << 20
     # The GPU itself reaches the container alike: its device node, from the same host path.
     assert mine[("deviceNodes", "/dev/nvidia6")] == theirs[("deviceNodes", "/dev/nvidia6")]
