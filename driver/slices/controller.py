@@ -263,9 +263,7 @@ class SliceController:
         # Only after a 404: a server that serves the group costs no discovery request.
         async def group() -> _Obj:
             try:
-                return await self._client.request(
-                    "GET", f"/apis/{_GROUP}", verb="get", resource=f"/apis/{_GROUP}"
-                )
+                return await self._client.get_json(f"/apis/{_GROUP}", resource=f"/apis/{_GROUP}")
             except NotFoundError:
                 return {}
 
