@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -154,6 +155,15 @@ class Plugin:
     def env(self) -> dict[str, str]:
         return {}
 
+    # What the plugin logs once the kubelet's NotifyRegistrationStatus says it registered it
+    # (the kubelet calls it after adding the plugin): pods can be prepared from then on. The
+    # registration socket alone is not enough: a pod created before the kubelet's plugin
+    # watcher has seen it fails "DRA driver gpu.nvidia.com is not registered" and backs off.
+    registered_log = ""
+
+    def registered(self) -> bool:
+        return bool(self.registered_log) and re.search(self.registered_log, self.log()) is not None
+
     def registration(self) -> Path:
         return self.side.node.kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
 
@@ -191,6 +201,7 @@ class Plugin:
 @dataclass
 class Ours(Plugin):
     name: str = "ours"
+    registered_log = "registered with the kubelet|plugin_registered=True"
 
     def argv(self) -> list[str]:
         side = self.side
@@ -226,6 +237,7 @@ class Ours(Plugin):
 class Nvidia(Plugin):
     name: str = "nvidia"
     gates: str = ""
+    registered_log = "registration status: plugin_registered:true"
 
     def argv(self) -> list[str]:
         side = self.side
@@ -300,8 +312,9 @@ class SideBySide:
         return [d for s in self.complete_pool() or [] for d in s["spec"].get("devices") or []]
 
     async def start(self, plugin: Plugin, wait_s: float = 120) -> float:
-        """Start ``plugin``; the seconds from its start to its complete pool published and
-        its registration socket there (the kubelet then registers it at once)."""
+        """Start ``plugin``; the seconds from its start to its complete pool published (and
+        in ``timings["registered_s"]``, to the kubelet's registration of it, which it waits
+        for too)."""
         assert self.current is None, f"{self.current and self.current.name} still runs"
         assert not self.slices(), "slices of the previous plugin left"
         started = time.monotonic()
@@ -311,10 +324,18 @@ class SideBySide:
         def ready() -> bool:
             if not plugin.alive():
                 raise RuntimeError(f"{plugin.name} exited:\n{plugin.log()[-4000:]}")
-            return bool(self.complete_pool()) and plugin.registration().exists()
+            return bool(self.complete_pool())
+
+        def registered() -> bool:
+            if not plugin.alive():
+                raise RuntimeError(f"{plugin.name} exited:\n{plugin.log()[-4000:]}")
+            return plugin.registered()
 
         await self.cp.wait_for(f"{plugin.name}'s pool", ready, wait_s)
-        return time.monotonic() - started
+        pool = time.monotonic() - started
+        await self.cp.wait_for(f"{plugin.name} registered by the kubelet", registered, wait_s)
+        self.timings["registered_s"] = time.monotonic() - started
+        return pool
 
     async def stop(self) -> None:
         """Stop the current plugin and remove its slices (a drained node, between drivers)."""
