@@ -143,6 +143,7 @@ class Plugin:
     side: SideBySide
     name: str = ""  # "ours" or "nvidia"
     process: Process | None = None
+    registrations_before: int = 0
 
     @property
     def pid(self) -> int:
@@ -168,6 +169,7 @@ class Plugin:
         return self.side.node.kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
 
     async def start(self) -> None:
+        self.registrations_before = self.side.kubelet_registrations()
         env = [f"{k}={v}" for k, v in self.env().items()]
         self.process = await self.side.cp.spawn(
             f"plugin-{self.name}-{time.monotonic_ns()}", ["env", *env, *self.argv()]
@@ -239,6 +241,15 @@ class Nvidia(Plugin):
     gates: str = ""
     registered_log = "registration status: plugin_registered:true"
 
+    def registered(self) -> bool:
+        # It logs the kubelet's registration status once, a second after it starts: true
+        # only if the kubelet was that quick. Else the kubelet's own log says it started
+        # registering this socket (GetInfo, the DRA handler, NotifyRegistrationStatus: a few
+        # ms, while a pod created then still has the scheduler ahead of it).
+        return super().registered() or (
+            self.side.kubelet_registrations() > self.registrations_before
+        )
+
     def argv(self) -> list[str]:
         side = self.side
         root, kubelet = side.driver_root, side.node.kubelet_dir
@@ -278,6 +289,7 @@ class SideBySide:
     hardware: Path
     root: Path
     current: Plugin | None = None
+    last: str | None = None  # the name of the plugin that ran last
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -317,6 +329,13 @@ class SideBySide:
         for too)."""
         assert self.current is None, f"{self.current and self.current.name} still runs"
         assert not self.slices(), "slices of the previous plugin left"
+        # The other plugin's checkpoint is not this one's to read: ours and NVIDIA's both
+        # keep checkpoint.json in the driver's plugin directory, and NVIDIA's exits 1 on
+        # ours ("unable to get checkpoint: json: cannot unmarshal string into Go struct
+        # field Checkpoint.checksum"). A node changing drivers is drained, and this set aside.
+        if self.last not in (None, plugin.name) and self.plugin_data().exists():
+            shutil.move(self.plugin_data(), self.root / f"data-{self.last}-{time.monotonic_ns()}")
+        self.last = plugin.name
         started = time.monotonic()
         await plugin.start()
         self.current = plugin
@@ -354,14 +373,9 @@ class SideBySide:
         return self.node.kubelet_dir / "plugins" / DRIVER
 
     async def switch(self, plugin: Plugin) -> float:
-        """The other plugin in place of the current one, on a node with no claim prepared:
-        the one before's checkpoint is not the next one's to read (ours and NVIDIA's name
-        theirs alike), so it is set aside. Returns :meth:`start`'s seconds."""
-        before = self.current
+        """``plugin`` in place of the current one, on a node with no claim prepared; returns
+        :meth:`start`'s seconds."""
         await self.stop()
-        if before is not None and before.name != plugin.name and self.plugin_data().exists():
-            aside = self.root / f"plugin-data-{before.name}-{time.monotonic_ns()}"
-            shutil.move(self.plugin_data(), aside)
         return await self.start(plugin)
 
     # - workloads
@@ -436,6 +450,12 @@ class SideBySide:
             c for c in self.claims(ns) if c["metadata"]["name"].startswith(f"{name}-")
         ], wait_s)  # fmt: skip
         await await_until("its CDI spec removed by unprepare", lambda: not self.specs(), wait_s)
+
+    def kubelet_registrations(self) -> int:
+        """How many plugin registrations the kubelet has started (its log, at --v=2)."""
+        log = self.cp.root / "logs" / f"kubelet-{self.node.name}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return text.count("OperationExecutor.RegisterPlugin started")
 
     # - the kubelet's metrics
     def kubelet_port(self) -> int:

@@ -124,6 +124,7 @@ async def fresh_node(side: SideBySide, name: str) -> dict[str, Any]:
     except (RuntimeError, TimeoutError) as exc:
         out["start"] = _short(exc)
         out["log_tail"] = plugin.log()[-600:]
+        await side.stop()
     SimulatedNode(PROFILE, NODE, side.driver_root)  # the driver makes its device nodes
     if side.current is None:  # it did not come up: started again now that they are there
         try:
