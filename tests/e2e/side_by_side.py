@@ -408,6 +408,15 @@ class SideBySide:
         code, body = self.cp.get(f"/api/v1/namespaces/{ns}/pods/{name}")
         return json.loads(body) if code == 200 else {}
 
+    def pod_log(self, name: str) -> str:
+        """What the pod's container ``c`` printed, from the kubelet's log files, timestamps cut."""
+        meta = self.pod(name)["metadata"]
+        base = self.node.pod_logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "c"
+        return "".join(
+            line.split(" ", 3)[-1] + "\n" for f in sorted(base.glob("*.log"))
+            for line in f.read_text().splitlines()
+        ).strip()  # fmt: skip
+
     def phase(self, name: str, ns: str = NS) -> str:
         return str(self.pod(name, ns).get("status", {}).get("phase", ""))
 

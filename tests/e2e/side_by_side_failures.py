@@ -46,16 +46,6 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def pod_log(side: SideBySide, name: str) -> str:
-    pod = side.pod(name)
-    meta = pod["metadata"]
-    base = side.node.pod_logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "c"
-    return "".join(
-        line.split(" ", 3)[-1] + "\n" for f in sorted(base.glob("*.log"))
-        for line in f.read_text().splitlines()
-    ).strip()  # fmt: skip
-
-
 async def listed_devices(side: SideBySide, name: str) -> str:
     """Run a pod that lists its /dev/nvidia*; what it listed."""
     side.cp.call("POST", f"/api/v1/namespaces/{NS}/pods", side.pod_body(name, LIST_DEV))
@@ -63,7 +53,7 @@ async def listed_devices(side: SideBySide, name: str) -> str:
         await await_until(f"{name} Running", lambda: side.phase(name) == "Running", 90)
     except TimeoutError as exc:
         raise RuntimeError(f"{exc}: {side.describe(name)}") from exc
-    return str(await await_until(f"{name}'s listing", lambda: pod_log(side, name), 30))
+    return str(await await_until(f"{name}'s listing", lambda: side.pod_log(name), 30))
 
 
 def render(side: SideBySide, lost: int | None) -> None:

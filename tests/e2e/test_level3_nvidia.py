@@ -41,16 +41,6 @@ async def side() -> AsyncIterator[SideBySide]:
         yield node
 
 
-def _pod_log(side: SideBySide, name: str) -> str:
-    pod = side.pod(name)
-    meta = pod["metadata"]
-    base = side.node.pod_logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "c"
-    return "".join(
-        line.split(" ", 3)[-1] + "\n" for f in sorted(base.glob("*.log"))
-        for line in f.read_text().splitlines()
-    )  # fmt: skip
-
-
 async def _one_gpu_pod(side: SideBySide, name: str) -> list[str]:
     """The pod runs; the GPU device nodes it lists; gone again, its claim unprepared."""
     body = side.pod_body(name, REPORT)
@@ -60,7 +50,7 @@ async def _one_gpu_pod(side: SideBySide, name: str) -> list[str]:
     except TimeoutError as exc:
         raise AssertionError(f"{exc}: {side.describe(name)}") from exc
     assert len(side.specs()) == 1  # one claim prepared: its CDI spec on the node
-    listed = await await_until(f"{name}'s report", lambda: _pod_log(side, name).strip(), 30)
+    listed = await await_until(f"{name}'s report", lambda: side.pod_log(name), 30)
     await side.delete_pod(name)
     return str(listed).split()
 
