@@ -123,12 +123,18 @@ async def fresh_node(side: SideBySide, name: str) -> dict[str, Any]:
             out["start_after_nodes"] = _short(exc)
             await side.stop()
             return out
-    try:
-        out["first_pod_dev"] = await listed_devices(side, f"fresh-{name}")
-        await side.delete_pod(f"fresh-{name}")
-    except (RuntimeError, TimeoutError) as exc:
-        out["first_pod"] = _short(exc)
+    await _one_pod(side, f"fresh-{name}", out, "first_pod")
     return out
+
+
+async def _one_pod(side: SideBySide, pod: str, out: dict[str, Any], key: str) -> None:
+    """A pod that lists its devices, then deleted: ``out[key + "_dev"]`` what it listed, or
+    ``out[key]`` what failed."""
+    try:
+        out[f"{key}_dev"] = await listed_devices(side, pod)
+        await side.delete_pod(pod)
+    except (RuntimeError, TimeoutError) as exc:
+        out[key] = _short(exc)
 
 
 async def plugin_restart(side: SideBySide, name: str) -> dict[str, Any]:
@@ -154,11 +160,7 @@ async def plugin_restart(side: SideBySide, name: str) -> dict[str, Any]:
         out["unprepare_after_restart"] = "ok (spec removed, claim deleted)"
     except TimeoutError as exc:
         out["unprepare_after_restart"] = _short(exc)
-    try:
-        out["next_pod_dev"] = await listed_devices(side, f"next-{name}")
-        await side.delete_pod(f"next-{name}")
-    except (RuntimeError, TimeoutError) as exc:
-        out["next_pod"] = _short(exc)
+    await _one_pod(side, f"next-{name}", out, "next_pod")
     return out
 
 
