@@ -99,3 +99,37 @@ def test_mig_memory_is_the_real_h200s(simulated: dict[str, Any]) -> None:
         "MIG 2g.35gb": 33280, "MIG 3g.71gb": 71424, "MIG 4g.71gb": 71424,
         "MIG 7g.141gb": 143360,
     }  # fmt: skip
+
+
+SMI_Q = Path(__file__).resolve().parent / "data" / "nvidia-smi-q-h200.txt"
+# How nvidia-smi -q prints nvmlGpuVirtualizationMode_t.
+_VIRTUALIZATION = {
+    "None": pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE,
+    "Pass-Through": pynvml.NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH,
+    "VGPU": pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU,
+}
+
+
+def _smi_q(field: str) -> str:
+    (value,) = [
+        line.split(":", 1)[1].strip()
+        for line in SMI_Q.read_text().splitlines()
+        if line.split(":", 1)[0].strip() == field
+    ]
+    return value
+
+
+def test_answers_only_nvidia_smi_recorded_are_the_real_h200s(tmp_path: Path) -> None:
+    """Questions NVIDIA's plugin asks that the probe did not record (its vGPU check before
+    dynamic MIG, its device index), held to the real machine's ``nvidia-smi -q``."""
+    node = SimulatedNode("p5e.48xlarge", "node", tmp_path)
+    node.nvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        mode = pynvml.nvmlDeviceGetVirtualizationMode(handle)
+        minor = pynvml.nvmlDeviceGetMinorNumber(handle)
+        index = pynvml.nvmlDeviceGetIndex(handle)
+    finally:
+        pynvml.nvmlShutdown()
+    assert mode == _VIRTUALIZATION[_smi_q("Virtualization Mode")]  # EC2 passes GPUs through
+    assert minor == int(_smi_q("Minor Number")) == index

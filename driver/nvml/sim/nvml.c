@@ -932,7 +932,7 @@ QUERY(nvmlDeviceGetMinorNumber, "nvmlDeviceGetMinorNumber", unsigned *,
       { *out = g->minor; return OK; })
 /* NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH: a whole GPU passed through to the VM, as EC2's
  * GPU instances hold theirs (NVIDIA's plugin asks it before dynamic MIG, to skip vGPU
- * guests; the real H200 record has no answer to it). */
+ * guests; the real H200's nvidia-smi -q says Pass-Through: tests/test_nvml_real_h200.py). */
 QUERY(nvmlDeviceGetVirtualizationMode, "nvmlDeviceGetVirtualizationMode", unsigned *,
       { *out = 1; return OK; })
 QUERY(nvmlDeviceGetBrand, "nvmlDeviceGetBrand", int *, { *out = g->brand; return OK; })
