@@ -287,6 +287,31 @@ def _find_ctk(container_root: Path) -> Path | None:
     return Path(found) if found else None
 
 
+_NO_DEVICE = "--device-id=none"
+_UNKNOWN_FLAG = "flag provided but not defined"
+
+
+async def _ctk(argv: Sequence[str]) -> tuple[bytes, str]:
+    """What ``argv`` printed, and "" or why it failed."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+    except OSError as exc:
+        raise ToolkitError(f"running {' '.join(argv)} failed: {exc}") from exc
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), _TIMEOUT_S)
+    except TimeoutError as exc:
+        proc.kill()
+        await proc.wait()
+        raise ToolkitError(f"{' '.join(argv)}: no answer in {_TIMEOUT_S:g}s") from exc
+    if proc.returncode != 0:
+        return stdout, f"{' '.join(argv)} exited with {proc.returncode}: " + stderr.decode(
+            errors="replace"
+        )
+    return stdout, ""
+
+
 async def _generate(
     container_root: Path, host_root: Path, own_node: Callable[[str], bool]
 ) -> dict[str, Any]:
@@ -306,17 +331,19 @@ async def _generate(
     )
     argv = [str(ctk), "cdi", "generate", "--format=json", f"--driver-root={container_root}"]
     argv.append(hook_flag)
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    # The spec-level edits alone: with no device asked for, the toolkit asks NVML for no GPU,
+    # so a GPU fallen off the bus (its handle answers GPU_IS_LOST, and the toolkit exits 1)
+    # cannot keep the whole node from serving; each claim spec adds its GPUs' nodes itself.
+    stdout, failed = await _ctk([*argv, _NO_DEVICE])
+    if _UNKNOWN_FLAG in failed:
+        log.warning(
+            "nvidia-ctk predates --device-id (toolkit v1.19): it visits every GPU, and one "
+            "lost GPU fails it",
+            extra=kv(ctk=str(ctk)),
         )
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), _TIMEOUT_S)
-    except (OSError, TimeoutError) as exc:
-        raise ToolkitError(f"running {' '.join(argv)} failed: {exc}") from exc
-    if proc.returncode != 0:
-        raise ToolkitError(
-            f"{' '.join(argv)} exited with {proc.returncode}: {stderr.decode(errors='replace')}"
-        )
+        stdout, failed = await _ctk(argv)
+    if failed:
+        raise ToolkitError(failed)
     try:
         spec = json.loads(stdout)
         edits = spec.get("containerEdits") or {}

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from driver.nvml.faults import Faults, XidEvent
+from driver.nvml.faults import Faults, QueryFault, XidEvent
 from driver.nvml.profile import load_profile
 from driver.nvml.simulated import SimulatedNvml
 from tests.e2e.cluster import ControlPlane
@@ -54,23 +54,30 @@ async def release() -> AsyncIterator[Installed]:
         yield node
 
 
+_CLAIMS = ("ResourceClaim", "ResourceClaimTemplate")
+
+
 def _holder(cp: ControlPlane) -> dict[str, Any]:
     """The single-GPU example's pod, kept running; its claim once the pod runs."""
     cp.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     wait_until(f"default SA in {NS}", lambda: cp.raw(
         "GET", f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] == 200)  # fmt: skip
-    docs = example_docs("single-gpu.yaml")
-    for claim in (d for d in docs if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")):
+    for claim in (d for d in example_docs("single-gpu.yaml") if d["kind"] in _CLAIMS):
         cp.create(claim, NS)
-    workload = next(d for d in docs if d["kind"] not in ("ResourceClaim", "ResourceClaimTemplate"))
-    pod = runnable(as_pod(workload), host_network=False)
-    pod["metadata"] = {"name": "holder"}
-    pod["spec"]["containers"][0]["command"] = ["sh", "-c", "exec sleep 3600"]
-    cp.create(pod, NS)
-    wait_until("the holder running", lambda: get_pod(cp, NS, "holder").get("status", {}).get(
-        "phase") == "Running", 120)  # fmt: skip
+    _run_example_pod(cp, "holder")
     (claim,) = cp.call("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"]
     return dict(claim)
+
+
+def _run_example_pod(cp: ControlPlane, name: str) -> None:
+    """One more of the single-GPU example's pods (its claims made), kept running."""
+    docs = example_docs("single-gpu.yaml")
+    pod = runnable(as_pod(next(d for d in docs if d["kind"] not in _CLAIMS)), host_network=False)
+    pod["metadata"] = {"name": name}
+    pod["spec"]["containers"][0]["command"] = ["sh", "-c", "exec sleep 3600"]
+    cp.create(pod, NS)
+    wait_until(f"{name} running", lambda: get_pod(cp, NS, name).get("status", {}).get(
+        "phase") == "Running", 120)  # fmt: skip
 
 
 def _health(cp: ControlPlane) -> dict[str, str]:
@@ -103,12 +110,15 @@ def _plugin_pids() -> list[int]:
     return pids
 
 
-def _render(driver_root: Path, *xids: XidEvent) -> None:
-    """The node's hardware file with ``xids``, as fake_root laid it out (its node name seeds the
-    GPUs' UUIDs); the plugin's rediscovery (SIGHUP) re-reads it, and its event set then sees
-    each new XID once."""
+def _render(driver_root: Path, *xids: XidEvent, lost: int | None = None) -> None:
+    """The node's hardware file with ``xids`` and GPU ``lost`` (a minor) fallen off the bus, as
+    fake_root laid it out (its node name seeds the GPUs' UUIDs); the plugin's rediscovery
+    (SIGHUP) re-reads it, and its event set then sees each new XID once."""
+    handles = ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
+               "nvmlDeviceGetHandleByUUID")  # fmt: skip
+    gone = () if lost is None else tuple(QueryFault(lost, c, "GpuIsLost") for c in handles)
     nvml = SimulatedNvml(load_profile(PROFILE), driver_root, node_name=SIM_NODE,
-                         faults=Faults(xid_events=xids))  # fmt: skip
+                         faults=Faults(xid_events=xids, failing_queries=gone))  # fmt: skip
     nvml.render()
     for pid in _plugin_pids():
         os.kill(pid, signal.SIGHUP)
@@ -157,3 +167,31 @@ async def test_an_xid_shows_in_the_pods_status_and_clears_on_recovery(
             }
         )
     )
+
+
+async def test_a_plugin_restarted_while_a_gpu_is_lost_serves_the_others(
+    release: Installed,
+) -> None:
+    """A GPU off the bus when the plugin (re)starts: NVIDIA's plugin, and ours before, exited on
+    the toolkit's GPU_IS_LOST and served none; ours publishes the rest and prepares them."""
+    cp = release.cp
+    if get_pod(cp, NS, "holder").get("status", {}).get("phase") != "Running":
+        _holder(cp)
+    held = {_minor(cp, r["device"]) for c in cp.call(
+        "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"]
+        for r in c["status"]["allocation"]["devices"]["results"]}  # fmt: skip
+    lost = next(m for m in range(8) if m not in held)
+    _render(release.driver_root, lost=lost)  # the running plugin withdraws it
+    (old,) = release.ready_pods()
+    cp.raw("DELETE", f"/api/v1/namespaces/{old['metadata']['namespace']}/pods/"
+           f"{old['metadata']['name']}")  # fmt: skip
+    try:
+        await await_until("a new plugin pod Ready", lambda: [
+            p for p in release.ready_pods() if p["metadata"]["uid"] != old["metadata"]["uid"]
+        ] or None, 120)  # fmt: skip
+        await await_until("7 GPUs published", lambda: release.published() == 7 or None, 60)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {release.diagnose(release.pods())}") from exc
+    _run_example_pod(cp, "after-restart")  # prepared by the restarted plugin
+    _render(release.driver_root)  # and the plugin rediscovers
+    await await_until("the GPU back in the slice", lambda: release.published() == 8 or None, 60)
