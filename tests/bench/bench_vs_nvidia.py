@@ -22,7 +22,10 @@ registered as ``gpu.nvidia.com`` one at a time. Each round runs both, in alterna
 - CPU per 100 cycles: CPU seconds (user + system, the process tree's) over ``--cycles``
   NodePrepareResources + NodeUnprepareResources calls on the plugin's socket, one claim each
   (allocated on the API server beforehand, as the scheduler writes it), scaled to 100;
-- RSS after those claims.
+- RSS after those claims;
+- a rolling upgrade under a prober (:func:`upgrade`): the plugin replaced as its chart rolls
+  it while one-GPU pods run one after another; the kubelet's failed prepares (issue #40's
+  goal: none for ours) and the longest time no registration socket answered.
 
 Printed: one table per run, ours / NVIDIA's for each figure with the goal where issue #40 set
 one, and the raw numbers as JSON (also written to ``--out``).
@@ -32,10 +35,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import socket
 import statistics
 import sys
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -43,11 +49,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.e2e import netns, side_by_side
+from tests.e2e.kube import await_until
 from tests.e2e.side_by_side import DRIVER, GPUS, NODE, Plugin, SideBySide, cpu_s, rss_kib
 
 METRIC = "dra_operations_duration_seconds"
 OPERATIONS = ("PrepareResources", "UnprepareResources")
 CYCLES_NS = "cycles"
+FAILED_PREPARE = "FailedPrepareDynamicResources"  # the kubelet's event reason
+PROBERS = 4  # pods at once during an upgrade, of the node's 8 GPUs
 USAGE = (
     "GPU_DRA_E2E_RUN=/tmp/nk-bench flock /tmp/gpu-dra-e2e.lock .venv/bin/python -m "
     "tests.e2e.netns .venv/bin/python tests/bench/bench_vs_nvidia.py"
@@ -159,6 +168,134 @@ async def cycles(side: SideBySide, plugin: Plugin, n: int, tag: str) -> float:
     return used
 
 
+# -- a rolling upgrade under a prober --------------------------------------------------------
+
+
+def registered_now(registry: Path) -> bool:
+    """Whether a registration socket in the kubelet's ``registry`` accepts a connection: a
+    plugin there to register (the kubelet's own view has no metric)."""
+    for path in registry.glob("*reg.sock"):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(0.2)
+            try:
+                s.connect(str(path))
+            except OSError:
+                continue
+            return True
+    return False
+
+
+async def probe(side: SideBySide, name: str) -> dict[str, Any]:
+    """One one-GPU pod from create to Running, then deleted and gone; the seconds to
+    Running, and the kubelet's FailedPrepareDynamicResources events for it."""
+    ns = side_by_side.NS
+    running_s = await side.run_pod(name, wait_s=300)
+    events = side.cp.call("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+    failed = [e for e in events if e.get("reason") == FAILED_PREPARE
+              and e.get("involvedObject", {}).get("name") == name]  # fmt: skip
+    # Not forced: the kubelet confirms the deletion once it has unprepared the claim, so no
+    # prober's next claim is given a GPU still prepared for this one (forced, both plugins
+    # refuse such a claim until the kubelet gets to the unprepare: a minute, seen here).
+    side.cp.raw("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=1")
+    await await_until(f"pod {name} gone", lambda: not side.pod(name), 120)
+    return {
+        "running_s": running_s,
+        "failed_prepares": sum(e.get("count") or 1 for e in failed),
+        "said": sorted({e.get("message", "")[:160] for e in failed}),
+    }
+
+
+async def _registered(plugin: Plugin) -> float:
+    """When (monotonic) ``plugin`` is registered by the kubelet, polled every 20 ms."""
+    while not plugin.registered():
+        if not plugin.alive():
+            raise RuntimeError(f"{plugin.name} exited:\n{plugin.log()[-1500:]}")
+        await asyncio.sleep(0.02)
+    return time.monotonic()
+
+
+async def upgrade(side: SideBySide, tag: str) -> dict[str, Any]:
+    """The current plugin replaced as its chart rolls it, while :data:`PROBERS` probers each
+    run one-GPU pods one after another (a prepare every few hundred ms): NVIDIA's
+    (``maxUnavailable: 100%``, no surge) is stopped, then started; ours (``maxSurge: 1``)
+    starts beside the old one, which stops once the new one is registered. Returns the
+    probes' failed prepares, the time from the old plugin gone to the new one registered by
+    the kubelet (none when the new one came first), and the longest time no registration
+    socket accepted a connection (polled every 20 ms)."""
+    old = side.current
+    assert old is not None
+    registry = side.node.kubelet_dir / "plugins_registry"
+    probes: list[dict[str, Any]] = []
+    gaps: list[float] = []
+    rolled = asyncio.Event()
+
+    async def prober(n: int) -> None:
+        after = 0
+        while after < 2:  # two probes once the upgrade is over
+            during = not rolled.is_set()
+            probes.append({**await probe(side, f"{tag}-p{n}-{len(probes)}"), "during": during})
+            after += 0 if during else 1
+
+    async def watch() -> None:
+        down: float | None = None
+        while True:
+            up = registered_now(registry)
+            now = time.monotonic()
+            if not up and down is None:
+                down = now
+            elif up and down is not None:
+                gaps.append(now - down)
+                down = None
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    probing = [asyncio.create_task(prober(n)) for n in range(PROBERS)]
+    await asyncio.sleep(2)  # probes under way when the upgrade starts
+    started = time.monotonic()
+    # And one pod created as the new process starts: the moment a node without surge has
+    # no plugin registered.
+    handover: asyncio.Task[dict[str, Any]]
+    if old.name == "nvidia":
+        await old.stop()
+        gone = time.monotonic()
+        new: Plugin = side.nvidia()
+        handover = asyncio.create_task(probe(side, f"{tag}-handover"))
+        await new.start()
+        registered = await _registered(new)
+    else:
+        new = side_by_side.Ours(side=side, pod_uid=str(uuid.uuid4()))
+        handover = asyncio.create_task(probe(side, f"{tag}-handover"))
+        await new.start()
+        registered = await _registered(new)
+        await old.stop()  # the DaemonSet deletes the old pod once the new one is Ready
+        gone = time.monotonic()
+    side.current = new
+    await side.cp.wait_for(
+        f"the upgraded {new.name}'s pool", lambda: bool(side.complete_pool()), 60
+    )
+    upgrade_s = time.monotonic() - started
+    rolled.set()
+    await asyncio.gather(*probing)
+    probes.append({**await handover, "during": True, "handover": True})
+    # A pod deleted with no grace is gone before the kubelet has unprepared its claim.
+    await await_until("the probes' claims unprepared", lambda: not side.specs(), 120)
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    return {
+        "upgrade_s": upgrade_s,
+        "probes": len(probes),
+        "probes_during": sum(1 for p in probes if p["during"]),
+        "failed_prepares": sum(p["failed_prepares"] for p in probes),
+        "probes_with_a_failed_prepare": sum(1 for p in probes if p["failed_prepares"]),
+        "unregistered_s": max(0.0, registered - gone),
+        "longest_no_socket_s": max(gaps, default=0.0),
+        "slowest_probe_s": max(p["running_s"] for p in probes),
+        "handover_probe": {k: v for k, v in probes[-1].items() if k != "handover"},
+        "said": sorted({m for p in probes for m in p["said"]}),
+    }
+
+
 async def turn(
     side: SideBySide, plugin: Plugin, pods: int, n_cycles: int, tag: str
 ) -> dict[str, Any]:
@@ -174,6 +311,8 @@ async def turn(
     after = histograms(side.kubelet_metrics())
     kubelet = {op: difference(after[op], before.get(op)) for op in OPERATIONS}
     cpu = await cycles(side, plugin, n_cycles, tag)
+    rss_after = rss_kib(plugin.pid)
+    rolled = await upgrade(side, tag)
     return {
         "plugin": plugin.name,
         "start_to_pool_s": start,
@@ -182,7 +321,8 @@ async def turn(
         "pod_running_s": running,
         "kubelet": kubelet,
         "cpu_s_per_100_cycles": cpu * 100 / n_cycles,
-        "rss_after_claims_kib": rss_kib(plugin.pid),
+        "rss_after_claims_kib": rss_after,
+        "upgrade": rolled,
     }
 
 
@@ -210,6 +350,18 @@ def summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "rss_after_claims_mib": statistics.median(t["rss_after_claims_kib"] for t in turns) / 1024,
         "cpu_s_per_100_cycles": statistics.median(t["cpu_s_per_100_cycles"] for t in turns),
     }
+    upgrades = [t["upgrade"] for t in turns]
+    out["upgrade_failed_prepares"] = sum(u["failed_prepares"] for u in upgrades)  # goal: 0
+    out["upgrade_probes_failed"] = sum(u["probes_with_a_failed_prepare"] for u in upgrades)
+    out["upgrade_probes"] = sum(u["probes"] for u in upgrades)
+    out["upgrade_unregistered_s"] = max(u["unregistered_s"] for u in upgrades)
+    out["upgrade_longest_no_socket_s"] = max(u["longest_no_socket_s"] for u in upgrades)
+    out["upgrade_slowest_probe_s"] = max(u["slowest_probe_s"] for u in upgrades)
+    out["upgrade_handover_failed_prepares"] = sum(
+        u["handover_probe"]["failed_prepares"] for u in upgrades
+    )
+    out["upgrade_handover_slowest_s"] = max(u["handover_probe"]["running_s"] for u in upgrades)
+    out["upgrade_s"] = statistics.median(u["upgrade_s"] for u in upgrades)
     for op in OPERATIONS:
         h = kubelet[op]
         assert h is not None

@@ -93,11 +93,12 @@ def chart_objects(minor: str | None = None) -> list[dict[str, Any]]:
 (SA,) = [o["metadata"]["name"] for o in chart_objects() if o["kind"] == "ServiceAccount"]
 
 
-def plugin_token(cp: ControlPlane, node: str) -> str:
-    """A token for the chart's ServiceAccount bound to a Pod on ``node``, as the kubelet gets."""
+def plugin_token(cp: ControlPlane, node: str, pod_name: str = "") -> str:
+    """A token for the chart's ServiceAccount bound to a Pod on ``node`` (``pod_name``, by
+    default ``gpu-dra-plugin-<node>``), as the kubelet gets."""
     pod = cp.create({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"gpu-dra-plugin-{node}", "namespace": NAMESPACE},
+        "metadata": {"name": pod_name or f"gpu-dra-plugin-{node}", "namespace": NAMESPACE},
         # On a real node its kubelet runs it: host network, an image it has, idle.
         "spec": {"serviceAccountName": SA, "nodeName": node, "hostNetwork": True,
                  "containers": [{"name": "plugin", "image": PLUGIN_POD_IMAGE,

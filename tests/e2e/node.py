@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,34 @@ def unmount_under(root: Path) -> None:
                 points.append(point)
     for point in sorted(points, key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def _commands() -> list[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process this one can read."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if argv[0]:
+                    out.append((int(entry.name), argv))
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
 
 
 @dataclass
@@ -174,34 +204,68 @@ state = "{r / "containerd" / "state"}"
         (self.root / "cni").mkdir(exist_ok=True)
         (self.root / "cni" / "10-pods.conflist").write_text(json.dumps(self._cni_config()))
         self.cdi_root.mkdir(exist_ok=True)
-        config = self.root / "containerd.toml"
-        config.write_text(self._containerd_config())
+        (self.root / "containerd.toml").write_text(self._containerd_config())
         env_path = f"{ctd}:{os.environ.get('PATH', '')}"
         os.environ["PATH"] = env_path  # containerd finds its shim on PATH
-        await self.cp.spawn(f"containerd-{self.name}", [str(ctd / "containerd"), "--config",
-                                                        str(config)])  # fmt: skip
-        await self.cp.wait_for("containerd", self.containerd_socket.is_socket, 60)
+        await self._start_containerd()
         await asyncio.to_thread(self._import_images, ctd)
         cert, key = issue(self.cp.pki, f"kubelet-{self.name}",
                           f"/O=system:nodes/CN=system:node:{self.name}",
                           "extendedKeyUsage=clientAuth")  # fmt: skip
         kc = self.root / "kubelet.kubeconfig"
         kc.write_text(kubeconfig(self.cp.server, self.cp.pki / "ca.crt", cert=cert, key=key))
-        kconf = self.root / "kubelet.yaml"
-        kconf.write_text(json.dumps(self._kubelet_config()))
+        (self.root / "kubelet.yaml").write_text(json.dumps(self._kubelet_config()))
+        await self._start_kubelet()
+        if self.pod_network:
+            await self._start_kube_proxy()
+
+    async def _start_containerd(self) -> None:
+        ctd = build.build_containerd()
+        await self.cp.spawn(f"containerd-{self.name}", [
+            str(ctd / "containerd"), "--config", str(self.root / "containerd.toml")
+        ])  # fmt: skip
+        await self.cp.wait_for("containerd", self.containerd_socket.is_socket, 60)
+
+    async def _start_kubelet(self) -> None:
         extra = []
         if self.pod_network:
             extra.append(f"--node-ip={netns.API_ADDRESS}")
         if self.labels:
             extra.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels))
         await self.cp.spawn(f"kubelet-{self.name}", [
-            str(self.cp.bindir / "kubelet"), f"--config={kconf}", f"--kubeconfig={kc}",
+            str(self.cp.bindir / "kubelet"), f"--config={self.root / 'kubelet.yaml'}",
+            f"--kubeconfig={self.root / 'kubelet.kubeconfig'}",
             f"--root-dir={self.kubelet_dir}", f"--cert-dir={self.root / 'kubelet-pki'}",
             f"--hostname-override={self.name}", "--v=2", *extra,
         ])  # fmt: skip
         await self.cp.wait_for(f"node {self.name} Ready", self._ready, 120)
-        if self.pod_network:
-            await self._start_kube_proxy()
+
+    async def power_cycle(self) -> None:
+        """The node loses power and boots again: the kubelet, containerd, its shims and every
+        container killed at once (SIGKILL), what lives on a real node's tmpfs ``/run`` gone
+        (containerd's state, the CDI specs, the pods' tmpfs volumes), then containerd and the
+        kubelet started again on the same disk (their roots, the kubelet's checkpoints).
+        Plugins run beside the node are the caller's: a new boot ID is theirs to see too.
+        kube-proxy is left running, its rules in place: it would write the same ones again."""
+        names = (f"kubelet-{self.name}", f"containerd-{self.name}")
+        mine = [p for p in self.cp.processes if p.name in names]
+        shims = [pid for pid, argv in _commands() if b"containerd-shim" in argv[0]
+                 and str(self.containerd_socket).encode() in b" ".join(argv)]  # fmt: skip
+        doomed = [q for pid in [*(p.proc.pid for p in mine), *shims] for q in process_tree(pid)]
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for p in mine:
+            await p.proc.wait()
+            self.cp.processes.remove(p)
+        unmount_under(self.root / "containerd")
+        unmount_under(self.kubelet_dir / "pods")
+        shutil.rmtree(self.root / "containerd" / "state", ignore_errors=True)
+        for spec in self.cdi_root.iterdir():
+            spec.unlink()
+        self.containerd_socket.unlink(missing_ok=True)
+        await self._start_containerd()
+        await self._start_kubelet()
 
     async def _start_kube_proxy(self) -> None:
         cert, key = issue(self.cp.pki, "kube-proxy", "/CN=system:kube-proxy",

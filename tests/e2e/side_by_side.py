@@ -38,6 +38,7 @@ import ssl
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ from tests.chart_render import NAMESPACE
 from tests.e2e import build, nvidia_plugin
 from tests.e2e.cluster import ControlPlane, Process, kubeconfig, run_root
 from tests.e2e.kube import PLUGIN_POD_IMAGE, await_until, install_chart, plugin_token
-from tests.e2e.node import RealNode, missing_dependencies, unmount_under
+from tests.e2e.node import RealNode, missing_dependencies, process_tree, unmount_under
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"
@@ -57,6 +58,7 @@ MINOR = os.environ.get("K8S") or str(build.VERSIONS["default"])
 IMAGE = "registry.example/bench/busybox:1"  # busybox under this name (tests.e2e.images)
 NS = "bench"
 TEMPLATE = "one-gpu"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # NVIDIA's chart's DeviceClass (deployments/helm/dra-driver-nvidia-gpu/templates/
 # deviceclass-gpu.yaml at v0.4.1), its CEL verbatim.
 NVIDIA_CLASS = {
@@ -95,26 +97,10 @@ def missing() -> str | None:
 # -- processes -------------------------------------------------------------------------
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, ()))
-    return out
-
-
 def rss_kib(pid: int) -> int:
     """Resident memory of ``pid`` and its live descendants (helpers a plugin forks count)."""
     total = 0
-    for p in _tree(pid):
+    for p in process_tree(pid):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -126,7 +112,7 @@ def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of ``pid``, its reaped children and its live descendants."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
-    for i, p in enumerate(_tree(pid)):
+    for i, p in enumerate(process_tree(pid)):
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             # utime, stime (fields 14, 15); cutime, cstime (16, 17) for the root only: a
@@ -171,8 +157,13 @@ class Plugin:
     async def start(self) -> None:
         self.registrations_before = self.side.kubelet_registrations()
         env = [f"{k}={v}" for k, v in self.env().items()]
+        # The node's boot ID as this process reads it (both plugins read the kernel's to
+        # tell a reboot): :meth:`SideBySide.power_cycle` changes it. unshare without --fork
+        # and exec: the plugin keeps the spawned pid, which the measurements read.
+        booted = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                  f'mount --bind "$0" {BOOT_ID} && exec "$@"', str(self.side.boot_id)]  # fmt: skip
         self.process = await self.side.cp.spawn(
-            f"plugin-{self.name}-{time.monotonic_ns()}", ["env", *env, *self.argv()]
+            f"plugin-{self.name}-{time.monotonic_ns()}", [*booted, "env", *env, *self.argv()]
         )
 
     def alive(self) -> bool:
@@ -203,15 +194,22 @@ class Plugin:
 @dataclass
 class Ours(Plugin):
     name: str = "ours"
+    # As the chart's pods pass theirs: sockets named after it, so that two instances (a
+    # surging upgrade) are registered side by side. "": one instance, the plain names.
+    pod_uid: str = ""
     registered_log = "registered with the kubelet|plugin_registered=True"
+
+    @property
+    def token_pod(self) -> str:
+        return f"gpu-dra-plugin-{NODE}" + (f"-{self.pod_uid[:8]}" if self.pod_uid else "")
 
     def argv(self) -> list[str]:
         side = self.side
         root, kubelet = side.driver_root, side.node.kubelet_dir
-        config = side.root / "ours.kubeconfig"
+        config = side.root / f"ours{self.pod_uid}.kubeconfig"
         # A fresh token per start: the chart's ServiceAccount bound to a pod on the node.
-        config.write_text(kubeconfig(side.cp.server, side.cp.pki / "ca.crt",
-                                     token=plugin_token(side.cp, NODE)))  # fmt: skip
+        token = plugin_token(side.cp, NODE, self.token_pod)
+        config.write_text(kubeconfig(side.cp.server, side.cp.pki / "ca.crt", token=token))
         return [
             sys.executable, "-m", "cli", "kubelet-plugin", f"--node-name={NODE}",
             f"--kubeconfig={config}",
@@ -219,7 +217,7 @@ class Ours(Plugin):
             f"--kubelet-plugins-directory-path={kubelet / 'plugins'}",
             f"--cdi-root={side.node.cdi_root}", "--healthcheck-port=0",
             "--nvml=system", f"--container-driver-root={root}", f"--nvidia-driver-root={root}",
-            f"--sysfs-root={root}",
+            f"--sysfs-root={root}", *([f"--pod-uid={self.pod_uid}"] if self.pod_uid else []),
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -227,11 +225,9 @@ class Ours(Plugin):
 
     async def start(self) -> None:
         # plugin_token creates a pod; its name must be free again on a restart.
-        self.side.cp.raw("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/gpu-dra-plugin-{NODE}"
-                         "?gracePeriodSeconds=0")  # fmt: skip
-        await await_until("the token pod gone", lambda: self.side.cp.raw(
-            "GET", f"/api/v1/namespaces/{NAMESPACE}/pods/gpu-dra-plugin-{NODE}")[0] == 404,
-            60)  # fmt: skip
+        pod = f"/api/v1/namespaces/{NAMESPACE}/pods/{self.token_pod}"
+        self.side.cp.raw("DELETE", f"{pod}?gracePeriodSeconds=0")
+        await await_until("the token pod gone", lambda: self.side.cp.raw("GET", pod)[0] == 404, 60)
         await super().start()
 
 
@@ -295,6 +291,22 @@ class SideBySide:
     @property
     def cp(self) -> ControlPlane:
         return self.node.cp
+
+    @property
+    def boot_id(self) -> Path:
+        """The file the plugins read as the kernel's boot ID."""
+        return self.root / "boot_id"
+
+    async def power_cycle(self) -> None:
+        """The node reboots (:meth:`RealNode.power_cycle`), the current plugin killed with it
+        and started again (as its DaemonSet's pod is) with a new boot ID; returns once the
+        kubelet is back, leaving the plugin to register when it can."""
+        plugin = self.current
+        assert plugin is not None
+        await plugin.stop(signal.SIGKILL)
+        self.boot_id.write_text(f"{uuid.uuid4()}\n")
+        await self.node.power_cycle()
+        await plugin.start()
 
     def sim_env(self) -> dict[str, str]:
         from driver.nvml.simulated import HARDWARE_ENV
@@ -507,6 +519,7 @@ async def side_by_side(name: str = "sbs") -> AsyncIterator[SideBySide]:
         install_driver_files(driver_root, sim.profile.driver_version, build.build_nvidia_ctk())
         shutil.copy2(cdi_hook(), driver_root / "usr" / "bin" / "nvidia-cdi-hook")
         side = SideBySide(node, driver_root, hardware, root)
+        shutil.copyfile(BOOT_ID, side.boot_id)
         side.ensure_namespace()
         yield side
     finally:

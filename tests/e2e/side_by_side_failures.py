@@ -13,6 +13,10 @@ point, and a step that fails is recorded with its error and the case goes on whe
   then a one-GPU pod lists the ``/dev/nvidia*`` it got.
 - restart: a pod holds a GPU, the plugin is stopped (SIGTERM) and started again; the pod
   keeps running, its deletion is unprepared by the new process, and a new pod runs.
+- node reboot: a pod holds a GPU and the node loses power (:meth:`SideBySide.power_cycle`:
+  the kubelet, containerd, every container and the plugin killed, tmpfs ``/run`` lost with the
+  CDI specs, a new boot ID) and boots; the kubelet runs the pod again in a new sandbox,
+  preparing its claim again, and a new pod runs.
 - GPU off the bus: a pod holds a GPU that then reports XID 79 and answers
   ``NVML_ERROR_GPU_IS_LOST`` to ``nvmlDeviceGetHandleByIndex`` / ``ByUUID`` (the simulated
   library's faults; ours re-reads them on SIGHUP, its rediscovery signal, which NVIDIA's
@@ -155,13 +159,59 @@ async def plugin_restart(side: SideBySide, name: str) -> dict[str, Any]:
         and status["restartCount"] == 0
         and status["state"].get("running", {}).get("startedAt") == started
     )
+    await _release_then_one_more(side, hold, f"next-{name}", out, "unprepare_after_restart")
+    return out
+
+
+async def node_reboot(side: SideBySide, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    await side.switch(new(side, name))
+    hold = f"boot-{name}"
+    out["before_dev"] = await listed_devices(side, hold)
+    before = side.pod(hold)["status"]["containerStatuses"][0]["restartCount"]
+    await side.power_cycle()
+    plugin = side.current
+    assert plugin is not None
+
+    def back() -> bool:
+        if not plugin.alive():
+            raise RuntimeError(f"{name} exited:\n{plugin.log()[-1500:]}")
+        return bool(side.complete_pool()) and plugin.registered()
+
+    try:
+        await side.cp.wait_for(f"{name} back after the reboot", back, 90)
+        out["plugin_back"] = True
+    except (RuntimeError, TimeoutError) as exc:
+        out["plugin_back"] = _short(exc)
+        out["log_tail"] = plugin.log()[-600:]
+        return out
+
+    def restarted() -> bool:
+        status = (side.pod(hold).get("status", {}).get("containerStatuses") or [{}])[0]
+        return "running" in status.get("state", {}) and status["restartCount"] > before
+
+    try:  # the kubelet makes a new sandbox and prepares the pod's claim again
+        await await_until(f"{hold} running again", restarted, 150)
+        out["after_reboot_dev"] = side.pod_log(hold).splitlines()[-1]
+        out["cdi_spec_written_again"] = bool(side.specs())
+    except TimeoutError as exc:
+        out["pod_after_reboot"] = f"{_short(exc)}: {side.describe(hold)[-700:]}"
+        return out
+    await _release_then_one_more(side, hold, f"after-boot-{name}", out, "unprepare_after_reboot")
+    return out
+
+
+async def _release_then_one_more(
+    side: SideBySide, hold: str, pod: str, out: dict[str, Any], key: str
+) -> None:
+    """The holding pod deleted (``out[key]``: whether its claim was unprepared), then
+    :func:`_one_pod` ``pod`` (``out["next_pod..."]``)."""
     try:
         await side.delete_pod(hold, wait_s=60)
-        out["unprepare_after_restart"] = "ok (spec removed, claim deleted)"
+        out[key] = "ok (spec removed, claim deleted)"
     except TimeoutError as exc:
-        out["unprepare_after_restart"] = _short(exc)
-    await _one_pod(side, f"next-{name}", out, "next_pod")
-    return out
+        out[key] = _short(exc)
+    await _one_pod(side, pod, out, "next_pod")
 
 
 def _device_of(side: SideBySide, pod: str) -> str:
@@ -253,7 +303,12 @@ async def cleanup(side: SideBySide, name: str) -> None:
     await side.stop()
 
 
-CASES = {"fresh node": fresh_node, "plugin restart": plugin_restart, "GPU off the bus": off_the_bus}
+CASES = {
+    "fresh node": fresh_node,
+    "plugin restart": plugin_restart,
+    "node reboot": node_reboot,
+    "GPU off the bus": off_the_bus,
+}
 
 
 async def run(cases: list[str], plugins: list[str]) -> dict[str, dict[str, Any]]:
