@@ -32,8 +32,13 @@ REPO = Path(__file__).resolve().parent.parent
 _WAIT_S = 60.0
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A test run started in the background (`make test &`) inherits SIGINT ignored, and so would
+# the demo: these tests are about a user's Ctrl-C, so the child's first statement undoes that
+# (not a preexec_fn: in a test worker that loaded gRPC, gRPC's fork handlers run there).
+_CTRL_C_ON = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'gpu-dra'; runpy.run_module('cli', run_name='__main__', alter_sys=True)"
+)
 
 
 class DemoRun:
@@ -41,14 +46,11 @@ class DemoRun:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "demo", *args],
+            [sys.executable, "-c", _CTRL_C_ON, "demo", *args],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            # A test run started in the background (`make test &`) inherits SIGINT ignored,
-            # and so would the demo: these tests are about a user's Ctrl-C, so undo that.
-            preexec_fn=_sigint_default,
         )
         self._lines: list[str] = []
         self._changed = threading.Condition()
