@@ -59,12 +59,13 @@ UNCOVERED: Final[dict[str, str]] = {
     "nvmlDeviceGetIndex": (
         "learnt for NVIDIA's plugin (its toolkit names CDI devices by it; the plugin died "
         "on the missing symbol): a GPU's place on the bus, a MIG device's among its GPU's, "
-        "as NVML's header documents; tests/test_nvml_library.py"
+        "as NVML's header documents; tests/test_nvml_library.py, and GPU 0's index equals "
+        "its minor as on the real H200 (tests/test_nvml_real_h200.py)"
     ),
     "nvmlDeviceGetVirtualizationMode": (
         "learnt for NVIDIA's plugin with its DynamicMIG gate (it skips vGPU guests; the "
-        "plugin died on the missing symbol): PASSTHROUGH, a whole GPU passed to the VM as "
-        "on EC2, unverified against a real answer; tests/test_nvml_library.py"
+        "plugin died on the missing symbol): PASSTHROUGH, as the real H200's nvidia-smi -q "
+        "says ('Pass-Through'); tests/test_nvml_real_h200.py"
     ),
     "nvmlDeviceGetMigDeviceHandleByIndex": _MIG_ON,
     "nvmlDeviceGetGpuInstanceId": _MIG_ON,
