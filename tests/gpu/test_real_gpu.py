@@ -242,6 +242,31 @@ def _share(memory: str) -> dict[str, Any]:
     }
 
 
+# A container's own /dev/shm: a fresh tmpfs there, in a mount namespace of the client's own.
+_PRIVATE_SHM = [
+    "unshare", "-m", "--propagation", "private", "sh", "-c",
+    'mount -t tmpfs -o size=64m shm /dev/shm && exec "$@"', "sh",
+]  # fmt: skip
+
+
+def _client_with_private_shm(env: dict[str, str]) -> str:
+    """The claim's CUDA client as a container runs it under ours: its own /dev/shm, where
+    NVIDIA's drivers share the MPS daemon's with every client. What it got, in a few words:
+    the open question this answers is whether MPS still holds the client to its limit."""
+    done = subprocess.run(
+        [*_PRIVATE_SHM, sys.executable, str(CLIENT), "--try-gib", "25", "10"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        return f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+    alloc = json.loads(done.stdout.splitlines()[-1])["alloc"]
+    held = alloc["25"] != "ok" and alloc["10"] == "ok"
+    return f"{'held to its limit' if held else 'NOT held to its limit'} ({alloc})"
+
+
 def _client(env: dict[str, str]) -> dict[str, Any]:
     """The claim's CUDA client, with the claim's environment over this process's."""
     done = subprocess.run(
@@ -293,6 +318,7 @@ async def test_mps_pair_held_to_its_limits(
             assert result["alloc"]["10"] == "ok", result
             seen.append((env, result))
         pipe_bytes = len(seen[0][0]["CUDA_MPS_PIPE_DIRECTORY"] + "/control_privileged")
+        private_shm = _client_with_private_shm(seen[1][0])
         assert (await kubelet.unprepare([a, b])).claims[a.uid].error == ""
     assert _leftovers(dirs) == []
     calls = _check_smi_calls(smi)
@@ -305,7 +331,8 @@ async def test_mps_pair_held_to_its_limits(
         f"threads {env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%: "
         f"SMs used {result.get('sms_used', '-')} of attribute {result['sm_attribute']} "
         f"({result['via']}); "
-        f"pipe path {pipe_bytes} B; nvidia-smi calls {len(calls)}, recorded only; nothing left",
+        f"pipe path {pipe_bytes} B; nvidia-smi calls {len(calls)}, recorded only; nothing left; "
+        f"a client with its own /dev/shm: {private_shm}",
     )
 
 
