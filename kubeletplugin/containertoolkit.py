@@ -42,6 +42,9 @@ _CTK_LOCATIONS = ("usr/bin", "usr/local/bin", "usr/local/nvidia/toolkit")
 _MODPROBE_LOCATIONS = ("usr/bin", "usr/sbin", "bin", "sbin")
 _TIMEOUT_S = 120.0
 _NODE_TIMEOUT_S = 30.0
+# Spec-level edits only (toolkit v1.19 on); what a toolkit before that says of the flag.
+_NO_DEVICE = "--device-id=none"
+_UNKNOWN_FLAG = "flag provided but not defined"
 
 # What ``nvidia-ctk system create-device-nodes --control-devices`` makes (its nvdevices).
 CONTROL_NODES = frozenset({"nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"})
@@ -258,24 +261,25 @@ def _find_modprobe(container_root: Path) -> PurePosixPath | None:
     return None
 
 
-async def _run(argv: Sequence[str]) -> str:
-    """Run one node-making command; "" when it succeeded, else what it said."""
+async def _run(argv: Sequence[str], timeout_s: float) -> tuple[bytes, str]:
+    """Run one of the toolkit's or the driver's commands: what it printed on stdout, and ""
+    when it exited 0, else why not (with the last lines it wrote on stderr)."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
     except OSError as exc:
-        return f"{' '.join(argv)}: {exc}"
+        return b"", f"{' '.join(argv)}: {exc}"
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), _NODE_TIMEOUT_S)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
-        proc.kill()  # a modprobe stuck in the kernel: the claim's reason says so
+        proc.kill()  # a modprobe stuck in the kernel, a toolkit stuck on a GPU: it says so
         await proc.wait()
-        return f"{' '.join(argv)}: no answer in {_NODE_TIMEOUT_S:g}s"
+        return b"", f"{' '.join(argv)}: no answer in {timeout_s:g}s"
     if proc.returncode != 0:
-        said = out.decode(errors="replace").strip().splitlines()
-        return f"{' '.join(argv)} exited with {proc.returncode}: {' '.join(said[-3:])}"
-    return ""
+        said = (err or out).decode(errors="replace").strip().splitlines()
+        return out, f"{' '.join(argv)} exited with {proc.returncode}: {' '.join(said[-3:])}"
+    return out, ""
 
 
 def _find_ctk(container_root: Path) -> Path | None:
@@ -285,31 +289,6 @@ def _find_ctk(container_root: Path) -> Path | None:
             return candidate
     found = shutil.which("nvidia-ctk")
     return Path(found) if found else None
-
-
-_NO_DEVICE = "--device-id=none"
-_UNKNOWN_FLAG = "flag provided but not defined"
-
-
-async def _ctk(argv: Sequence[str]) -> tuple[bytes, str]:
-    """What ``argv`` printed, and "" or why it failed."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-    except OSError as exc:
-        raise ToolkitError(f"running {' '.join(argv)} failed: {exc}") from exc
-    try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), _TIMEOUT_S)
-    except TimeoutError as exc:
-        proc.kill()
-        await proc.wait()
-        raise ToolkitError(f"{' '.join(argv)}: no answer in {_TIMEOUT_S:g}s") from exc
-    if proc.returncode != 0:
-        return stdout, f"{' '.join(argv)} exited with {proc.returncode}: " + stderr.decode(
-            errors="replace"
-        )
-    return stdout, ""
 
 
 async def _generate(
@@ -334,14 +313,14 @@ async def _generate(
     # The spec-level edits alone: with no device asked for, the toolkit asks NVML for no GPU,
     # so a GPU fallen off the bus (its handle answers GPU_IS_LOST, and the toolkit exits 1)
     # cannot keep the whole node from serving; each claim spec adds its GPUs' nodes itself.
-    stdout, failed = await _ctk([*argv, _NO_DEVICE])
+    stdout, failed = await _run([*argv, _NO_DEVICE], _TIMEOUT_S)
     if _UNKNOWN_FLAG in failed:
         log.warning(
             "nvidia-ctk predates --device-id (toolkit v1.19): it visits every GPU, and one "
             "lost GPU fails it",
             extra=kv(ctk=str(ctk)),
         )
-        stdout, failed = await _ctk(argv)
+        stdout, failed = await _run(argv, _TIMEOUT_S)
     if failed:
         raise ToolkitError(failed)
     try:
@@ -465,7 +444,7 @@ class Toolkit:
         )
         problems = [f"no tool makes {', '.join(left + elsewhere)}"] if left or elsewhere else []
         for argv in commands:
-            problem = await _run(argv)
+            _, problem = await _run(argv, _NODE_TIMEOUT_S)
             log.info(
                 "making missing device nodes",
                 extra=kv(command=" ".join(argv), **({"error": problem} if problem else {})),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.nvml.faults import Faults, QueryFault
+from driver.nvml.faults import Faults, gpu_lost
 from driver.nvml.simulated import HARDWARE_ENV, HARDWARE_FILE, SimulatedNvml
 from drivers.gpu.kinds.gpu import CONTROL_NODES, own_node
 from kubeletplugin.containertoolkit import base_edits
@@ -80,11 +80,7 @@ async def test_a_lost_gpu_does_not_stop_the_toolkit(
         node, env = fake_root(root, "p5.48xlarge")
         install_driver_files(root, node.profile.driver_version, ctk)
         if lost is not None:
-            faults = Faults(failing_queries=tuple(
-                QueryFault(gpu=lost, call=call, error="GpuIsLost")
-                for call in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
-                             "nvmlDeviceGetHandleByUUID")
-            ))  # fmt: skip
+            faults = Faults(failing_queries=gpu_lost(lost))
             nvml = SimulatedNvml(node.profile, root, node_name=NODE, faults=faults)
             assert str(nvml.render()) == env[HARDWARE_ENV]
             visiting = await asyncio.to_thread(

@@ -83,6 +83,14 @@ class QueryFault:
         return int(error.value)
 
 
+def gpu_lost(minor: int) -> tuple[QueryFault, ...]:
+    """GPU ``minor`` fallen off the bus, as NVML tells it: every call for its handle answers
+    GPU_IS_LOST (the real toolkit then says "error getting device handle ...: GPU is lost")."""
+    calls = ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
+             "nvmlDeviceGetHandleByUUID")  # fmt: skip
+    return tuple(QueryFault(minor, call, "GpuIsLost") for call in calls)
+
+
 @dataclass(frozen=True, slots=True)
 class XidEvent:
     """GPU ``gpu`` (minor number) reports XID ``xid`` to event sets that watch it."""

@@ -277,7 +277,8 @@ async def upgrade(side: SideBySide, tag: str) -> dict[str, Any]:
     rolled.set()
     await asyncio.gather(*probing)
     probes.append({**await handover, "during": True, "handover": True})
-    # A pod deleted with no grace is gone before the kubelet has unprepared its claim.
+    # The next turn starts from a node with no claim prepared; a probe's pod is gone only once
+    # the kubelet has unprepared it, so this holds at once unless the kubelet changed that.
     await await_until("the probes' claims unprepared", lambda: not side.specs(), 120)
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -55,7 +55,7 @@ def unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
-def _commands() -> list[tuple[int, list[bytes]]]:
+def commands() -> list[tuple[int, list[bytes]]]:
     """(pid, argv) of every process this one can read."""
     out = []
     for entry in Path("/proc").iterdir():
@@ -249,7 +249,7 @@ state = "{r / "containerd" / "state"}"
         kube-proxy is left running, its rules in place: it would write the same ones again."""
         names = (f"kubelet-{self.name}", f"containerd-{self.name}")
         mine = [p for p in self.cp.processes if p.name in names]
-        shims = [pid for pid, argv in _commands() if b"containerd-shim" in argv[0]
+        shims = [pid for pid, argv in commands() if b"containerd-shim" in argv[0]
                  and str(self.containerd_socket).encode() in b" ".join(argv)]  # fmt: skip
         doomed = [q for pid in [*(p.proc.pid for p in mine), *shims] for q in process_tree(pid)]
         for pid in doomed:

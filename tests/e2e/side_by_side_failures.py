@@ -62,7 +62,7 @@ async def listed_devices(side: SideBySide, name: str) -> str:
 
 def render(side: SideBySide, lost: int | None) -> None:
     """The node's hardware file, with GPU ``lost`` (minor) fallen off the bus, or healthy."""
-    from driver.nvml.faults import Faults, QueryFault, XidEvent
+    from driver.nvml.faults import Faults, XidEvent, gpu_lost
     from driver.nvml.profile import load_profile
     from driver.nvml.simulated import SimulatedNvml
 
@@ -70,12 +70,8 @@ def render(side: SideBySide, lost: int | None) -> None:
     if lost is not None:
         faults = Faults(
             xid_events=(XidEvent(gpu=lost, xid=XID_FELL_OFF_THE_BUS),),
-            failing_queries=tuple(
-                QueryFault(gpu=lost, call=call, error="GpuIsLost")
-                for call in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
-                             "nvmlDeviceGetHandleByUUID")
-            ),
-        )  # fmt: skip
+            failing_queries=gpu_lost(lost),
+        )
     nvml = SimulatedNvml(load_profile(PROFILE), side.driver_root, node_name=NODE, faults=faults)
     assert nvml.render() == side.hardware
 

@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from driver.nvml.faults import Faults, QueryFault, XidEvent
+from driver.nvml.faults import Faults, XidEvent, gpu_lost
 from driver.nvml.profile import load_profile
 from driver.nvml.simulated import SimulatedNvml
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.installed import LEVEL3, MINOR, Installed, create_namespace, simulated_node
 from tests.e2e.kube import as_pod, await_until, wait_until
+from tests.e2e.node import commands
 from tests.e2e.workloads import example_docs, get_pod, runnable
 from tests.simroot import NODE as SIM_NODE
 
@@ -98,25 +99,15 @@ def _minor(cp: ControlPlane, device: str) -> int:
 
 
 def _plugin_pids() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"kubelet-plugin" in argv and any(a.endswith(b"gpu-dra") for a in argv):
-                pids.append(int(entry.name))
-    return pids
+    return [pid for pid, argv in commands()
+            if b"kubelet-plugin" in argv and any(a.endswith(b"gpu-dra") for a in argv)]  # fmt: skip
 
 
 def _render(driver_root: Path, *xids: XidEvent, lost: int | None = None) -> None:
     """The node's hardware file with ``xids`` and GPU ``lost`` (a minor) fallen off the bus, as
     fake_root laid it out (its node name seeds the GPUs' UUIDs); the plugin's rediscovery
     (SIGHUP) re-reads it, and its event set then sees each new XID once."""
-    handles = ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
-               "nvmlDeviceGetHandleByUUID")  # fmt: skip
-    gone = () if lost is None else tuple(QueryFault(lost, c, "GpuIsLost") for c in handles)
+    gone = () if lost is None else gpu_lost(lost)
     nvml = SimulatedNvml(load_profile(PROFILE), driver_root, node_name=SIM_NODE,
                          faults=Faults(xid_events=xids, failing_queries=gone))  # fmt: skip
     nvml.render()
